@@ -1,0 +1,1 @@
+"""The platform: settings, the `gpuslice` command, metrics and monitoring config."""

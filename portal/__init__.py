@@ -1,0 +1,1 @@
+"""The Streamlit portal (monitoring, jobs, classes, markets)."""

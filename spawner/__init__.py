@@ -1,0 +1,1 @@
+"""The GPU-share core (pure) and the spawners that use it."""

@@ -1,0 +1,58 @@
+"""The machine's GPUs: simulated ones from a spec (NVML arrives with the local platform).
+
+GPU spec, as in settings (`gpus.simulate`) and `--simulate`: comma-separated
+``COUNTxSIZE[:MODEL]``, for example ``2x16GiB:T4,1x80GiB:H100``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from spawner.inventory import Gpu
+from spawner.shares import ShareError, format_bytes, parse_quantity
+
+_ENTRY = re.compile(r"^\s*(?P<count>[0-9]+)\s*[xX]\s*(?P<size>[^:]+?)\s*(?::\s*(?P<model>[^,]*?))?\s*$")
+SPEC_EXAMPLE = "2x16GiB:T4,1x80GiB:H100"
+
+
+@dataclass(frozen=True)
+class GpuSpecEntry:
+    count: int
+    memory_bytes: int
+    model: str
+
+    def __str__(self) -> str:
+        return f"{self.count}x{format_bytes(self.memory_bytes).replace(' ', '')}:{self.model}"
+
+
+def parse_gpu_spec(spec: str) -> list[GpuSpecEntry]:
+    """Parse a GPU spec; raises ValueError saying what is wrong and how to write it."""
+    entries = []
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        match = _ENTRY.match(part)
+        if not match:
+            raise ValueError(f"GPU spec entry {part.strip()!r} is not COUNTxSIZE[:MODEL]; for example {SPEC_EXAMPLE!r}")
+        try:
+            size = parse_quantity(match["size"])
+        except ShareError as exc:
+            raise ValueError(f"GPU spec entry {part.strip()!r}: {exc}") from None
+        count = int(match["count"])
+        if count < 1 or size < 1:
+            raise ValueError(f"GPU spec entry {part.strip()!r} needs at least one card of some memory")
+        entries.append(GpuSpecEntry(count, size, (match["model"] or "").strip() or "simulated"))
+    if not entries:
+        raise ValueError(f"the GPU spec is empty; write for example {SPEC_EXAMPLE!r}")
+    return entries
+
+
+def simulated_gpus(spec: str, node: str = "localhost") -> list[Gpu]:
+    """Cards from a spec, indexed in order and marked simulated."""
+    gpus: list[Gpu] = []
+    for entry in parse_gpu_spec(spec):
+        for _ in range(entry.count):
+            index = len(gpus)
+            gpus.append(Gpu(node, index, entry.model, entry.memory_bytes, uuid=f"SIM-{node}-{index}", simulated=True))
+    return gpus

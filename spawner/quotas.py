@@ -1,0 +1,129 @@
+"""Per-group rules for classes: slice size, group budget, servers per user, images.
+
+Pure code. A user may belong to several groups (a student in two classes, a
+teaching assistant who is also staff). A request is checked against every group of
+the user; it is granted under the first group, in the order the groups are
+configured, whose rules it meets all of, and that group's budget is charged. When no
+group grants it, the refusal names each group's failing rule with the numbers.
+Users in no configured group get ``default`` rules (unlimited unless configured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from spawner.shares import GpuRequest, RequestKind, format_bytes
+
+
+@dataclass(frozen=True)
+class GroupQuota:
+    """The rules of one group; ``None`` means no limit."""
+
+    name: str
+    max_slice_bytes: int | None = None  # largest slice one server may hold
+    max_gpus: int | None = None  # most whole cards one server may hold
+    budget_bytes: int | None = None  # GPU memory the whole group may hold at once
+    servers_per_user: int | None = None  # running servers per member
+    allowed_images: frozenset[str] | None = None  # image-market ids; None: any
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What is held now: the user's running servers and each group's GPU memory."""
+
+    user_servers: int = 0
+    group_bytes: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QuotaDecision:
+    allowed: bool
+    group: str | None  # the group charged, when allowed
+    reasons: tuple[str, ...] = ()  # why each group refused, when not allowed
+    rule: str = ""  # the first failing rule's key, for metrics ("slice", "budget", ...)
+
+    def __str__(self) -> str:
+        if self.allowed:
+            return f"allowed under group {self.group!r}" if self.group else "allowed"
+        return " ".join(self.reasons)
+
+
+UNLIMITED = GroupQuota("default")
+
+
+def check(
+    request: GpuRequest,
+    slice_bytes: int,
+    image: str | None,
+    groups: Sequence[GroupQuota],
+    usage: Usage,
+) -> QuotaDecision:
+    """Is ``request`` (taking ``slice_bytes`` of GPU memory in all) within a group's rules?"""
+    candidates = list(groups) or [UNLIMITED]
+    reasons: list[str] = []
+    first_rule = ""
+    for group in candidates:
+        failure = _first_failure(group, request, slice_bytes, image, usage)
+        if failure is None:
+            return QuotaDecision(True, group.name)
+        rule, text = failure
+        first_rule = first_rule or rule
+        reasons.append(text)
+    return QuotaDecision(False, None, tuple(reasons), first_rule)
+
+
+def _first_failure(
+    group: GroupQuota, request: GpuRequest, slice_bytes: int, image: str | None, usage: Usage
+) -> tuple[str, str] | None:
+    label = f"Group {group.name!r}"
+    if group.allowed_images is not None and image is not None and image not in group.allowed_images:
+        allowed = ", ".join(sorted(group.allowed_images)) or "none"
+        return "image", f"{label} does not allow image {image!r} (allowed: {allowed})."
+    if group.servers_per_user is not None and usage.user_servers >= group.servers_per_user:
+        return "servers", (
+            f"{label} allows {group.servers_per_user} running server(s) per user and you have "
+            f"{usage.user_servers}; stop one first."
+        )
+    if request.kind is RequestKind.WHOLE:
+        if group.max_gpus is not None and request.gpus > group.max_gpus:
+            limit = f"at most {group.max_gpus} whole GPU(s)" if group.max_gpus else "no whole GPUs"
+            return "gpus", f"{label} allows {limit} per server; you asked for {request.gpus}."
+    elif (
+        request.kind is RequestKind.SLICE and group.max_slice_bytes is not None and slice_bytes > group.max_slice_bytes
+    ):
+        return "slice", (
+            f"{label} allows slices up to {format_bytes(group.max_slice_bytes)}; "
+            f"you asked for {format_bytes(slice_bytes)}. Ask for {format_bytes(group.max_slice_bytes)} or less."
+        )
+    if group.budget_bytes is not None and slice_bytes:
+        held = usage.group_bytes.get(group.name, 0)
+        left = max(0, group.budget_bytes - held)
+        if slice_bytes > left:
+            return "budget", (
+                f"{label} has a GPU budget of {format_bytes(group.budget_bytes)}, {format_bytes(held)} of it in use: "
+                f"{format_bytes(left)} left, less than the {format_bytes(slice_bytes)} you asked for."
+                + (f" Ask for {format_bytes(left)} or less." if left else " Wait for classmates to stop their servers.")
+            )
+    return None
+
+
+def remaining(group: GroupQuota, usage: Usage) -> int | None:
+    """GPU memory the group may still take (None: no budget)."""
+    if group.budget_bytes is None:
+        return None
+    return max(0, group.budget_bytes - usage.group_bytes.get(group.name, 0))
+
+
+def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -> int:
+    """The largest slice any of the user's groups would grant now (for the spawn form)."""
+    best = 0
+    for group in list(groups) or [UNLIMITED]:
+        limit = card_bytes if group.max_slice_bytes is None else min(card_bytes, group.max_slice_bytes)
+        left = remaining(group, usage)
+        if left is not None:
+            limit = min(limit, left)
+        if group.servers_per_user is not None and usage.user_servers >= group.servers_per_user:
+            limit = 0
+        best = max(best, limit)
+    return best

@@ -1,0 +1,245 @@
+"""Parse and validate a GPU request: a slice of one card, whole cards, or none.
+
+Pure code: no I/O. The same rules serve the spawn form, the REST API
+(`user_options`), the settings file and the benchmark.
+
+A request is one of three kinds:
+
+* CPU only: ``gpu_memory="0"`` and ``gpus=0``.
+* A slice of one card: ``gpu_memory`` is an amount of memory ("4GiB", "4G",
+  "4096MiB") or a share of a card ("0.25").
+* Whole cards: ``gpus=N`` (``gpu_memory`` left at "0", or "1" meaning one card).
+
+Memory units follow Kubernetes quantity rules: binary suffixes ``Ki Mi Gi Ti Pi
+Ei`` are powers of 1024, decimal suffixes ``k M G T P E`` powers of 1000. A
+trailing ``B`` is accepted ("4GiB", "4GB") because people type it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+_QUANTITY = re.compile(
+    r"^\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?"
+    r"\s*(?P<unit>[KMGTPE]i|[kKMGTPE])?(?P<b>[bB])?\s*$"
+)
+
+EXAMPLES = '"4GiB", "512MiB", "0.25" (a quarter of a card) or "0" for CPU only'
+
+
+class ShareError(ValueError):
+    """A GPU request that cannot be honoured; the message says what to type instead."""
+
+
+class RequestKind(StrEnum):
+    CPU = "cpu"
+    SLICE = "slice"
+    WHOLE = "whole"
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What a server asks for. Exactly one of the three kinds (see module doc).
+
+    ``memory_bytes`` is set for a slice given as memory, ``fraction`` for a slice
+    given as a share of a card, ``gpus`` for whole cards.
+    """
+
+    gpus: int = 0
+    memory_bytes: int | None = None
+    fraction: float | None = None
+
+    @property
+    def kind(self) -> RequestKind:
+        if self.gpus > 0:
+            return RequestKind.WHOLE
+        if self.memory_bytes or self.fraction:
+            return RequestKind.SLICE
+        return RequestKind.CPU
+
+    def bytes_on(self, card_bytes: int) -> int:
+        """The memory this request takes on a card of ``card_bytes``."""
+        if self.kind is RequestKind.WHOLE:
+            return card_bytes
+        if self.memory_bytes is not None:
+            return self.memory_bytes
+        if self.fraction is not None:
+            return int(self.fraction * card_bytes)
+        return 0
+
+    def fraction_of(self, card_bytes: int) -> float:
+        """The share of a card of ``card_bytes`` this request takes (0..1)."""
+        if card_bytes <= 0:
+            return 0.0
+        return min(1.0, self.bytes_on(card_bytes) / card_bytes)
+
+    def describe(self) -> str:
+        """Words for people: "4 GiB of one GPU", "a quarter of one GPU", "2 whole GPUs"."""
+        if self.kind is RequestKind.WHOLE:
+            return f"{self.gpus} whole GPU{'s' if self.gpus > 1 else ''}"
+        if self.memory_bytes is not None:
+            return f"{format_bytes(self.memory_bytes)} of one GPU"
+        if self.fraction is not None:
+            return f"{self.fraction:g} of one GPU"
+        return "no GPU (CPU only)"
+
+
+CPU_ONLY = GpuRequest()
+
+
+def format_bytes(n: int | float) -> str:
+    """Binary units, shortest exact-ish form: 4294967296 -> "4 GiB"."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            text = f"{value:.2f}".rstrip("0").rstrip(".")
+            return f"{text} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def parse_quantity(text: str) -> int:
+    """A Kubernetes-style memory quantity in bytes, rounded up to a whole byte.
+
+    >>> parse_quantity("4Gi"), parse_quantity("4G"), parse_quantity("1.5MiB")
+    (4294967296, 4000000000, 1572864)
+    """
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ShareError(f"{text!r} is not an amount of memory{_unit_hint(text)}; write for example 16GiB or 512MiB.")
+    try:
+        number = Decimal(match["number"])
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
+        raise ShareError(f"{text!r} is not a number.") from exc
+    if match["exp"]:
+        number *= Decimal(10) ** int(match["exp"])
+    unit = match["unit"] or ""
+    if unit in _BINARY:
+        number *= Decimal(1024) ** _BINARY[unit]
+    elif unit in _DECIMAL:
+        number *= Decimal(1000) ** _DECIMAL[unit]
+    return math.ceil(number)
+
+
+def parse_gpu_memory(value: object) -> GpuRequest:
+    """One ``gpu_memory`` value (text or number) as a request, before card limits.
+
+    A bare number is a share of a card: 0 is CPU only, 0.25 a quarter, 1 a whole card.
+    An amount with a unit is memory. Anything else raises ShareError.
+    """
+    if isinstance(value, bool) or value is None:
+        raise ShareError(f"gpu_memory must be text or a number, not {value!r}; type {EXAMPLES}.")
+    if isinstance(value, int | float):
+        return _share_from_number(float(value), repr(value))
+    if not isinstance(value, str):
+        raise ShareError(f"gpu_memory must be text or a number, not {type(value).__name__}; type {EXAMPLES}.")
+    text = value.strip()
+    if not text:
+        return CPU_ONLY
+    if text.startswith("-"):
+        raise ShareError(f"GPU memory cannot be negative ({text!r}); type {EXAMPLES}.")
+    if text.lower() in {"nan", "inf", "infinity", "+inf"}:
+        raise ShareError(f"{text!r} is not an amount of GPU memory; type {EXAMPLES}.")
+    match = _QUANTITY.match(text)
+    if match is None:
+        hint = _unit_hint(text)
+        raise ShareError(f"{text!r} is not an amount of GPU memory{hint}; type for example {EXAMPLES}.")
+    if not match["unit"] and not match["b"]:
+        return _share_from_number(float(Decimal(match["number"]) * (Decimal(10) ** int(match["exp"] or 0))), repr(text))
+    amount = parse_quantity(text)
+    return GpuRequest(memory_bytes=amount) if amount else CPU_ONLY
+
+
+def _unit_hint(text: str) -> str:
+    unit = re.sub(r"^[\s0-9.eE+-]+", "", text)
+    if not unit:
+        return ""
+    return f" (unknown unit {unit!r}; use Ki, Mi, Gi or k, M, G, optionally followed by B)"
+
+
+def _share_from_number(number: float, shown: str) -> GpuRequest:
+    if math.isnan(number) or math.isinf(number):
+        raise ShareError(f"{shown} is not an amount of GPU memory; type {EXAMPLES}.")
+    if number < 0:
+        raise ShareError(f"GPU memory cannot be negative ({shown}); type {EXAMPLES}.")
+    if number == 0:
+        return CPU_ONLY
+    if number == 1:
+        return GpuRequest(gpus=1)
+    if number > 1:
+        raise ShareError(
+            f"A number without a unit is a share of one card, from 0 to 1; {shown} is more than a card. "
+            f'For memory add a unit ("{number:g}GiB"); for whole cards ask for gpus={math.ceil(number)}.'
+        )
+    return GpuRequest(fraction=number)
+
+
+def parse_gpus(value: object) -> int:
+    """The whole-card count: a non-negative integer (text or number)."""
+    if isinstance(value, bool):
+        raise ShareError(f"gpus must be a whole number of cards, not {value!r}.")
+    if isinstance(value, str):
+        text = value.strip() or "0"
+        if not re.fullmatch(r"\+?[0-9]+", text):
+            raise ShareError(f"gpus must be a whole number of cards such as 0, 1 or 2, not {value!r}.")
+        return int(text)
+    if isinstance(value, int):
+        count = value
+    elif isinstance(value, float) and value.is_integer():
+        count = int(value)
+    else:
+        raise ShareError(f"gpus must be a whole number of cards such as 0, 1 or 2, not {value!r}.")
+    if count < 0:
+        raise ShareError(f"gpus cannot be negative ({count}); use 0 for a slice or a CPU-only server.")
+    return count
+
+
+def parse_request(
+    gpu_memory: object = "0",
+    gpus: object = 0,
+    *,
+    largest_card_bytes: int | None = None,
+    most_cards: int | None = None,
+) -> GpuRequest:
+    """Combine ``gpu_memory`` and ``gpus`` into one request and check it against the cards.
+
+    ``largest_card_bytes`` is the memory of the largest card a request could go to,
+    ``most_cards`` the most cards one server can get (a node's GPU count); when given,
+    requests beyond them are refused here with the numbers.
+    """
+    count = parse_gpus(gpus)
+    share = parse_gpu_memory(gpu_memory)
+    if count and share.kind is RequestKind.SLICE:
+        raise ShareError(
+            f"Ask for either a slice of one GPU (gpu_memory={gpu_memory!r}) or whole GPUs (gpus={count}), "
+            'not both: set gpu_memory to "0" to get whole cards, or gpus to 0 to get a slice.'
+        )
+    if count and share.kind is RequestKind.WHOLE and count != share.gpus:
+        raise ShareError(f'gpu_memory="1" means one whole card but gpus={count}; set gpu_memory to "0".')
+    request = GpuRequest(gpus=count) if count else share
+    _check_limits(request, largest_card_bytes, most_cards)
+    return request
+
+
+def _check_limits(request: GpuRequest, largest_card_bytes: int | None, most_cards: int | None) -> None:
+    if request.kind is RequestKind.WHOLE and most_cards is not None and request.gpus > most_cards:
+        raise ShareError(
+            f"{request.gpus} whole GPUs is more than any machine has (at most {most_cards}); "
+            f"ask for gpus={most_cards} or fewer."
+        )
+    asked, largest = request.memory_bytes, largest_card_bytes
+    if asked is not None and largest is not None and asked > largest:
+        raise ShareError(
+            f"{format_bytes(asked)} is more than any GPU here has (the largest has {format_bytes(largest)}); "
+            f"ask for {format_bytes(largest)} or less, or for whole cards with gpus=1."
+        )

@@ -1,0 +1,288 @@
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spawner.gpus import simulated_gpus
+from spawner.inventory import Allocation, Inventory, Node, build_local
+from spawner.placement import (
+    POLICIES,
+    BestFit,
+    Choice,
+    ClusterState,
+    DefaultPolicy,
+    Demand,
+    DotProduct,
+    FragmentationGradientDescent,
+    RandomFit,
+    Spread,
+    Workload,
+    _WorkloadArrays,
+    explain,
+    fragmentation,
+    make_policy,
+)
+from spawner.shares import GiB, GpuRequest
+
+
+def state(nodes: Sequence[Sequence[float]], cpu: Sequence[float] | None = None, model: str = "T4") -> ClusterState:
+    """Nodes of 1000-unit cards with the given free amounts."""
+    return ClusterState(
+        [f"n{i}" for i in range(len(nodes))],
+        cpu or [64000] * len(nodes),
+        [256 * GiB] * len(nodes),
+        [[1000.0] * len(free) for free in nodes],
+        [[model] * len(free) for free in nodes],
+        gpu_free=[list(free) for free in nodes],
+    )
+
+
+def slice_(share: float, cpu: int = 0) -> Demand:
+    return Demand(cpu_milli=cpu, slice_fraction=share)
+
+
+HALVES = Workload((slice_(0.5),), (1.0,))
+
+
+def frag(s: ClusterState, wl: Workload, cpu_tasks_fragment: bool = True) -> list[float]:
+    arrays = _WorkloadArrays.build(wl, s.model_names)
+    return list(
+        fragmentation(arrays, s.free, s.cap, s.model, s.usable, s.cpu, s.mem, cpu_tasks_fragment=cpu_tasks_fragment)
+    )
+
+
+def test_fragmentation_counts_free_memory_too_small_for_the_workload() -> None:
+    # Against half-card tasks: 300 of 1000 free is a fragment, 600 is not.
+    assert frag(state([[1000, 300], [600, 0]]), HALVES) == pytest.approx([0.3, 0.0])
+
+
+def test_fragmentation_is_all_free_gpu_when_the_task_cannot_fit_at_all() -> None:
+    cpu_hungry = Workload((slice_(0.5, cpu=8000),), (1.0,))
+    assert frag(state([[1000, 300]], cpu=[4000]), cpu_hungry) == pytest.approx([1.3])
+    other_model = Workload((Demand(slice_fraction=0.5, models=frozenset({"V100"})),), (1.0,))
+    assert frag(state([[1000, 300]]), other_model) == pytest.approx([1.3])
+
+
+def test_fragmentation_for_whole_card_tasks_is_every_partly_used_card() -> None:
+    whole = Workload((Demand(gpus=1),), (1.0,))
+    assert frag(state([[1000, 300, 999]]), whole) == pytest.approx([1.299])
+    two = Workload((Demand(gpus=2),), (1.0,))
+    assert frag(state([[1000, 300]]), two) == pytest.approx([1.3])  # cannot fit: all of it
+
+
+def test_fragmentation_weights_task_types_by_popularity() -> None:
+    wl = Workload((slice_(0.5), Demand(gpus=1)), (0.75, 0.25))
+    assert frag(state([[1000, 300]]), wl) == pytest.approx([0.75 * 0.3 + 0.25 * 0.3])
+
+
+def test_cpu_only_tasks_count_all_free_gpu_in_fgd_but_not_in_default_when_they_fit() -> None:
+    wl = Workload((Demand(cpu_milli=1000),), (1.0,))
+    s = state([[1000, 300]], cpu=[4000])
+    assert frag(s, wl, cpu_tasks_fragment=True) == pytest.approx([1.3])
+    assert frag(s, wl, cpu_tasks_fragment=False) == pytest.approx([0.0])
+    assert frag(state([[1000, 300]], cpu=[500]), wl, cpu_tasks_fragment=False) == pytest.approx([1.3])
+
+
+def test_fgd_keeps_room_for_the_common_task_where_best_fit_does_not() -> None:
+    s = state([[600, 700]])
+    # best-fit fills the fuller card (leaving 400: too small for a half card);
+    # FGD takes from the emptier one so both keep room for a half card.
+    assert BestFit().choose(s, slice_(0.2)) == Choice(0, (0,))
+    assert FragmentationGradientDescent(HALVES).choose(s, slice_(0.2)) == Choice(0, (1,))
+
+
+def test_fgd_avoids_the_node_whose_cpu_it_would_exhaust() -> None:
+    wl = Workload((slice_(0.5, cpu=4000),), (1.0,))
+    s = state([[1000], [1000]], cpu=[4000, 16000])
+    assert FragmentationGradientDescent(wl).choose(s, slice_(0.25, cpu=2000)) == Choice(1, (0,))
+
+
+def test_default_breaks_fragmentation_ties_toward_the_fuller_node() -> None:
+    s = state([[1000], [500]])
+    assert FragmentationGradientDescent(HALVES).choose(s, slice_(0.5)) == Choice(0, (0,))
+    assert DefaultPolicy(HALVES).choose(s, slice_(0.5)) == Choice(1, (0,))
+
+
+def test_fgd_cache_follows_commits() -> None:
+    s = state([[1000], [1000]])
+    policy = DefaultPolicy(HALVES)
+    first = policy.choose(s, slice_(0.5))
+    assert first is not None
+    s.commit(first, slice_(0.5))
+    # The half-used card is now the better home for the next half.
+    assert policy.choose(s, slice_(0.5)) == first
+
+
+def test_best_fit_and_spread_are_opposites() -> None:
+    s = state([[1000, 400], [900]])
+    assert BestFit().choose(s, slice_(0.3)) == Choice(0, (1,))
+    assert Spread().choose(s, slice_(0.3)) == Choice(0, (0,))
+
+
+def test_whole_cards_need_wholly_free_cards_on_one_node() -> None:
+    s = state([[1000, 999], [1000, 1000]])
+    for name in POLICIES:
+        assert make_policy(name, HALVES).choose(s, Demand(gpus=2)) == Choice(1, (0, 1)), name
+    assert BestFit().choose(s, Demand(gpus=3)) is None
+
+
+def test_model_constraints_are_honoured() -> None:
+    s = ClusterState(["a", "b"], [64000, 64000], [GiB, GiB], [[1000], [1000]], [["T4"], ["V100"]])
+    want_v100 = Demand(slice_fraction=0.5, models=frozenset({"V100"}))
+    for name in POLICIES:
+        assert make_policy(name, HALVES).choose(s, want_v100) == Choice(1, (0,)), name
+    assert BestFit().choose(s, Demand(slice_fraction=0.5, models=frozenset({"A100"}))) is None
+
+
+def test_cpu_and_memory_are_honoured() -> None:
+    s = state([[1000], [1000]], cpu=[1000, 8000])
+    for name in POLICIES:
+        assert make_policy(name, HALVES).choose(s, slice_(0.5, cpu=4000)) == Choice(1, (0,)), name
+
+
+def test_unhealthy_gpus_and_nodes_take_nothing() -> None:
+    s = ClusterState(
+        ["a", "b"],
+        [64000, 64000],
+        [GiB, GiB],
+        [[1000, 1000], [1000]],
+        [["T4", "T4"], ["T4"]],
+        gpu_healthy=[[False, True], [True]],
+        node_ok=[True, False],
+    )
+    assert BestFit().choose(s, slice_(0.5)) == Choice(0, (1,))
+
+
+def test_slices_in_bytes_on_mixed_cards() -> None:
+    inv = build_local(simulated_gpus("1x16GiB:T4,1x80GiB:H100"), [(0, Allocation("a", "", 10 * GiB))])
+    s = ClusterState.from_inventory(inv)
+    demand = Demand.from_request(GpuRequest(memory_bytes=8 * GiB))
+    assert BestFit().choose(s, demand) == Choice(0, (1,))  # 6 GiB free on the T4 is too little
+    quarter = Demand.from_request(GpuRequest(fraction=0.25))
+    assert BestFit().choose(s, quarter) == Choice(0, (0,))  # 4 GiB of the T4 fits its 6 free
+    assert s.commit(Choice(0, (1,)), demand) == pytest.approx(0.1)
+
+
+def test_cpu_only_demands_take_a_node_and_no_gpu() -> None:
+    s = state([[1000], [0]], cpu=[2000, 8000])
+    for name in POLICIES:
+        choice = make_policy(name, HALVES).choose(s, Demand(cpu_milli=4000))
+        assert choice == Choice(1, ()), name
+
+
+def test_random_fit_is_reproducible_by_seed() -> None:
+    s = state([[1000]] * 20)
+    picks = [RandomFit(seed=7).choose(s, slice_(0.5)) for _ in range(2)]
+    assert picks[0] == picks[1]
+
+
+def test_dot_product_prefers_the_node_aligned_with_the_demand() -> None:
+    s = state([[1000], [1000]], cpu=[1000, 64000])
+    assert DotProduct().choose(s, slice_(0.5, cpu=800)) == Choice(1, (0,))
+
+
+def test_unknown_policy_and_missing_workload() -> None:
+    with pytest.raises(ValueError, match="unknown placement policy 'worst-fit'"):
+        make_policy("worst-fit")
+    with pytest.raises(ValueError, match="needs a target workload"):
+        make_policy("fgd")
+
+
+def test_workload_keeps_the_most_popular_types() -> None:
+    demands = [slice_(0.5)] * 6 + [slice_(0.25)] * 3 + [Demand(gpus=1)]
+    wl = Workload.from_demands(demands, coverage=0.9)
+    assert wl.demands == (slice_(0.5), slice_(0.25))
+    assert wl.weights == pytest.approx((6 / 9, 3 / 9))
+    with pytest.raises(ValueError):
+        Workload.from_demands([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    frees=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=1, max_size=5),
+    cpus=st.lists(st.integers(0, 8000), min_size=5, max_size=5),
+    share=st.integers(1, 1000),
+    whole=st.integers(0, 3),
+    cpu=st.integers(0, 8000),
+    policy=st.sampled_from(POLICIES),
+)
+def test_every_choice_fits_and_none_means_nothing_fits(
+    frees: list[list[int]], cpus: list[int], share: int, whole: int, cpu: int, policy: str
+) -> None:
+    s = state(frees, cpu=cpus[: len(frees)])
+    demand = Demand(cpu_milli=cpu, gpus=whole) if whole else slice_(share / 1000, cpu=cpu)
+    choice = make_policy(policy, Workload((slice_(0.5), Demand(gpus=1)), (0.5, 0.5))).choose(s, demand)
+    host = s.cpu >= cpu
+    if whole:
+        feasible = host & (((s.free >= s.cap) & (s.cap > 0)).sum(axis=1) >= whole)
+    else:
+        feasible = host & (s.free >= share).any(axis=1)
+    if choice is None:
+        assert not feasible.any()
+        return
+    assert feasible[choice.node]
+    before = s.free.copy()
+    s.commit(choice, demand)
+    assert (s.free >= -1e-6).all() and s.cpu[choice.node] >= 0
+    taken = before - s.free
+    assert np.isclose(taken.sum(), whole * 1000 if whole else share)
+
+
+# ---------------------------------------------------------------- explain
+
+
+def two_t4s_and_an_h100() -> Inventory:
+    gpus = simulated_gpus("2x16GiB:T4,1x80GiB:H100")
+    return build_local(
+        gpus,
+        [
+            (0, Allocation("a", "", 12 * GiB)),
+            (1, Allocation("b", "", 8 * GiB)),
+            (2, Allocation("c", "", 70 * GiB)),
+        ],
+    )
+
+
+def test_explain_names_the_largest_free_slice_and_what_would_start() -> None:
+    why = explain(Demand.from_request(GpuRequest(memory_bytes=12 * GiB)), two_t4s_and_an_h100())
+    assert why.summary == "Nothing can hold 12 GiB of one GPU right now."
+    assert why.largest_free_bytes == 10 * GiB
+    assert why.largest_free_where == "localhost GPU 2 (H100)"
+    assert why.reasons == ("3 GPUs are without enough free memory.",)
+    assert (
+        why.suggestion
+        == "The largest free slice is 10 GiB on localhost GPU 2 (H100): ask for that or less to start now."
+    )
+    assert "ask for that or less" in str(why)
+
+
+def test_explain_names_the_model_constraint() -> None:
+    demand = Demand.from_request(GpuRequest(memory_bytes=12 * GiB), models={"T4"})
+    why = explain(demand, two_t4s_and_an_h100())
+    assert "1 GPU is of another model (this server needs T4)." in why.reasons
+    assert why.largest_free_where == "localhost GPU 1 (T4)" and why.largest_free_bytes == 8 * GiB
+
+
+def test_explain_whole_cards_counts_free_cards() -> None:
+    inv = build_local(simulated_gpus("2x16GiB:T4"), [(0, Allocation("a", "", GiB))])
+    why = explain(Demand(gpus=2), inv)
+    assert why.free_cards == 1
+    assert why.suggestion == "1 whole GPU is free on one machine: ask for gpus=1 to start now."
+    assert "1 GPU is already partly in use." in why.reasons
+
+
+def test_explain_cpu_and_memory_shortfalls() -> None:
+    inv = Inventory([Node("small", 2000, 4 * GiB, simulated_gpus("1x16GiB:T4", "small"))])
+    why = explain(Demand(cpu_milli=4000, slice_units=GiB), inv)
+    assert why.reasons == ("1 GPU is on machines without 4 free CPUs.",)
+    assert why.suggestion.startswith("No GPU memory is free")
+    why = explain(Demand(memory_bytes=8 * GiB, slice_units=GiB), inv)
+    assert why.reasons == ("1 GPU is on machines without 8 GiB free memory.",)
+
+
+def test_explain_out_of_service() -> None:
+    inv = Inventory([Node("down", 64000, 64 * GiB, simulated_gpus("2x16GiB:T4", "down"), healthy=False)])
+    why = explain(Demand(slice_units=GiB), inv)
+    assert why.reasons == ("2 GPUs are out of service.",)
