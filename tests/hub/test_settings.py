@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+
+from hub.settings import DEFAULT_SIMULATE, Settings, SettingsError, load
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_without_a_file() -> None:
+    assert load(None) == Settings()
+    assert load(None).simulate == DEFAULT_SIMULATE
+
+
+def test_the_example_file_loads() -> None:
+    settings = load(REPO / "examples" / "gpuslice.yaml")
+    assert settings.port == 8000
+    assert settings.admin_users == ("teacher",)
+    assert settings.simulate == "2x16GiB:T4,1x80GiB:H100"
+    assert settings.data_dir == Path("gpuslice-data")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("port: 99999\n", "port must be a number from 1 to 65535"),
+        ("port: true\n", "port must be a number"),
+        ("admin_users: alice\n", "admin_users must be a list of user names"),
+        ("gpus: [1]\n", "gpus must be a mapping"),
+        ("gpus: {simulate: lots}\n", "gpus.simulate: GPU spec entry 'lots' is not COUNTxSIZE"),
+        ("data_dir: 3\n", "data_dir must be a folder path"),
+        ("- a\n- b\n", "the top level must be a mapping"),
+        ("port: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SettingsError) as error:
+        load(path)
+    assert str(error.value).startswith(str(path))
+    assert message in str(error.value)
+
+
+def test_unknown_keys_are_kept_for_later_features(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("groups: {ml101: {max_slice: 4GiB}}\n")
+    assert load(path).extra == {"groups": {"ml101": {"max_slice": "4GiB"}}}
