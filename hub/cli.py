@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hub import settings as settings_mod
-from spawner.gpus import parse_gpu_spec
 from spawner.placement import POLICIES
 from spawner.simulate import TraceError, bench, read_nodes, read_tasks
 
@@ -59,21 +58,14 @@ def _bench_placement(args: argparse.Namespace) -> int:
 
 
 def _up(config: Path | None) -> int:
+    from hub.platform import PlatformError, up
+
     try:
         settings = settings_mod.load(config)
-    except settings_mod.SettingsError as exc:
+        return up(settings, config)
+    except (settings_mod.SettingsError, PlatformError) as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
-    gpus = ", ".join(str(e) for e in parse_gpu_spec(settings.simulate))
-    print(
-        "gpuslice up: the single-machine platform is not built yet (issue 3); this is its plan.\n"
-        f"  settings:      {settings.source}\n"
-        f"  hub:           http://127.0.0.1:{settings.port}/hub/ (JupyterHub + configurable-http-proxy)\n"
-        f"  data folder:   {settings.data_dir}\n"
-        f"  admins:        {', '.join(settings.admin_users) or '(none)'}\n"
-        f"  GPUs:          NVML if present, else simulated: {gpus}"
-    )
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from spawner.gpus import parse_gpu_spec
+from spawner.shares import ShareError, parse_quantity
 
 DEFAULT_SIMULATE = "2x16GiB:T4,1x80GiB:H100"
 
@@ -23,10 +24,17 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     port: int = 8000
+    hub_port: int = 8081
+    proxy_api_port: int = 8001
     data_dir: Path = Path("gpuslice-data")
     admin_users: tuple[str, ...] = ()
     simulate: str = DEFAULT_SIMULATE
     source: str = "built-in defaults"
+    groups: tuple[dict[str, Any], ...] = ()
+    images: dict[str, dict[str, Any]] = field(default_factory=dict)
+    isolation: str = "none"
+    idle_timeout: int = 3600
+    open_signup: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -46,9 +54,7 @@ def load(path: Path | None) -> Settings:
 
 
 def from_mapping(raw: dict[str, Any], source: str) -> Settings:
-    port = raw.get("port", 8000)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise SettingsError(f"{source}: port must be a number from 1 to 65535, not {port!r}")
+    port = _port(raw, "port", 8000, source)
     admins = raw.get("admin_users", [])
     if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
         raise SettingsError(f"{source}: admin_users must be a list of user names")
@@ -63,12 +69,104 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
     data_dir = raw.get("data_dir", "gpuslice-data")
     if not isinstance(data_dir, str) or not data_dir:
         raise SettingsError(f"{source}: data_dir must be a folder path")
-    known = {"port", "admin_users", "gpus", "data_dir"}
+    known = {
+        "port",
+        "hub_port",
+        "proxy_api_port",
+        "admin_users",
+        "gpus",
+        "data_dir",
+        "groups",
+        "images",
+        "isolation",
+        "idle_timeout",
+        "open_signup",
+    }
     return Settings(
         port=port,
+        hub_port=_port(raw, "hub_port", 8081, source),
+        proxy_api_port=_port(raw, "proxy_api_port", 8001, source),
         data_dir=Path(data_dir),
         admin_users=tuple(admins),
         simulate=simulate,
         source=source,
+        groups=_groups(raw.get("groups") or {}, source),
+        images=_images(raw.get("images") or {}, source),
+        isolation=_choice(raw, "isolation", ("none", "unix-users"), "none", source),
+        idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
+        open_signup=_bool(raw, "open_signup", True, source),
         extra={k: v for k, v in raw.items() if k not in known},
     )
+
+
+GROUP_KEYS = {"members", "max_slice", "max_gpus", "budget", "servers_per_user", "images"}
+
+
+def _groups(raw: Any, source: str) -> tuple[dict[str, Any], ...]:
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: groups must map group names to their rules")
+    groups = []
+    for name, rules in raw.items():
+        rules = rules or {}
+        where = f"{source}: groups.{name}"
+        if not isinstance(rules, dict):
+            raise SettingsError(f"{where} must be a mapping of rules")
+        unknown = set(rules) - GROUP_KEYS
+        if unknown:
+            raise SettingsError(
+                f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(GROUP_KEYS))}"
+            )
+        for key in ("max_slice", "budget"):
+            if rules.get(key) is not None:
+                try:
+                    parse_quantity(str(rules[key]))
+                except ShareError as exc:
+                    raise SettingsError(f"{where}.{key}: {exc}") from None
+        for key in ("max_gpus", "servers_per_user"):
+            value = rules.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise SettingsError(f"{where}.{key} must be a whole number, 0 or more")
+        members = rules.get("members", [])
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise SettingsError(f"{where}.members must be a list of user names")
+        groups.append({"name": str(name), **rules, "members": members})
+    return tuple(groups)
+
+
+def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: images must map image ids to {{path, description}}")
+    images = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
+            raise SettingsError(f"{source}: images.{name} needs a path (a Python environment prefix)")
+        images[str(name)] = dict(spec)
+    return images
+
+
+def _port(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:
+    value = raw.get(key, fallback)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise SettingsError(f"{source}: {key} must be a number from 1 to 65535, not {value!r}")
+    return value
+
+
+def _choice(raw: dict[str, Any], key: str, allowed: tuple[str, ...], fallback: str, source: str) -> str:
+    value = raw.get(key, fallback)
+    if value not in allowed:
+        raise SettingsError(f"{source}: {key} must be one of {', '.join(allowed)}, not {value!r}")
+    return str(value)
+
+
+def _positive_int(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:
+    value = raw.get(key, fallback)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SettingsError(f"{source}: {key} must be a whole number of seconds above 0, not {value!r}")
+    return value
+
+
+def _bool(raw: dict[str, Any], key: str, fallback: bool, source: str) -> bool:
+    value = raw.get(key, fallback)
+    if not isinstance(value, bool):
+        raise SettingsError(f"{source}: {key} must be true or false, not {value!r}")
+    return value

@@ -1,4 +1,4 @@
-"""The machine's GPUs: simulated ones from a spec (NVML arrives with the local platform).
+"""The machine's GPUs: from NVML when it finds any, else simulated from a spec.
 
 GPU spec, as in settings (`gpus.simulate`) and `--simulate`: comma-separated
 ``COUNTxSIZE[:MODEL]``, for example ``2x16GiB:T4,1x80GiB:H100``.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from spawner.inventory import Gpu
 from spawner.shares import ShareError, format_bytes, parse_quantity
@@ -56,3 +57,49 @@ def simulated_gpus(spec: str, node: str = "localhost") -> list[Gpu]:
             index = len(gpus)
             gpus.append(Gpu(node, index, entry.model, entry.memory_bytes, uuid=f"SIM-{node}-{index}", simulated=True))
     return gpus
+
+
+def nvml_gpus(nvml: Any, node: str = "localhost") -> list[Gpu]:
+    """The machine's NVIDIA GPUs through NVML (the ``pynvml`` module of nvidia-ml-py).
+
+    The only NVML code in gpuslice. Raises whatever NVML raises when there is no
+    driver or no GPU; ``detect`` turns that into simulated GPUs.
+    """
+    nvml.nvmlInit()
+    try:
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = nvml.nvmlDeviceGetName(handle)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                Gpu(
+                    node,
+                    index,
+                    name.decode() if isinstance(name, bytes) else str(name),
+                    int(memory.total),
+                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                )
+            )
+        return gpus
+    finally:
+        nvml.nvmlShutdown()
+
+
+def detect(simulate: str, nvml: Any | None = None, node: str = "localhost") -> tuple[list[Gpu], str]:
+    """Real GPUs when NVML finds any, else simulated ones; also says which and why."""
+    if nvml is None:
+        try:
+            import pynvml
+
+            nvml = pynvml
+        except ImportError:
+            return simulated_gpus(simulate, node), "simulated (nvidia-ml-py is not installed)"
+    try:
+        found = nvml_gpus(nvml, node)
+    except Exception as exc:  # NVML raises its own NVMLError subclasses, and OSError without a driver
+        return simulated_gpus(simulate, node), f"simulated (NVML: {exc})"
+    if not found:
+        return simulated_gpus(simulate, node), "simulated (NVML found no GPU)"
+    return found, "NVML"

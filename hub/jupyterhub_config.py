@@ -1,0 +1,82 @@
+"""JupyterHub configuration for the single-machine platform (loaded by `gpuslice up`).
+
+Reads the gpuslice settings named by GPUSLICE_SETTINGS (empty: defaults) and the data
+folder in GPUSLICE_DATA_DIR; everything else follows from them.
+"""
+# ruff: noqa: F821  (`c` is provided by JupyterHub when it loads this file)
+
+import os
+import sys
+from pathlib import Path
+
+from hub import metrics
+from hub.settings import load
+from spawner.ledger import Ledger
+from spawner.mixin import machine
+
+settings = load(Path(os.environ["GPUSLICE_SETTINGS"]) if os.environ.get("GPUSLICE_SETTINGS") else None)
+data_dir = Path(os.environ.get("GPUSLICE_DATA_DIR") or settings.data_dir).absolute()
+repo = Path(__file__).resolve().parents[1]
+ledger_path = data_dir / "ledger.sqlite"
+
+c = get_config()  # type: ignore[name-defined]
+
+c.JupyterHub.bind_url = f"http://127.0.0.1:{settings.port}"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = settings.hub_port
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
+c.JupyterHub.db_url = f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(data_dir / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
+c.ConfigurableHTTPProxy.command = [str(repo / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.JupyterHub.cleanup_servers = True  # stopping the platform stops every notebook server
+
+# Logins: a new user sets a password at first login (as in The Littlest JupyterHub).
+c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
+c.FirstUseAuthenticator.dbm_path = str(data_dir / "passwords.dbm")
+c.FirstUseAuthenticator.create_users = settings.open_signup
+c.Authenticator.admin_users = set(settings.admin_users)
+members = {m for g in settings.groups for m in g["members"]}
+if settings.open_signup:
+    c.Authenticator.allow_all = True
+else:
+    c.Authenticator.allowed_users = members | set(settings.admin_users)
+c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in settings.groups}
+
+# Notebook servers with GPU slices.
+c.JupyterHub.spawner_class = "spawner.local.LocalGpuSpawner"
+c.LocalGpuSpawner.gpu_simulate = settings.simulate
+c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)
+c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
+c.LocalGpuSpawner.isolation = settings.isolation
+c.LocalGpuSpawner.home_root = str(data_dir / "homes")
+c.LocalGpuSpawner.default_url = "/lab"
+c.LocalGpuSpawner.http_timeout = 60
+c.LocalGpuSpawner.start_timeout = 120
+if settings.images:
+    c.LocalGpuSpawner.gpu_images = {
+        "default": {"path": sys.prefix, "description": "The platform's own Python environment"},
+        **settings.images,
+    }
+
+# Idle servers give their slice back.
+c.JupyterHub.services = [
+    {
+        "name": "idle-culler",
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={settings.idle_timeout}"],
+    }
+]
+c.JupyterHub.load_roles = [
+    {
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    }
+]
+
+# Capacity and allocations, read from the ledger at each scrape of /hub/metrics.
+_machine = machine(settings.simulate)
+metrics.register_allocations(
+    metrics.AllocationCollector("localhost", lambda: _machine.gpus, lambda: Ledger(ledger_path).holdings())
+)

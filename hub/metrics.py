@@ -1,0 +1,63 @@
+"""gpuslice's own metrics, served beside JupyterHub's at the hub's /hub/metrics.
+
+Every metric is defined here; label values are created up front so each series
+exists before its first event (as JupyterHub's metrics.py does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from spawner.inventory import Gpu
+from spawner.ledger import Held
+
+REFUSAL_REASONS = ("invalid", "quota", "capacity")
+
+SPAWN_REFUSED = Counter(
+    "gpuslice_spawn_refused_total",
+    "Spawns refused before anything was allocated, by reason: invalid (bad options), "
+    "quota (a group rule), capacity (no GPU can hold the slice now).",
+    ["reason"],
+)
+for _reason in REFUSAL_REASONS:
+    SPAWN_REFUSED.labels(reason=_reason)
+
+
+class AllocationCollector(Collector):
+    """Capacity and allocated GPU memory per card, read fresh from the ledger on each scrape."""
+
+    def __init__(self, node: str, gpus: Callable[[], Sequence[Gpu]], holds: Callable[[], Iterable[Held]]) -> None:
+        self.node, self.gpus, self.holds = node, gpus, holds
+
+    def collect(self) -> Iterable[Metric]:
+        capacity = GaugeMetricFamily(
+            "gpuslice_gpu_memory_capacity_bytes",
+            'GPU memory of each card (simulated cards carry simulated="true").',
+            labels=["node", "gpu", "model", "simulated"],
+        )
+        allocated = GaugeMetricFamily(
+            "gpuslice_gpu_memory_allocated_bytes",
+            "GPU memory held by each server on each card.",
+            labels=["node", "gpu", "user", "server"],
+        )
+        gpus = self.gpus()
+        for gpu in gpus:
+            capacity.add_metric(
+                [self.node, str(gpu.index), gpu.model, str(gpu.simulated).lower()], float(gpu.memory_bytes)
+            )
+        yield capacity
+        try:
+            holds = list(self.holds())
+        except Exception:  # a failing source drops its family, never the scrape
+            return
+        for hold in holds:
+            allocated.add_metric([self.node, str(hold.gpu_index), hold.user, hold.server], float(hold.memory_bytes))
+        yield allocated
+
+
+def register_allocations(collector: AllocationCollector, registry: CollectorRegistry = REGISTRY) -> None:
+    registry.register(collector)

@@ -1,0 +1,157 @@
+"""The local backend's allocation ledger: durable and safe under concurrency.
+
+One SQLite file holds every slice handed out on this machine. ``allocate`` reads
+what is held, asks a decision function for a placement and writes it, all inside one
+``BEGIN IMMEDIATE`` transaction: SQLite's write lock makes that read-decide-write
+atomic across threads and processes, so two spawns can never both take the last
+free memory of a card. The file survives hub restarts (kill -9 included);
+``reconcile`` then drops what no running server holds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from spawner.inventory import Allocation
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS allocation (
+    key TEXT NOT NULL,           -- "user/server": one row per GPU the server holds
+    gpu_index INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    server TEXT NOT NULL,
+    memory_bytes INTEGER NOT NULL,
+    whole INTEGER NOT NULL DEFAULT 0,
+    grp TEXT,                    -- the group whose budget is charged
+    pid INTEGER,                 -- the server's process, once started
+    created REAL NOT NULL,
+    PRIMARY KEY (key, gpu_index)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Held:
+    """One ledger row: a server's hold on one GPU."""
+
+    key: str
+    gpu_index: int
+    user: str
+    server: str
+    memory_bytes: int
+    whole: bool = False
+    group: str | None = None
+    pid: int | None = None
+
+    def allocation(self) -> Allocation:
+        return Allocation(self.user, self.server, self.memory_bytes, self.key, self.whole)
+
+
+def server_key(user: str, server: str) -> str:
+    return f"{user}/{server}"
+
+
+class LedgerError(RuntimeError):
+    """The ledger could not be read or written (disk full, read-only, locked too long)."""
+
+
+# A decision sees every current hold and returns the rows to add, or None to refuse.
+Decide = Callable[[list[Held]], list[Held] | None]
+
+
+class Ledger:
+    def __init__(self, path: Path | str, *, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.timeout_s = timeout_s
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: we issue BEGIN ourselves, so the lock is taken up front.
+        db = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise LedgerError(f"the GPU ledger {self.path} could not be written: {exc}") from exc
+        finally:
+            db.close()
+
+    def holdings(self) -> list[Held]:
+        db = self._connect()
+        try:
+            return _read(db)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"the GPU ledger {self.path} could not be read: {exc}") from exc
+        finally:
+            db.close()
+
+    def allocate(self, key: str, decide: Decide) -> list[Held] | None:
+        """Atomically: replace ``key``'s holds with what ``decide`` returns (None: refuse).
+
+        ``decide`` sees every hold except ``key``'s own, so a retried spawn never
+        counts against itself.
+        """
+        with self._write() as db:
+            db.execute("DELETE FROM allocation WHERE key = ?", (key,))
+            rows = decide(_read(db))
+            if rows is None:
+                return None
+            now = time.time()
+            db.executemany(
+                "INSERT INTO allocation (key, gpu_index, user, server, memory_bytes, whole, grp, pid, created)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(key, r.gpu_index, r.user, r.server, r.memory_bytes, int(r.whole), r.group, r.pid, now) for r in rows],
+            )
+            return rows
+
+    def restore(self, rows: Iterable[Held]) -> None:
+        """Put back holds recorded elsewhere (the hub's spawner state) if they are missing."""
+        with self._write() as db:
+            for r in rows:
+                db.execute(
+                    "INSERT OR IGNORE INTO allocation (key, gpu_index, user, server, memory_bytes, whole, grp, pid,"
+                    " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (r.key, r.gpu_index, r.user, r.server, r.memory_bytes, int(r.whole), r.group, r.pid, time.time()),
+                )
+
+    def set_pid(self, key: str, pid: int) -> None:
+        with self._write() as db:
+            db.execute("UPDATE allocation SET pid = ? WHERE key = ?", (pid, key))
+
+    def release(self, key: str) -> int:
+        """Drop ``key``'s holds; returns how many rows went (0 when it held nothing)."""
+        with self._write() as db:
+            return db.execute("DELETE FROM allocation WHERE key = ?", (key,)).rowcount
+
+    def reconcile(self, running: set[str]) -> list[Held]:
+        """Drop the holds of every server not in ``running``; return what was dropped."""
+        with self._write() as db:
+            stale = [h for h in _read(db) if h.key not in running]
+            db.executemany("DELETE FROM allocation WHERE key = ?", [(k,) for k in {h.key for h in stale}])
+            return stale
+
+
+def _read(db: sqlite3.Connection) -> list[Held]:
+    rows = db.execute(
+        "SELECT key, gpu_index, user, server, memory_bytes, whole, grp, pid FROM allocation ORDER BY created, key"
+    ).fetchall()
+    return [Held(k, g, u, s, m, bool(w), grp, pid) for k, g, u, s, m, w, grp, pid in rows]

@@ -1,0 +1,106 @@
+"""LocalGpuSpawner: GPU slices over JupyterHub's local process spawner.
+
+Isolation settings (``LocalGpuSpawner.isolation``):
+
+* ``none`` (default, a personal machine): every server runs as the account that runs
+  gpuslice, with its own home folder under the data folder. Users cannot see each
+  other's files through the notebook UI's file browser root, but code in a notebook
+  can read and write anything that account can, other users' homes included. Use it
+  when everyone trusts everyone (one person, a small team).
+* ``unix-users`` (needs root): each hub user gets a system account ``jupyter-<name>``
+  (created on first spawn) with a private home; servers run as that account, so
+  users' files and processes are protected from each other by the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import Unicode, validate
+
+from spawner.mixin import GpuShareMixin
+
+SYSTEM_PREFIX = "jupyter-"
+_SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,30}$")
+
+
+class LocalGpuSpawner(GpuShareMixin, LocalProcessSpawner):  # type: ignore[misc]
+    isolation = Unicode("none", help="none (one account, a home folder per user) or unix-users (needs root).").tag(
+        config=True
+    )
+    home_root = Unicode("homes", help="Folder holding each user's home folder when isolation is none.").tag(config=True)
+
+    @validate("isolation")
+    def _check_isolation(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        if value not in {"none", "unix-users"}:
+            raise ValueError(f"isolation must be 'none' or 'unix-users', not {value!r}")
+        if value == "unix-users" and os.geteuid() != 0:
+            raise ValueError("isolation 'unix-users' creates system accounts and needs gpuslice to run as root")
+        return value
+
+    @property
+    def home_dir(self) -> Path:
+        if self.isolation == "unix-users":
+            return Path(str(pwd.getpwnam(self.system_user).pw_dir))
+        return Path(self.home_root).absolute() / str(self.user.name)
+
+    @property
+    def system_user(self) -> str:
+        return SYSTEM_PREFIX + str(self.user.name).lower()
+
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        if self.isolation == "unix-users":
+            ensure_system_user(self.system_user)
+            return super().make_preexec_fn(self.system_user)  # type: ignore[no-any-return]
+        home = self.home_dir
+        home.mkdir(parents=True, exist_ok=True)
+
+        def enter_home() -> None:
+            os.chdir(home)
+
+        return enter_home
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        if self.isolation == "unix-users":
+            return super().user_env(env) | {"USER": self.system_user}  # type: ignore[no-any-return]
+        env["USER"] = self.user.name
+        env["HOME"] = str(self.home_dir)
+        env["SHELL"] = "/bin/bash"
+        return env
+
+    def get_args(self) -> list[str]:
+        args: list[str] = super().get_args()
+        # jupyter_server refuses to run as root unless told; pass it only when true.
+        if self.isolation == "none" and os.geteuid() == 0:
+            args.append("--allow-root")
+        return args
+
+    def move_certs(self, paths: dict[str, str]) -> dict[str, str]:
+        return paths  # internal SSL is not used on loopback
+
+    async def start(self) -> Any:
+        # The chosen image is a Python environment: run its single-user server.
+        image = (self.user_options or {}).get("image") or self.gpu_default_image
+        spec = self.gpu_images.get(image) if isinstance(image, str) else None
+        prefix = Path(str((spec or {}).get("path") or sys.prefix))
+        self.cmd = [str(prefix / "bin" / "jupyterhub-singleuser")]
+        return await super().start()
+
+
+def ensure_system_user(name: str) -> None:
+    """Create the system account if it does not exist (unix-users isolation)."""
+    if not _SAFE_NAME.match(name):
+        raise ValueError(f"{name!r} cannot be a system account name; use lower-case letters, digits, '.', '_', '-'")
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)

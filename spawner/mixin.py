@@ -1,0 +1,416 @@
+"""GpuShareMixin: GPU slices for a JupyterHub spawner (config, form, checks, ledger).
+
+Mixed in before a concrete spawner (``LocalGpuSpawner``). On ``start`` it reads the
+spawn options (form or REST ``user_options``), checks them and the user's group
+quotas, places the slice with the core's policy and writes it to the ledger, all
+before the server process exists; it releases the slice on stop, on a failed start,
+and when the server dies or is culled (JupyterHub calls ``stop`` for each).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tornado import web
+from traitlets import Dict, HasTraits, Integer, List, Unicode, default
+
+from hub import metrics
+from spawner.backends import Backend, ServerGpuSpec, render
+from spawner.gpus import detect
+from spawner.inventory import Gpu, Inventory, build_local
+from spawner.ledger import Held, Ledger, server_key
+from spawner.placement import ClusterState, Demand, Workload, explain, make_policy
+from spawner.quotas import GroupQuota, Usage, check, largest_slice
+from spawner.shares import GiB, GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity, parse_request
+
+HOOK_DIR = Path(__file__).parent / "kernel_hook"
+
+
+class GpuRefused(web.HTTPError):
+    """A spawn refused before anything was allocated; the message is for the user."""
+
+    def __init__(self, status: int, message: str, reason: str) -> None:
+        super().__init__(status, log_message=message, reason=_http_reason(status))
+        self.jupyterhub_message = message  # shown on the spawn page and in progress events
+        self.refusal = reason
+
+
+def _http_reason(status: int) -> str:
+    return {400: "Bad Request", 403: "Forbidden", 409: "Conflict"}.get(status, "Error")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """This machine's GPUs, detected once per hub process."""
+
+    gpus: tuple[Gpu, ...]
+    source: str  # "NVML" or "simulated (...)"
+
+    @property
+    def simulated(self) -> bool:
+        return self.source != "NVML"
+
+
+_MACHINES: dict[str, Machine] = {}
+
+
+def machine(simulate: str) -> Machine:
+    if simulate not in _MACHINES:
+        gpus, source = detect(simulate)
+        _MACHINES[simulate] = Machine(tuple(gpus), source)
+    return _MACHINES[simulate]
+
+
+def group_quota(raw: dict[str, Any]) -> GroupQuota:
+    """A group's rules from settings: sizes as text ("4GiB"), lists of images."""
+
+    def size(key: str) -> int | None:
+        return None if raw.get(key) is None else parse_quantity(str(raw[key]))
+
+    images = raw.get("images")
+    return GroupQuota(
+        name=str(raw["name"]),
+        max_slice_bytes=size("max_slice"),
+        max_gpus=None if raw.get("max_gpus") is None else int(raw["max_gpus"]),
+        budget_bytes=size("budget"),
+        servers_per_user=None if raw.get("servers_per_user") is None else int(raw["servers_per_user"]),
+        allowed_images=None if images is None else frozenset(str(i) for i in images),
+    )
+
+
+class GpuShareMixin(HasTraits):
+    """GPU slices over any local spawner. Expects JupyterHub's Spawner attributes."""
+
+    gpu_simulate = Unicode(
+        "2x16GiB:T4,1x80GiB:H100",
+        help="GPUs to simulate when NVML finds none: COUNTxSIZE[:MODEL], comma-separated.",
+    ).tag(config=True)
+    gpu_ledger_path = Unicode(
+        "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
+    ).tag(config=True)
+    gpu_policy = Unicode("default", help="Placement policy (see spawner.placement.POLICIES).").tag(config=True)
+    gpu_groups = List(
+        Dict(),
+        help="""Group rules, each a dict: name, max_slice ("4GiB"), max_gpus, budget ("40GiB"),
+        servers_per_user, images (list of image ids). Members come from JupyterHub groups.""",
+    ).tag(config=True)
+    gpu_images = Dict(
+        help="""Images a server may run from: id -> {"path": python env prefix, "description": text}.
+        The id "default" runs from the hub's own environment.""",
+    ).tag(config=True)
+    gpu_default_image = Unicode("default", help="Image used when a request names none.").tag(config=True)
+    gpu_default_memory = Unicode("0", help='gpu_memory when a request names none ("0": CPU only).').tag(config=True)
+    gpu_max_cards = Integer(0, help="Most whole cards one server may take (0: as many as the machine has).").tag(
+        config=True
+    )
+
+    _gpu_spec: ServerGpuSpec | None = None
+    _gpu_holds: list[Held] | None = None
+
+    @default("gpu_images")
+    def _default_images(self) -> dict[str, Any]:
+        return {"default": {"path": sys.prefix, "description": "The platform's own Python environment"}}
+
+    # -- helpers over JupyterHub's spawner attributes ---------------------------------
+
+    @property
+    def _key(self) -> str:
+        return server_key(self.user.name, self.name)  # type: ignore[attr-defined]
+
+    @property
+    def _ledger(self) -> Ledger:
+        return Ledger(self.gpu_ledger_path)
+
+    @property
+    def _machine(self) -> Machine:
+        return machine(self.gpu_simulate)
+
+    def _quota_groups(self) -> list[GroupQuota]:
+        mine = {g.name for g in self.user.groups}  # type: ignore[attr-defined]
+        return [group_quota(g) for g in self.gpu_groups if g.get("name") in mine]
+
+    def _inventory(self, holds: list[Held]) -> Inventory:
+        gpus = [
+            Gpu(g.node, g.index, g.model, g.memory_bytes, g.uuid, g.healthy, g.simulated) for g in self._machine.gpus
+        ]
+        return build_local(gpus, [(h.gpu_index, h.allocation()) for h in holds])
+
+    # -- reading the request ------------------------------------------------------------
+
+    def gpu_request(self) -> tuple[GpuRequest, str]:
+        """The request and image from user_options; GpuRefused(400) on bad input."""
+        options = self.user_options or {}  # type: ignore[attr-defined]
+        if not isinstance(options, dict):
+            raise GpuRefused(400, "Spawn options must be a JSON object.", "invalid")
+        unknown = set(options) - {"gpu_memory", "gpus", "image", "models", "profile"}
+        if unknown:
+            raise GpuRefused(
+                400,
+                f"Unknown spawn option(s): {', '.join(sorted(map(str, unknown)))}. "
+                "Use gpu_memory, gpus, image and models.",
+                "invalid",
+            )
+        gpus = self._machine.gpus
+        try:
+            request = parse_request(
+                options.get("gpu_memory", self.gpu_default_memory),
+                options.get("gpus", 0),
+                largest_card_bytes=max((g.memory_bytes for g in gpus), default=0),
+                most_cards=self.gpu_max_cards or len(gpus),
+            )
+        except ShareError as exc:
+            raise GpuRefused(400, str(exc), "invalid") from None
+        if request.kind is not RequestKind.CPU and not gpus:
+            raise GpuRefused(400, 'This machine has no GPU; ask for gpu_memory "0" (CPU only).', "invalid")
+        image = options.get("image") or self.gpu_default_image
+        if not isinstance(image, str) or image not in self.gpu_images:
+            known = ", ".join(sorted(self.gpu_images))
+            raise GpuRefused(400, f"Unknown image {image!r}; choose one of: {known}.", "invalid")
+        return request, image
+
+    # -- the decision, inside the ledger's transaction ----------------------------------
+
+    def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
+        inventory = self._inventory(holds)
+        user = self.user.name  # type: ignore[attr-defined]
+        usage = Usage(
+            user_servers=len({h.key for h in holds if h.user == user}),
+            group_bytes=_group_bytes(holds),
+        )
+        card = max(g.memory_bytes for g in inventory.gpus()) if request.kind is not RequestKind.CPU else 0
+        asked_bytes = request.bytes_on(card) * max(1, request.gpus)
+        decision = check(
+            request, asked_bytes if request.kind is not RequestKind.CPU else 0, image, self._quota_groups(), usage
+        )
+        if not decision.allowed:
+            raise GpuRefused(403, str(decision), "quota")
+        if request.kind is RequestKind.CPU:
+            return []
+        demand = Demand.from_request(request)
+        state = ClusterState.from_inventory(inventory)
+        workload = Workload.from_demands([demand, *(_demand_of(h) for h in holds)])
+        choice = make_policy(self.gpu_policy, workload).choose(state, demand)
+        if choice is None:
+            raise GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
+        node = inventory.nodes[choice.node]
+        return [
+            Held(
+                self._key,
+                node.gpus[i].index,
+                user,
+                self.name,  # type: ignore[attr-defined]
+                node.gpus[i].memory_bytes
+                if request.kind is RequestKind.WHOLE
+                else request.bytes_on(node.gpus[i].memory_bytes),
+                request.kind is RequestKind.WHOLE,
+                decision.group,
+            )
+            for i in choice.gpus
+        ]
+
+    def allocate(self) -> tuple[GpuRequest, list[Held]]:
+        """Check and place the request; write it to the ledger. Counts refusals."""
+        try:
+            request, image = self.gpu_request()
+            holds = self._ledger.allocate(self._key, lambda current: self._decide(request, image, current))
+        except GpuRefused as refusal:
+            metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+            raise
+        assert holds is not None  # _decide raises rather than returning None
+        return request, holds
+
+    def _spec_for(self, request: GpuRequest, holds: list[Held]) -> ServerGpuSpec:
+        if not holds:
+            return render(request, Backend.LOCAL)
+        by_index = {g.index: g for g in self._machine.gpus}
+        cards = [by_index[h.gpu_index] for h in holds]
+        devices = tuple(g.uuid if not g.simulated else str(g.index) for g in cards)
+        return render(request, Backend.LOCAL, card_bytes=cards[0].memory_bytes, devices=devices)
+
+    # -- the spawner lifecycle ----------------------------------------------------------
+
+    async def start(self) -> Any:
+        request, holds = self.allocate()
+        self._gpu_holds = holds
+        self._gpu_spec = self._spec_for(request, holds)
+        self.log.info(  # type: ignore[attr-defined]
+            "gpuslice: %s gets %s: %s", self._key, request.describe(), self.placement_text() or "no GPU"
+        )
+        try:
+            result = await super().start()  # type: ignore[misc]
+        except BaseException:
+            self._ledger.release(self._key)
+            self._gpu_holds = None
+            raise
+        pid = getattr(self, "pid", 0)
+        if pid and holds:
+            self._ledger.set_pid(self._key, pid)
+        return result
+
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()  # type: ignore[misc]
+        if status is None and self._gpu_holds:
+            # Running: make sure the ledger still holds the slice (it may have been lost).
+            self._ledger.restore(self._gpu_holds)
+        return status
+
+    def get_env(self) -> dict[str, str]:
+        env: dict[str, str] = super().get_env()  # type: ignore[misc]
+        if self._gpu_spec is not None:
+            env.update(self._gpu_spec.env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH", "")]))
+        if self._machine.simulated and self._gpu_holds:
+            env["GPUSLICE_SIMULATED"] = "1"
+        return env
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()  # type: ignore[misc]
+        if self._gpu_holds:
+            state["gpuslice_holds"] = [h.__dict__ for h in self._gpu_holds]
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)  # type: ignore[misc]
+        self._gpu_holds = [Held(**h) for h in state.get("gpuslice_holds", [])] or None
+
+    def clear_state(self) -> None:
+        # Every way a server ends passes here: stopped, died (JupyterHub skips stop()
+        # for a dead server), culled, failed to start, or found dead after a restart.
+        super().clear_state()  # type: ignore[misc]
+        self._ledger.release(self._key)
+        self._gpu_holds = None
+
+    def placement_text(self) -> str:
+        if not self._gpu_holds:
+            return ""
+        by_index = {g.index: g for g in self._machine.gpus}
+        parts = []
+        for h in self._gpu_holds:
+            gpu = by_index[h.gpu_index]
+            label = f"GPU {gpu.index} ({gpu.model}{', simulated' if gpu.simulated else ''})"
+            parts.append(f"{label}" if h.whole else f"{format_bytes(h.memory_bytes)} of {label}")
+        return ", ".join(parts)
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        text = self.placement_text()
+        if text:
+            yield {"progress": 20, "message": f"GPU placed: {text}"}
+        if self._gpu_spec is not None:
+            for warning in self._gpu_spec.warnings:
+                yield {"progress": 25, "message": warning}
+
+    # -- the spawn form -----------------------------------------------------------------
+
+    @default("options_form")
+    def _default_options_form(self) -> Any:
+        # A callable: JupyterHub calls it with the spawner each time the form is shown.
+        return lambda spawner: spawner.render_form()
+
+    def render_form(self) -> str:
+        """The spawn form: free memory per GPU, quota left, and the choices allowed now."""
+        machine_ = self._machine
+        holds = self._ledger.holdings()
+        inventory = self._inventory([h for h in holds if h.key != self._key])
+        groups = self._quota_groups()
+        user = self.user.name  # type: ignore[attr-defined]
+        usage = Usage(len({h.key for h in holds if h.user == user and h.key != self._key}), _group_bytes(holds))
+        largest_card = max((g.memory_bytes for g in machine_.gpus), default=0)
+        ceiling = largest_slice(groups, usage, largest_card)
+        return _form_html(self, inventory, groups, usage, ceiling, machine_)
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        def first(name: str, fallback: str) -> str:
+            values = formdata.get(name) or [fallback]
+            return values[0]
+
+        return {
+            "gpu_memory": first("gpu_memory", self.gpu_default_memory),
+            "gpus": first("gpus", "0"),
+            "image": first("image", self.gpu_default_image),
+        }
+
+
+def _group_bytes(holds: list[Held]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for h in holds:
+        if h.group:
+            totals[h.group] = totals.get(h.group, 0) + h.memory_bytes
+    return totals
+
+
+def _demand_of(hold: Held) -> Demand:
+    return Demand(gpus=1) if hold.whole else Demand(slice_units=float(hold.memory_bytes))
+
+
+def _slice_choices(ceiling: int) -> list[int]:
+    choices, size = [], GiB // 2
+    while size <= ceiling:
+        choices.append(size)
+        size *= 2
+    if ceiling and (not choices or choices[-1] != ceiling):
+        choices.append(ceiling)
+    return choices
+
+
+def _form_html(
+    spawner: GpuShareMixin,
+    inventory: Inventory,
+    groups: list[GroupQuota],
+    usage: Usage,
+    ceiling: int,
+    machine_: Machine,
+) -> str:
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>GPU {g.index}</td><td>{esc(g.model)}{' <em>(simulated)</em>' if g.simulated else ''}</td>"
+        f"<td>{esc(format_bytes(g.free_bytes))} free of {esc(format_bytes(g.memory_bytes))}</td></tr>"
+        for g in inventory.gpus()
+    )
+    quota_lines = []
+    for group in groups:
+        limits = []
+        if group.max_slice_bytes is not None:
+            limits.append(f"slices up to {format_bytes(group.max_slice_bytes)}")
+        if group.budget_bytes is not None:
+            left = max(0, group.budget_bytes - usage.group_bytes.get(group.name, 0))
+            limits.append(f"{format_bytes(left)} of the group's {format_bytes(group.budget_bytes)} budget left")
+        if group.servers_per_user is not None:
+            limits.append(f"{group.servers_per_user} server(s) per person")
+        quota_lines.append(f"<li>{esc(group.name)}: {esc(', '.join(limits) or 'no limits')}</li>")
+    options = ['<option value="0">No GPU (CPU only)</option>'] + [
+        f'<option value="{esc(format_bytes(c).replace(" ", ""))}">{esc(format_bytes(c))} of one GPU</option>'
+        for c in _slice_choices(ceiling)
+    ]
+    max_cards = spawner.gpu_max_cards or len(machine_.gpus)
+    cards = "".join(f'<option value="{n}">{n}</option>' for n in range(0, max_cards + 1))
+    images = "".join(
+        f'<option value="{esc(i)}"{" selected" if i == spawner.gpu_default_image else ""}>'
+        f"{esc(i)}: {esc(str(spec.get('description', '')))}</option>"
+        for i, spec in sorted(spawner.gpu_images.items())
+    )
+    simulated = (
+        f'<p class="alert alert-info">These GPUs are <strong>simulated</strong>: {esc(machine_.source)}.</p>'
+        if machine_.simulated
+        else ""
+    )
+    return f"""
+<div class="gpuslice-form">
+  {simulated}
+  <table class="table table-condensed"><tr><th>GPU</th><th>model</th><th>memory</th></tr>{rows}</table>
+  {"<p>Your groups:</p><ul>" + "".join(quota_lines) + "</ul>" if quota_lines else ""}
+  <label for="gpu_memory">GPU memory</label>
+  <select class="form-control" name="gpu_memory" id="gpu_memory">{"".join(options)}</select>
+  <label for="gpus">or whole GPUs</label>
+  <select class="form-control" name="gpus" id="gpus">{cards}</select>
+  <label for="image">Image</label>
+  <select class="form-control" name="image" id="image">{images}</select>
+  <p class="help-block">A slice on this machine is shared without memory isolation: gpuslice caps PyTorch,
+  TensorFlow, JAX and CuPy in your kernels to your slice, but other CUDA code can use more.</p>
+</div>
+"""

@@ -1,0 +1,144 @@
+"""Drive a real `gpuslice up` (JupyterHub, configurable-http-proxy, jupyterlab) on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+GPUSLICE = str(Path(sys.executable).with_name("gpuslice"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Platform:
+    root: Path
+    settings: dict[str, Any] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.data_dir = self.root / "data"
+        base = {
+            "port": self.port,
+            "hub_port": free_port(),
+            "proxy_api_port": free_port(),
+            "data_dir": str(self.data_dir),
+            "admin_users": ["admin"],
+            "gpus": {"simulate": "2x16GiB:T4"},
+        }
+        self.config = self.root / "gpuslice.yaml"
+        self.config.write_text(yaml.safe_dump({**base, **self.settings}))
+        self.log = self.root / "platform.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 90) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([GPUSLICE, "up", "--config", str(self.config)], stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"gpuslice up exited early:\n{self.log.read_text()[-4000:]}"
+            try:
+                if requests.get(f"{self.url}/hub/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"the hub did not answer in {timeout_s}s:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def hub_pid(self) -> int:
+        return int((self.data_dir / "jupyterhub.pid").read_text())
+
+    def kill_hub(self) -> None:
+        """kill -9 of JupyterHub itself: the proxy and the notebook servers live on."""
+        os.kill(self.hub_pid(), signal.SIGKILL)
+        assert self.proc is not None
+        self.proc.wait(timeout=30)
+
+    def ledger(self) -> list[tuple[str, int, int]]:
+        db = sqlite3.connect(self.data_dir / "ledger.sqlite")
+        try:
+            return db.execute("SELECT key, gpu_index, memory_bytes FROM allocation ORDER BY key").fetchall()
+        finally:
+            db.close()
+
+    def login(self, user: str, password: str = "a-long-password") -> Session:
+        session = Session(self.url)
+        session.get(f"{self.url}/hub/login")
+        response = session.post(
+            f"{self.url}/hub/login",
+            data={"username": user, "password": password, "_xsrf": session.xsrf()},
+            allow_redirects=False,
+        )
+        assert response.status_code == 302, f"login of {user} failed: {response.status_code} {response.text[:300]}"
+        return session
+
+    def token(self, user: str) -> str:
+        session = self.login(user)
+        response = session.api("POST", f"/users/{user}/tokens", json={"note": "tests"})
+        assert response.status_code == 201, response.text
+        return str(response.json()["token"])
+
+
+class Session(requests.Session):
+    """A browser-like session: cookies from login, XSRF header on API calls."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__()
+        self.base = base
+
+    def xsrf(self) -> str:
+        """The hub's XSRF cookie (the user's server sets its own under /user/)."""
+        for cookie in self.cookies:
+            if cookie.name == "_xsrf" and not (cookie.path or "/").startswith("/user"):
+                return str(cookie.value)
+        return ""
+
+    def api(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        headers = {"X-XSRFToken": self.xsrf(), **kwargs.pop("headers", {})}
+        return self.request(method, f"{self.base}/hub/api{path}", headers=headers, timeout=60, **kwargs)
+
+    def wait_ready(self, user: str, server: str = "", timeout_s: float = 90) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            model = self.api("GET", f"/users/{user}").json()
+            spawner = model["servers"].get(server)
+            if spawner and spawner.get("ready"):
+                return dict(spawner)
+            if not spawner or not spawner.get("pending"):
+                raise AssertionError(f"{user}'s server stopped while starting: {model}")
+            time.sleep(0.5)
+        raise AssertionError(f"{user}'s server not ready in {timeout_s}s")
+
+
+def admin_api(platform: Platform, token: str, method: str, path: str, **kwargs: Any) -> requests.Response:
+    headers = {"Authorization": f"token {token}"}
+    return requests.request(method, f"{platform.url}/hub/api{path}", headers=headers, timeout=120, **kwargs)

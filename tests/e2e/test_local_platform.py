@@ -1,0 +1,214 @@
+"""The single-machine platform with real JupyterHub, proxy and jupyterlab processes."""
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from tests.e2e.platform import Platform, admin_api
+
+GiB = 2**30
+
+
+def test_login_spawn_with_a_slice_through_the_form_reach_it_and_stop(platform: Platform) -> None:
+    alice = platform.login("alice")
+    form = alice.get(f"{platform.url}/hub/spawn")
+    assert form.status_code == 200
+    assert "GPU memory" in form.text and "(simulated)" in form.text and "16 GiB free of 16 GiB" in form.text
+    # Submit the form as a browser does.
+    response = alice.post(
+        f"{platform.url}/hub/spawn",
+        data={"gpu_memory": "4GiB", "gpus": "0", "image": "default", "_xsrf": alice.xsrf()},
+    )
+    assert response.status_code == 200, response.text[:500]
+    alice.wait_ready("alice")
+    assert platform.ledger() == [("alice/", 0, 4 * GiB)]
+
+    # Through the proxy, with the server's own OAuth login.
+    lab = alice.get(f"{platform.url}/user/alice/lab")
+    assert lab.status_code == 200 and "JupyterLab" in lab.text
+    # The server's environment carries the slice.
+    pid = _server_pid(platform, "alice")
+    env = _environ(pid)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(4 * GiB)
+    assert env["GPUSLICE_GPU_MEMORY_FRACTION"] == "0.250000"
+    assert env["GPUSLICE_SIMULATED"] == "1"
+    assert env["HOME"] == str(platform.data_dir / "homes" / "alice")
+
+    assert alice.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    _wait(lambda: platform.ledger() == [], "the ledger to empty after stop")
+
+
+def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform) -> None:
+    bob = platform.login("bob")
+    bad = [
+        ({"gpu_memory": "-4GiB"}, "cannot be negative"),
+        ({"gpu_memory": "64GiB"}, "more than any GPU here has (the largest has 16 GiB)"),
+        ({"gpu_memory": 7}, "gpus=7"),
+        ({"gpu_memory": "4GiB", "gpus": 1}, "either a slice of one GPU"),
+        ({"gpu_memory": ["4GiB"]}, "text or a number"),
+        ({"gpus": 3}, "more than any machine has"),
+        ({"image": "tensorflow"}, "Unknown image 'tensorflow'"),
+        ({"gpu_memory": "4GiB", "colour": "red"}, "Unknown spawn option(s): colour"),
+    ]
+    for options, message in bad:
+        response = bob.api("POST", "/users/bob/server", json=options)
+        assert response.status_code == 400, (options, response.status_code, response.text)
+        assert message in response.json()["message"], (options, response.json())
+        assert platform.ledger() == []
+        assert bob.api("GET", "/users/bob").json()["servers"] == {}
+
+    response = bob.api("POST", "/users/bob/server", json={"gpu_memory": "0.5"})
+    assert response.status_code in (201, 202), response.text
+    bob.wait_ready("bob")
+    assert platform.ledger() == [("bob/", 0, 8 * GiB)]
+    metrics = bob.get(f"{platform.url}/hub/metrics")
+    if metrics.status_code == 200:  # admins only by default
+        assert 'gpuslice_spawn_refused_total{reason="invalid"} 8.0' in metrics.text
+
+
+def test_no_room_is_refused_with_an_explanation(platform: Platform) -> None:
+    token = platform.token("admin")
+    for user in ("u1", "u2", "u3"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    assert admin_api(platform, token, "POST", "/users/u1/server", json={"gpu_memory": "12GiB"}).status_code in (
+        201,
+        202,
+    )
+    assert admin_api(platform, token, "POST", "/users/u2/server", json={"gpu_memory": "12GiB"}).status_code in (
+        201,
+        202,
+    )
+    refused = admin_api(platform, token, "POST", "/users/u3/server", json={"gpu_memory": "8GiB"})
+    assert refused.status_code == 409
+    message = refused.json()["message"]
+    assert "Nothing can hold 8 GiB of one GPU right now." in message
+    assert "The largest free slice is 4 GiB on localhost GPU 0 (T4): ask for that or less to start now." in message
+    metrics = admin_api(platform, token, "GET", "/../metrics")
+    assert 'gpuslice_spawn_refused_total{reason="capacity"} 1.0' in metrics.text
+    assert re.search(
+        r'gpuslice_gpu_memory_allocated_bytes\{gpu="\d",node="localhost",server="",user="u1"\} 1.2884901888e\+10',
+        metrics.text,
+    )
+    assert (
+        'gpuslice_gpu_memory_capacity_bytes{gpu="0",model="T4",node="localhost",simulated="true"} 1.7179869184e+10'
+        in metrics.text
+    )
+
+
+def test_fifty_spawns_at_once_never_overcommit_two_cards(platform: Platform) -> None:
+    token = platform.token("admin")
+    users = [f"s{i:02d}" for i in range(50)]
+    response = admin_api(platform, token, "POST", "/users", json={"usernames": users})
+    assert response.status_code == 201, response.text
+
+    def spawn(user: str) -> int:
+        return admin_api(platform, token, "POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        codes = list(pool.map(spawn, users))
+    started = [u for u, code in zip(users, codes, strict=True) if code in (201, 202)]
+    assert len(started) == 8, codes  # 2 cards x 16 GiB / 4 GiB
+    assert codes.count(409) == 42, codes
+    ledger = platform.ledger()
+    for gpu in (0, 1):
+        assert sum(m for _, g, m in ledger if g == gpu) <= 16 * GiB
+    assert sorted(k for k, _, _ in ledger) == sorted(f"{u}/" for u in started)
+    for user in started:
+        admin_api(platform, token, "DELETE", f"/users/{user}/server")
+    _wait(lambda: platform.ledger() == [], "every slice to be released", timeout_s=120)
+
+
+def test_hub_kill_9_and_restart_keeps_running_servers_and_their_slices(make_platform: object) -> None:
+    platform: Platform = make_platform()  # type: ignore[operator]
+    platform.start()
+    carol = platform.login("carol")
+    assert carol.api("POST", "/users/carol/server", json={"gpu_memory": "8GiB"}).status_code in (201, 202)
+    carol.wait_ready("carol")
+    pid = _server_pid(platform, "carol")
+    before = platform.ledger()
+
+    platform.kill_hub()
+    assert _alive(pid), "the notebook server must outlive the hub"
+    platform.start()
+    assert platform.ledger() == before  # no leak, no double allocation
+    carol = platform.login("carol")
+    assert carol.get(f"{platform.url}/user/carol/lab").status_code == 200  # reachable again
+    # The slice still counts: 8 GiB more fits on card 1, 16 GiB on one card does not.
+    dave = platform.login("dave")
+    assert dave.api("POST", "/users/dave/server", json={"gpu_memory": "16GiB"}).status_code in (201, 202)
+    dave.wait_ready("dave")
+    erin = platform.login("erin")
+    refused = erin.api("POST", "/users/erin/server", json={"gpu_memory": "9GiB"})
+    assert refused.status_code == 409, refused.text
+    platform.stop()
+    assert not _alive(pid)
+
+
+def test_a_dead_server_gives_its_slice_back(platform: Platform) -> None:
+    frank = platform.login("frank")
+    assert frank.api("POST", "/users/frank/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+    frank.wait_ready("frank")
+    os.killpg(_server_pid(platform, "frank"), signal.SIGKILL)
+    _wait(lambda: platform.ledger() == [], "the dead server's slice to be released", timeout_s=90)
+
+
+def test_group_quota_refuses_with_the_rule(make_platform: object) -> None:
+    platform: Platform = make_platform(  # type: ignore[operator]
+        groups={"ml101": {"members": ["gina", "hank"], "max_slice": "4GiB", "budget": "6GiB", "servers_per_user": 1}}
+    )
+    platform.start()
+    gina = platform.login("gina")
+    too_big = gina.api("POST", "/users/gina/server", json={"gpu_memory": "8GiB"})
+    assert too_big.status_code == 403
+    assert "Group 'ml101' allows slices up to 4 GiB; you asked for 8 GiB." in too_big.json()["message"]
+    assert gina.api("POST", "/users/gina/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    hank = platform.login("hank")
+    over = hank.api("POST", "/users/hank/server", json={"gpu_memory": "4GiB"})
+    assert over.status_code == 403
+    assert "2 GiB left" in over.json()["message"]
+    assert [k for k, _, _ in platform.ledger()] == ["gina/"]
+
+
+def _server_pid(platform: Platform, user: str) -> int:
+    for _ in range(40):
+        import sqlite3
+
+        db = sqlite3.connect(platform.data_dir / "ledger.sqlite")
+        row = db.execute("SELECT pid FROM allocation WHERE key = ?", (f"{user}/",)).fetchone()
+        db.close()
+        if row and row[0]:
+            return int(row[0])
+        time.sleep(0.25)
+    raise AssertionError(f"no pid recorded for {user}")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(") ")[1][0] != "Z"
+
+
+def _wait(check: object, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+_ = requests
