@@ -20,6 +20,17 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="start the single-machine platform")
     up.add_argument("--config", type=Path, help="settings file (YAML); see examples/gpuslice.yaml")
 
+    classes = commands.add_parser("class", help="manage classes (groups of students with GPU rules)")
+    class_commands = classes.add_subparsers(dest="class_command", required=True)
+    add = class_commands.add_parser("add", help="add or update a class from a roster CSV")
+    add.add_argument("name", help="the class (group) name, for example ml101")
+    add.add_argument("roster", type=Path, help="CSV with a 'username' column, or user names in the first column")
+    add.add_argument("--config", type=Path, default=Path("gpuslice.yaml"), help="settings file to update")
+    add.add_argument("--max-slice", help='largest slice per server, for example "4GiB"')
+    add.add_argument("--budget", help='GPU memory the whole class may hold at once, for example "40GiB"')
+    add.add_argument("--servers-per-user", type=int, help="running servers per student")
+    add.add_argument("--max-gpus", type=int, help="whole cards per server (0: none)")
+
     bench_parser = commands.add_parser("bench", help="benchmarks")
     benches = bench_parser.add_subparsers(dest="bench", required=True)
     placement = benches.add_parser("placement", help="replay a cluster trace through placement policies")
@@ -39,7 +50,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "up":
         return _up(args.config)
+    if args.command == "class":
+        return _class_add(args)
     return _bench_placement(args)
+
+
+def _class_add(args: argparse.Namespace) -> int:
+    from hub.classes import add_class, read_roster
+
+    rules = {
+        "max_slice": args.max_slice,
+        "budget": args.budget,
+        "servers_per_user": args.servers_per_user,
+        "max_gpus": args.max_gpus,
+    }
+    try:
+        members = read_roster(args.roster)
+        add_class(args.config, args.name, members, rules)
+    except settings_mod.SettingsError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    print(f"class {args.name}: {len(members)} students written to {args.config}; it applies at the next gpuslice up.")
+    return 0
 
 
 def _bench_placement(args: argparse.Namespace) -> int:

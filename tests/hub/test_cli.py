@@ -48,13 +48,12 @@ def test_bench_refuses_zero_seeds(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "--seeds must be at least 1" in capsys.readouterr().err
 
 
-def test_up_prints_its_plan_and_refuses_bad_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["up"]) == 0
-    assert "simulated: 2x16GiB:T4, 1x80GiB:H100" in capsys.readouterr().out
+def test_up_refuses_bad_settings_before_starting_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("port: 0\n")
+    bad.write_text(f"port: 0\ndata_dir: {tmp_path / 'data'}\n")
     assert main(["up", "--config", str(bad)]) == 2
     assert "port must be a number from 1 to 65535" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
 
 
 @pytest.mark.slow

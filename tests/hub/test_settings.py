@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -44,5 +45,47 @@ def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: 
 
 def test_unknown_keys_are_kept_for_later_features(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
-    path.write_text("groups: {ml101: {max_slice: 4GiB}}\n")
-    assert load(path).extra == {"groups": {"ml101": {"max_slice": "4GiB"}}}
+    path.write_text("markets: {db: sqlite:///m.db}\n")
+    assert load(path).extra == {"markets": {"db": "sqlite:///m.db"}}
+
+
+def test_groups_images_and_platform_options(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "groups:\n  ml101: {members: [a, b], max_slice: 4GiB, budget: 40GiB, servers_per_user: 1, images: [torch]}\n"
+        "images:\n  torch: {path: /opt/envs/torch, description: PyTorch}\n"
+        "isolation: none\nidle_timeout: 600\nopen_signup: false\nhub_port: 9081\n"
+    )
+    settings = load(path)
+    assert settings.groups == (
+        {
+            "name": "ml101",
+            "members": ["a", "b"],
+            "max_slice": "4GiB",
+            "budget": "40GiB",
+            "servers_per_user": 1,
+            "images": ["torch"],
+        },
+    )
+    assert settings.images == {"torch": {"path": "/opt/envs/torch", "description": "PyTorch"}}
+    assert (settings.idle_timeout, settings.open_signup, settings.hub_port) == (600, False, 9081)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("groups: {ml101: {max_slice: big}}\n", "groups.ml101.max_slice: 'big' is not an amount of memory"),
+        ("groups: {ml101: {colour: red}}\n", "groups.ml101: unknown key(s) colour"),
+        ("groups: {ml101: {servers_per_user: -1}}\n", "groups.ml101.servers_per_user must be a whole number"),
+        ("groups: {ml101: {members: alice}}\n", "groups.ml101.members must be a list"),
+        ("images: {torch: {description: x}}\n", "images.torch needs a path"),
+        ("isolation: docker\n", "isolation must be one of none, unix-users"),
+        ("idle_timeout: 0\n", "idle_timeout must be a whole number of seconds above 0"),
+        ("open_signup: yes-please\n", "open_signup must be true or false"),
+    ],
+)
+def test_bad_platform_settings(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        load(path)

@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hub.cli import main
+from hub.settings import load
+
+
+def test_class_add_writes_the_group_and_keeps_other_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = tmp_path / "gpuslice.yaml"
+    settings.write_text("port: 9000\nadmin_users: [teacher]\n")
+    roster = tmp_path / "roster.csv"
+    roster.write_text("username,full name\nAlice,Alice A\nbob,Bob B\n\nalice,dup\n")
+    code = main(
+        [
+            "class",
+            "add",
+            "ml101",
+            str(roster),
+            "--config",
+            str(settings),
+            "--max-slice",
+            "4GiB",
+            "--budget",
+            "40GiB",
+            "--servers-per-user",
+            "1",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert "class ml101: 2 students" in capsys.readouterr().out
+    loaded = load(settings)
+    assert loaded.port == 9000 and loaded.admin_users == ("teacher",)
+    assert loaded.groups == (
+        {"name": "ml101", "max_slice": "4GiB", "budget": "40GiB", "servers_per_user": 1, "members": ["alice", "bob"]},
+    )
+
+
+def test_roster_without_header_and_updating_a_class(tmp_path: Path) -> None:
+    settings = tmp_path / "gpuslice.yaml"
+    roster = tmp_path / "r.csv"
+    roster.write_text("carol\ndave\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--budget", "8GiB"]) == 0
+    roster.write_text("erin\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    group = yaml.safe_load(settings.read_text())["groups"]["ml101"]
+    assert group == {"budget": "8GiB", "members": ["erin"]}
+
+
+@pytest.mark.parametrize(
+    ("roster", "args", "message"),
+    [
+        ("username\nal ice\n", [], "r.csv:2: 'al ice' is not a user name"),
+        ("", [], "the roster is empty"),
+        ("username\n", [], "the roster names nobody"),
+        ("bob\n", ["--max-slice", "lots"], "groups.ml101.max_slice"),
+    ],
+)
+def test_bad_rosters_and_rules_change_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], roster: str, args: list[str], message: str
+) -> None:
+    settings = tmp_path / "gpuslice.yaml"
+    settings.write_text("port: 9000\n")
+    path = tmp_path / "r.csv"
+    path.write_text(roster)
+    assert main(["class", "add", "ml101", str(path), "--config", str(settings), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert settings.read_text() == "port: 9000\n"

@@ -1,0 +1,132 @@
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+
+from spawner.ledger import Held, Ledger, LedgerError, server_key
+
+GiB = 2**30
+CARD = 16 * GiB
+
+
+def first_fit(key: str, user: str, amount: int, cards: int = 2):
+    """A decision like the spawner's: the first card with room, or refuse."""
+
+    def decide(holds: list[Held]) -> list[Held] | None:
+        for gpu in range(cards):
+            used = sum(h.memory_bytes for h in holds if h.gpu_index == gpu)
+            if used + amount <= CARD:
+                return [Held(key, gpu, user, "", amount)]
+        return None
+
+    return decide
+
+
+def test_allocate_release_and_read_back(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert ledger.allocate("a/", first_fit("a/", "a", 4 * GiB)) == [Held("a/", 0, "a", "", 4 * GiB)]
+    ledger.set_pid("a/", 1234)
+    assert ledger.holdings() == [Held("a/", 0, "a", "", 4 * GiB, pid=1234)]
+    assert ledger.release("a/") == 1
+    assert ledger.release("a/") == 0
+    assert ledger.holdings() == []
+
+
+def test_a_refusal_writes_nothing_and_an_exception_rolls_back(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.allocate("a/", first_fit("a/", "a", 4 * GiB))
+    assert ledger.allocate("b/", lambda holds: None) is None
+
+    def boom(holds: list[Held]) -> list[Held]:
+        raise RuntimeError("quota")
+
+    with pytest.raises(RuntimeError):
+        ledger.allocate("a/", boom)  # would have replaced a's hold
+    assert [h.key for h in ledger.holdings()] == ["a/"]
+
+
+def test_a_retry_does_not_count_against_itself(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.allocate("a/", first_fit("a/", "a", 16 * GiB, cards=1))
+    assert ledger.allocate("a/", first_fit("a/", "a", 16 * GiB, cards=1)) is not None
+    assert len(ledger.holdings()) == 1
+
+
+def test_fifty_threads_never_overcommit(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    start = threading.Barrier(50)
+    results: list[object] = []
+
+    def spawn(i: int) -> None:
+        key = server_key(f"u{i}", "")
+        start.wait()
+        results.append(ledger.allocate(key, first_fit(key, f"u{i}", 3 * GiB)))
+
+    threads = [threading.Thread(target=spawn, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    granted = [r for r in results if r]
+    assert len(granted) == 10  # five 3 GiB slices per 16 GiB card
+    for gpu in (0, 1):
+        assert sum(h.memory_bytes for h in ledger.holdings() if h.gpu_index == gpu) <= CARD
+
+
+def _spawn_in_process(path: str, i: int, barrier: object) -> None:
+    ledger = Ledger(path)
+    key = server_key(f"p{i}", "")
+    barrier.wait()  # type: ignore[attr-defined]
+    ledger.allocate(key, first_fit(key, f"p{i}", 5 * GiB))
+
+
+def test_separate_processes_never_overcommit(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.sqlite")
+    Ledger(path)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(12)
+    procs = [ctx.Process(target=_spawn_in_process, args=(path, i, barrier)) for i in range(12)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    holds = Ledger(path).holdings()
+    assert len(holds) == 6  # three 5 GiB slices per card
+    for gpu in (0, 1):
+        assert sum(h.memory_bytes for h in holds if h.gpu_index == gpu) <= CARD
+
+
+def test_reconcile_drops_what_is_not_running(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for user in ("a", "b", "c"):
+        ledger.allocate(f"{user}/", first_fit(f"{user}/", user, GiB))
+    dropped = ledger.reconcile({"b/"})
+    assert sorted(h.key for h in dropped) == ["a/", "c/"]
+    assert [h.key for h in ledger.holdings()] == ["b/"]
+
+
+def test_restore_puts_back_only_what_is_missing(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    hold = Held("a/", 1, "a", "", GiB, group="ml101", pid=7)
+    ledger.restore([hold])
+    ledger.restore([hold])
+    assert ledger.holdings() == [hold]
+
+
+def test_survives_reopening(tmp_path: Path) -> None:
+    Ledger(tmp_path / "ledger.sqlite").allocate("a/", first_fit("a/", "a", GiB))
+    assert len(Ledger(tmp_path / "ledger.sqlite").holdings()) == 1
+
+
+def test_a_read_only_ledger_gives_a_clear_error_and_keeps_its_rows(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.allocate("a/", first_fit("a/", "a", GiB))
+    readonly = Ledger.__new__(Ledger)
+    readonly.path, readonly.timeout_s = ledger.path, 1.0
+    readonly._connect = lambda: __import__("sqlite3").connect(  # type: ignore[method-assign]
+        f"file:{ledger.path}?mode=ro", uri=True, isolation_level=None
+    )
+    with pytest.raises(LedgerError, match="could not be written"):
+        readonly.allocate("b/", first_fit("b/", "b", GiB))
+    assert [h.key for h in ledger.holdings()] == ["a/"]

@@ -1,0 +1,42 @@
+from types import SimpleNamespace
+
+from spawner.gpus import simulated_gpus
+from spawner.inventory import build_local
+from spawner.mixin import Machine, _form_html, _slice_choices, group_quota
+from spawner.quotas import GroupQuota, Usage
+
+GiB = 2**30
+
+
+def test_group_rules_from_settings() -> None:
+    quota = group_quota(
+        {"name": "ml101", "max_slice": "4GiB", "budget": "40GiB", "servers_per_user": 1, "images": ["a"]}
+    )
+    assert quota == GroupQuota("ml101", 4 * GiB, None, 40 * GiB, 1, frozenset({"a"}))
+
+
+def test_slice_choices_stop_at_the_ceiling() -> None:
+    assert _slice_choices(6 * GiB) == [GiB // 2, GiB, 2 * GiB, 4 * GiB, 6 * GiB]
+    assert _slice_choices(0) == []
+
+
+def test_form_escapes_what_admins_and_users_wrote() -> None:
+    spawner = SimpleNamespace(
+        gpu_max_cards=0,
+        gpu_default_image="default",
+        gpu_images={"default": {"description": "<script>alert(1)</script>"}, 'x"><b>': {"description": "d"}},
+    )
+    gpus = simulated_gpus("1x16GiB:<i>T4</i>")
+    form = _form_html(
+        spawner,  # type: ignore[arg-type]
+        build_local(gpus),
+        [GroupQuota("<img src=x>", max_slice_bytes=4 * GiB)],
+        Usage(),
+        4 * GiB,
+        Machine(tuple(gpus), "simulated (NVML: no driver)"),
+    )
+    assert "<script>" not in form and "&lt;script&gt;" in form
+    assert "<img" not in form and "<i>T4" not in form and 'x"><b>' not in form
+    assert '<option value="4GiB">4 GiB of one GPU</option>' in form
+    assert "(simulated)" in form and "simulated (NVML: no driver)" in form
+    assert '<option value="1">1</option>' in form
