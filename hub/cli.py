@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     placement.add_argument("--seeds", type=int, default=1, help="replays per policy, seeds 0..N-1 (default 1)")
     placement.add_argument("--json", action="store_true", help="print JSON (the only format for now)")
+    spawn = benches.add_parser("spawn", help="spawn-to-ready time, gpuslice vs plain JupyterHub")
+    spawn.add_argument("--runs", type=int, default=5, help="timed spawns per hub (default 5)")
     return parser
 
 
@@ -52,6 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _up(args.config)
     if args.command == "class":
         return _class_add(args)
+    if args.bench == "spawn":
+        from hub.bench_spawn import run
+
+        print(json.dumps(run(args.runs), indent=2))
+        return 0
     return _bench_placement(args)
 
 

@@ -395,7 +395,8 @@ def _form_html(
         for i, spec in sorted(spawner.gpu_images.items())
     )
     simulated = (
-        f'<p class="alert alert-info">These GPUs are <strong>simulated</strong>: {esc(machine_.source)}.</p>'
+        f'<p class="alert alert-info">These GPUs are <strong>simulated</strong>: no NVIDIA GPU was found '
+        f"({esc(machine_.source.removeprefix('simulated (').removesuffix(')'))}).</p>"
         if machine_.simulated
         else ""
     )

@@ -212,3 +212,11 @@ def _wait(check: object, what: str, timeout_s: float = 60) -> None:
 
 
 _ = requests
+
+
+def test_the_spawn_benchmark_runs_both_hubs() -> None:
+    from hub.bench_spawn import run
+
+    result = run(runs=1)
+    assert set(result["spawn_to_ready_s"]) == {"plain", "gpuslice"}
+    assert result["ratio_p50"] > 0

@@ -38,5 +38,5 @@ def test_form_escapes_what_admins_and_users_wrote() -> None:
     assert "<script>" not in form and "&lt;script&gt;" in form
     assert "<img" not in form and "<i>T4" not in form and 'x"><b>' not in form
     assert '<option value="4GiB">4 GiB of one GPU</option>' in form
-    assert "(simulated)" in form and "simulated (NVML: no driver)" in form
+    assert "(simulated)" in form and "no NVIDIA GPU was found (NVML: no driver)" in form
     assert '<option value="1">1</option>' in form

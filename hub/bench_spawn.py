@@ -1,0 +1,182 @@
+"""`gpuslice bench spawn`: time from spawn request to a ready server, gpuslice vs plain JupyterHub.
+
+Both hubs run here on loopback with the same proxy, database kind and single-user
+server (jupyterlab); the baseline uses JupyterHub's own SimpleLocalProcessSpawner,
+gpuslice its LocalGpuSpawner with a slice on simulated GPUs. Runs alternate between
+the two so that machine noise falls on both; the figure that matters is the ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hub.platform import CONFIG, PROXY, REPO
+
+ADMIN_SCOPES = ["admin:users", "admin:servers", "list:users", "read:users"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(kind: str, data: Path, token: str) -> str:
+    common = f"""
+c.JupyterHub.services = [{{"name": "bench", "api_token": {token!r}}}]
+c.JupyterHub.load_roles = [{{"name": "bench", "scopes": {ADMIN_SCOPES!r}, "services": ["bench"]}}]
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+"""
+    if kind == "gpuslice":
+        return f"load_subconfig({str(CONFIG)!r})\n" + common
+    args = ["--allow-root"] if os.geteuid() == 0 else []
+    return (
+        f"""
+c.JupyterHub.bind_url = "http://127.0.0.1:{_port()}"
+c.JupyterHub.hub_port = {_port()}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{_port()}"
+c.ConfigurableHTTPProxy.command = [{str(PROXY)!r}]
+c.JupyterHub.db_url = "sqlite:///{data / "jupyterhub.sqlite"}"
+c.JupyterHub.cookie_secret_file = "{data / "cookie_secret"}"
+c.JupyterHub.pid_file = "{data / "jupyterhub.pid"}"
+c.ConfigurableHTTPProxy.pid_file = "{data / "proxy.pid"}"
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = "{data}/homes/{{username}}"
+c.Spawner.cmd = [{str(Path(sys.prefix) / "bin" / "jupyterhub-singleuser")!r}]
+c.Spawner.args = {args!r}
+c.Spawner.default_url = "/lab"
+"""
+        + common
+    )
+
+
+class Hub:
+    def __init__(self, kind: str, root: Path) -> None:
+        self.kind, self.data = kind, root / kind
+        self.data.mkdir(parents=True)
+        self.token = secrets.token_hex(16)
+        self.port = _port()
+        config = self.data / "config.py"
+        config.write_text(_config(kind, self.data, self.token))
+        settings = self.data / "gpuslice.yaml"
+        settings.write_text(
+            f"port: {self.port}\nhub_port: {_port()}\nproxy_api_port: {_port()}\ndata_dir: {self.data}\n"
+            "gpus: {simulate: 2x16GiB:T4}\n"
+        )
+        env = dict(os.environ, GPUSLICE_SETTINGS=str(settings), GPUSLICE_DATA_DIR=str(self.data))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+        self.log = (self.data / "hub.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+            cwd=self.data,
+            env=env,
+            stdout=self.log,
+            stderr=self.log,
+        )
+        if kind != "gpuslice":
+            self.port = int(config.read_text().split("http://127.0.0.1:")[1].split('"')[0])
+        self._wait_health()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hub/api"
+
+    def _wait_health(self) -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/hub/health", timeout=2):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.2)
+        raise RuntimeError(f"{self.kind} hub did not start; see {self.data / 'hub.log'}")
+
+    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Authorization": f"token {self.token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                text = response.read()
+                return response.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def spawn_seconds(self, user: str, options: dict[str, Any]) -> float:
+        self.api("POST", f"/users/{user}")
+        start = time.perf_counter()
+        status, body = self.api("POST", f"/users/{user}/server", options)
+        if status not in (201, 202):
+            raise RuntimeError(f"{self.kind}: spawn of {user} failed: {status} {body}")
+        while True:
+            _, model = self.api("GET", f"/users/{user}")
+            server = model["servers"].get("")
+            if server and server.get("ready"):
+                elapsed = time.perf_counter() - start
+                break
+            if time.perf_counter() - start > 120:
+                raise RuntimeError(f"{self.kind}: {user} not ready in 120 s")
+            time.sleep(0.05)
+        self.api("DELETE", f"/users/{user}/server")
+        while self.api("GET", f"/users/{user}")[1]["servers"]:
+            time.sleep(0.1)
+        return elapsed
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@contextmanager
+def hubs() -> Iterator[tuple[Hub, Hub]]:
+    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as root:
+        plain = Hub("plain", Path(root))
+        try:
+            ours = Hub("gpuslice", Path(root))
+            try:
+                yield plain, ours
+            finally:
+                ours.close()
+        finally:
+            plain.close()
+
+
+def run(runs: int) -> dict[str, Any]:
+    times: dict[str, list[float]] = {"plain": [], "gpuslice": []}
+    with hubs() as (plain, ours):
+        for i in range(runs + 1):  # the first round warms both up and is not counted
+            for hub, options in ((plain, {}), (ours, {"gpu_memory": "4GiB"})):
+                seconds = hub.spawn_seconds(f"bench{i}", options)
+                if i:
+                    times[hub.kind].append(seconds)
+    p50 = {k: statistics.median(v) for k, v in times.items()}
+    mean = {k: statistics.fmean(v) for k, v in times.items()}
+    return {
+        "runs": runs,
+        "spawn_to_ready_s": {k: {"p50": p50[k], "mean": mean[k], "max": max(v)} for k, v in times.items()},
+        "ratio_p50": p50["gpuslice"] / p50["plain"],
+        "ratio_mean": mean["gpuslice"] / mean["plain"],
+    }
