@@ -31,6 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--servers-per-user", type=int, help="running servers per student")
     add.add_argument("--max-gpus", type=int, help="whole cards per server (0: none)")
 
+    exporter = commands.add_parser("exporter", help="serve GPU metrics (dcgm-exporter names) on /metrics")
+    exporter.add_argument("--port", type=int, default=9400, help="port on 127.0.0.1 (default 9400)")
+    exporter.add_argument("--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    exporter.add_argument("--simulate", help="GPU spec to simulate when NVML finds no GPU, e.g. 2x16GiB:T4")
+    exporter.add_argument("--ledger", type=Path, help="the hub's ledger: simulated GPUs follow its slices")
+    exporter.add_argument("--faults", type=Path, help="JSON list of faults to inject into simulated GPUs")
+    exporter.add_argument("--hostname", help="the Hostname label (default: $GPUSLICE_NODE_NAME or localhost)")
+
     bench_parser = commands.add_parser("bench", help="benchmarks")
     benches = bench_parser.add_subparsers(dest="bench", required=True)
     placement = benches.add_parser("placement", help="replay a cluster trace through placement policies")
@@ -54,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _up(args.config)
     if args.command == "class":
         return _class_add(args)
+    if args.command == "exporter":
+        return _exporter(args)
     if args.bench == "spawn":
         from hub.bench_spawn import run
 
@@ -78,6 +88,20 @@ def _class_add(args: argparse.Namespace) -> int:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
     print(f"class {args.name}: {len(members)} students written to {args.config}; it applies at the next gpuslice up.")
+    return 0
+
+
+def _exporter(args: argparse.Namespace) -> int:
+    from hub.exporter import GpuCollector, default_hostname, registry_for, serve, source_for
+
+    try:
+        source, name = source_for(args.simulate, args.ledger, args.faults)
+    except ValueError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    collector = GpuCollector(source, name, args.hostname or default_hostname())
+    print(f"gpuslice exporter: {name} GPUs on http://{args.address}:{args.port}/metrics", flush=True)
+    serve(registry_for(collector), args.port, args.address)
     return 0
 
 

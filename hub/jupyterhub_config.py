@@ -74,6 +74,11 @@ c.JupyterHub.load_roles = [
         "services": ["idle-culler"],
     }
 ]
+# Prometheus scrapes /hub/metrics with a token that can read metrics and nothing else.
+token_file = os.environ.get("GPUSLICE_PROMETHEUS_TOKEN_FILE")
+if token_file and Path(token_file).exists():
+    c.JupyterHub.services.append({"name": "prometheus", "api_token": Path(token_file).read_text().strip()})
+    c.JupyterHub.load_roles.append({"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]})
 
 # Capacity and allocations, read from the ledger at each scrape of /hub/metrics.
 _machine = machine(settings.simulate)

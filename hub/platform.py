@@ -8,6 +8,7 @@ answers, and on SIGINT/SIGTERM stops it, and with it every child.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import urllib.request
 from pathlib import Path
 from types import FrameType
 
-from hub import recovery
+import yaml
+
+from hub import monitoring, recovery
 from hub.settings import Settings
 from spawner.ledger import Ledger
 from spawner.mixin import machine
@@ -64,14 +67,98 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120
     return False
 
 
+def hub_token(data_dir: Path) -> Path:
+    """The token Prometheus scrapes the hub's /hub/metrics with (read:metrics only)."""
+    path = data_dir / "prometheus-hub-token"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_hex(32))
+    return path
+
+
+def start_monitoring(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    """Start the exporter, and Prometheus, Alertmanager and node-exporter when installed."""
+    options = settings.monitoring
+    if not options["enabled"]:
+        print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
+        return []
+    folder = data_dir / "monitoring"
+    folder.mkdir(exist_ok=True)
+    found = monitoring.binaries()
+    ports = monitoring.Ports(
+        settings.hub_port,
+        options["exporter_port"],
+        options["prometheus_port"],
+        options["alertmanager_port"],
+        options["node_exporter_port"],
+    )
+    exporter = [
+        sys.executable,
+        "-m",
+        "hub.cli",
+        "exporter",
+        "--port",
+        str(ports.exporter),
+        "--simulate",
+        settings.simulate,
+        "--ledger",
+        str(data_dir / "ledger.sqlite"),
+        "--faults",
+        str(folder / "faults.json"),
+    ]
+    commands: dict[str, list[str]] = {"exporter": exporter}
+    missing = [name for name in ("prometheus", "alertmanager") if not found[name]]
+    if missing:
+        print(
+            f"gpuslice: monitoring is off: {' and '.join(missing)} not installed "
+            "(as root, scripts/setup installs them: apt-get install prometheus prometheus-alertmanager). "
+            "GPU metrics are still served by the exporter."
+        )
+    else:
+        node = bool(found["node_exporter"])
+        config = monitoring.prometheus_config(
+            ports, hub_token(data_dir), node_exporter=node, interval=options["scrape_interval"]
+        )
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (folder / "alertmanager.yml").write_text(
+            yaml.safe_dump(monitoring.alertmanager_config(options["webhook_url"]), sort_keys=False)
+        )
+        commands["alertmanager"] = [
+            str(found["alertmanager"]),
+            f"--config.file={folder / 'alertmanager.yml'}",
+            f"--storage.path={folder / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{ports.alertmanager}",
+            "--cluster.listen-address=",
+        ]
+        commands["prometheus"] = [
+            str(found["prometheus"]),
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--storage.tsdb.path={folder / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{ports.prometheus}",
+        ]
+        if node:
+            commands["node_exporter"] = [
+                str(found["node_exporter"]),
+                f"--web.listen-address=127.0.0.1:{ports.node_exporter}",
+            ]
+    children = []
+    for name, command in commands.items():
+        with (folder / f"{name}.log").open("ab") as log:
+            children.append(subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=log))
+    return children
+
+
 def up(settings: Settings, config_path: Path | None) -> int:
     data_dir, env = prepare(settings, config_path)
     gpus = machine(settings.simulate)
+    env["GPUSLICE_PROMETHEUS_TOKEN_FILE"] = str(hub_token(data_dir))
+    children = start_monitoring(settings, data_dir, env)
     proc = subprocess.Popen(hub_command(), cwd=data_dir, env=env)
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        for child in [proc, *children]:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
@@ -84,7 +171,27 @@ def up(settings: Settings, config_path: Path | None) -> int:
             f"  GPUs:        {', '.join(f'{g.model} {format_bytes(g.memory_bytes)}' for g in gpus.gpus)}\n"
             f"               ({gpus.source})\n"
             f"  data folder: {data_dir}\n"
-            "Stop with Ctrl-C.",
+            + "".join(f"  {name}: http://127.0.0.1:{port}/\n" for name, port in _monitoring_urls(settings, children))
+            + "Stop with Ctrl-C.",
             flush=True,
         )
-    return proc.wait()
+    code = proc.wait()
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return code
+
+
+def _monitoring_urls(settings: Settings, children: list[subprocess.Popen[bytes]]) -> list[tuple[str, int]]:
+    if not children:
+        return []
+    options = settings.monitoring
+    urls = [("GPU metrics", options["exporter_port"])]
+    if len(children) > 1:
+        urls += [("Prometheus", options["prometheus_port"]), ("Alertmanager", options["alertmanager_port"])]
+    return urls

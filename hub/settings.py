@@ -35,6 +35,7 @@ class Settings:
     isolation: str = "none"
     idle_timeout: int = 3600
     open_signup: bool = True
+    monitoring: dict[str, Any] = field(default_factory=lambda: _monitoring({}, "defaults"))
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,6 +96,7 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         isolation=_choice(raw, "isolation", ("none", "unix-users"), "none", source),
         idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
         open_signup=_bool(raw, "open_signup", True, source),
+        monitoring=_monitoring(raw.get("monitoring") or {}, source),
         extra={k: v for k, v in raw.items() if k not in known},
     )
 
@@ -142,6 +144,32 @@ def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
             raise SettingsError(f"{source}: images.{name} needs a path (a Python environment prefix)")
         images[str(name)] = dict(spec)
     return images
+
+
+MONITORING_PORTS = {
+    "exporter_port": 9400,
+    "prometheus_port": 9090,
+    "alertmanager_port": 9093,
+    "node_exporter_port": 9100,
+}
+
+
+def _monitoring(raw: Any, source: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: monitoring must be a mapping (enabled, webhook_url, ports)")
+    unknown = set(raw) - {"enabled", "webhook_url", "scrape_interval", *MONITORING_PORTS}
+    if unknown:
+        raise SettingsError(f"{source}: monitoring: unknown key(s) {', '.join(sorted(unknown))}")
+    result: dict[str, Any] = {
+        "enabled": _bool(raw, "enabled", True, f"{source}: monitoring"),
+        "webhook_url": raw.get("webhook_url"),
+        "scrape_interval": str(raw.get("scrape_interval", "15s")),
+    }
+    for key, fallback in MONITORING_PORTS.items():
+        result[key] = _port(raw, key, fallback, f"{source}: monitoring")
+    if result["webhook_url"] is not None and not str(result["webhook_url"]).startswith(("http://", "https://")):
+        raise SettingsError(f"{source}: monitoring.webhook_url must be an http(s) URL")
+    return result
 
 
 def _port(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:

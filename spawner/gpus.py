@@ -103,3 +103,62 @@ def detect(simulate: str, nvml: Any | None = None, node: str = "localhost") -> t
     if not found:
         return simulated_gpus(simulate, node), "simulated (NVML found no GPU)"
     return found, "NVML"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One card's readings at one moment, in the units dcgm-exporter reports."""
+
+    index: int
+    uuid: str
+    model: str
+    utilization_pct: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_c: float
+    power_w: float
+    last_xid: int = 0  # the last Xid error code seen (0: none), as DCGM_FI_DEV_XID_ERRORS
+    ecc_dbe_total: int = 0  # volatile double-bit ECC errors
+    processes: tuple[tuple[int, int], ...] = ()  # (pid, GPU memory bytes)
+    simulated: bool = False
+
+
+def nvml_samples(nvml: Any, xids: dict[int, int] | None = None) -> list[GpuSample]:
+    """Read every card through NVML. ``xids`` carries the last Xid per card, which
+    NVML reports only as events (the exporter's event thread fills it)."""
+    nvml.nvmlInit()
+    try:
+        samples = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            name, uuid = nvml.nvmlDeviceGetName(handle), nvml.nvmlDeviceGetUUID(handle)
+            try:
+                ecc = int(
+                    nvml.nvmlDeviceGetTotalEccErrors(
+                        handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                    )
+                )
+            except nvml.NVMLError:  # cards without ECC
+                ecc = 0
+            processes = tuple(
+                (int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            )
+            samples.append(
+                GpuSample(
+                    index=index,
+                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    model=name.decode() if isinstance(name, bytes) else str(name),
+                    utilization_pct=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                    memory_used_bytes=int(memory.used),
+                    memory_total_bytes=int(memory.total),
+                    temperature_c=float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+                    power_w=nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # NVML reports milliwatts
+                    last_xid=(xids or {}).get(index, 0),
+                    ecc_dbe_total=ecc,
+                    processes=processes,
+                )
+            )
+        return samples
+    finally:
+        nvml.nvmlShutdown()
