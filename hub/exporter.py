@@ -193,9 +193,15 @@ def source_for(simulate: str | None, ledger: Path | None, faults: Path | None) -
 
     gpus, found = detect(simulate or DEFAULT_SIMULATE)
     if found == "NVML":
+        import threading
+
         import pynvml
 
-        return (lambda: nvml_samples(pynvml)), "nvml"
+        from spawner.gpus import watch_xids
+
+        xids: dict[int, int] = {}
+        threading.Thread(target=watch_xids, args=(pynvml, xids, threading.Event()), daemon=True).start()
+        return (lambda: nvml_samples(pynvml, xids)), "nvml"
     holds: Callable[[], Iterable[Held]] = (lambda: Ledger(ledger).holdings()) if ledger else (lambda: [])
     return SimulatedSource(gpus, holds, faults), "simulated"
 

@@ -7,6 +7,7 @@ GPU spec, as in settings (`gpus.simulate`) and `--simulate`: comma-separated
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +126,7 @@ class GpuSample:
 
 def nvml_samples(nvml: Any, xids: dict[int, int] | None = None) -> list[GpuSample]:
     """Read every card through NVML. ``xids`` carries the last Xid per card, which
-    NVML reports only as events (the exporter's event thread fills it)."""
+    NVML reports only as events (``watch_xids`` fills it in the exporter)."""
     nvml.nvmlInit()
     try:
         samples = []
@@ -160,5 +161,32 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None) -> list[GpuSampl
                 )
             )
         return samples
+    finally:
+        nvml.nvmlShutdown()
+
+
+def watch_xids(nvml: Any, xids: dict[int, int], stop: threading.Event, wait_ms: int = 1000) -> None:
+    """Record the last Xid of each card from NVML's critical-error events until ``stop``.
+
+    NVML reports Xids only as events, so the exporter runs this in a thread and its
+    scrapes read ``xids``. Cards that cannot deliver events are skipped.
+    """
+    nvml.nvmlInit()
+    try:
+        events = nvml.nvmlEventSetCreate()
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+            except nvml.NVMLError:
+                continue
+        while not stop.is_set():
+            try:
+                data = nvml.nvmlEventSetWait(events, wait_ms)
+            except nvml.NVMLError_Timeout:
+                continue
+            if data.eventType == nvml.nvmlEventTypeXidCriticalError:
+                xids[int(nvml.nvmlDeviceGetIndex(data.device))] = int(data.eventData)
+        nvml.nvmlEventSetFree(events)
     finally:
         nvml.nvmlShutdown()

@@ -42,6 +42,7 @@ class Platform:
             "data_dir": str(self.data_dir),
             "admin_users": ["admin"],
             "gpus": {"simulate": "2x16GiB:T4"},
+            "monitoring": {"enabled": False},  # tests that want it pass free ports
         }
         self.config = self.root / "gpuslice.yaml"
         self.config.write_text(yaml.safe_dump({**base, **self.settings}))

@@ -1,0 +1,92 @@
+"""Real Prometheus and Alertmanager, started by `gpuslice up`, scraping a real exporter and hub."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusConnect
+
+from tests.e2e.platform import Platform, free_port
+
+GiB = 2**30
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: keeps every alert it is sent."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.extend(json.loads(body)["alerts"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def wait_for(check: Any, what: str, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform: Any) -> None:
+    webhook = Webhook()
+    ports = {k: free_port() for k in ("exporter_port", "prometheus_port", "alertmanager_port", "node_exporter_port")}
+    platform: Platform = make_platform(monitoring={"scrape_interval": "1s", "webhook_url": webhook.url, **ports})
+    platform.start()
+    bob = platform.login("bob")
+    assert bob.api("POST", "/users/bob/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    bob.wait_ready("bob")
+
+    prometheus = PrometheusConnect(url=f"http://127.0.0.1:{ports['prometheus_port']}", disable_ssl=True)
+
+    def targets_up() -> bool:
+        up = prometheus.custom_query("up")
+        return len(up) >= 4 and all(r["value"][1] == "1" for r in up)
+
+    wait_for(targets_up, "every scrape target to be up", 60)
+    util = prometheus.custom_query("DCGM_FI_DEV_GPU_UTIL")
+    assert sorted(r["metric"]["gpu"] for r in util) == ["0", "1"]
+    # The hub's allocation reaches Prometheus, and the recording rules sum it.
+    allocated = wait_for(lambda: prometheus.custom_query("gpuslice:gpu_memory_allocated_bytes:sum"), "recording", 60)
+    assert float(allocated[0]["value"][1]) == 4 * GiB
+    capacity = prometheus.custom_query("gpuslice:gpu_memory_capacity_bytes:sum")
+    assert float(capacity[0]["value"][1]) == 32 * GiB
+    process = prometheus.custom_query('gpuslice_process_gpu_memory_bytes{user="bob"}')
+    assert len(process) == 1 and 0 < float(process[0]["value"][1]) <= 4 * GiB
+
+    # Inject an Xid on GPU 1: the alert goes pending, then firing, then reaches the webhook.
+    (platform.data_dir / "monitoring" / "faults.json").write_text(json.dumps([{"gpu": 1, "xid": 79}]))
+
+    def alert_state() -> str:
+        alerts = prometheus.custom_query('ALERTS{alertname="GpuXidError"}')
+        return alerts[0]["metric"]["alertstate"] if alerts else ""
+
+    wait_for(lambda: alert_state() == "pending", "GpuXidError to be pending", 30)
+    wait_for(lambda: alert_state() == "firing", "GpuXidError to fire", 100)
+    alert = wait_for(
+        lambda: [a for a in webhook.received if a["labels"]["alertname"] == "GpuXidError"], "the webhook", 60
+    )[0]
+    assert alert["status"] == "firing"
+    assert alert["labels"]["gpu"] == "1" and alert["labels"]["severity"] == "critical"
+    assert alert["annotations"]["summary"] == "GPU 1 on localhost reported Xid 79"
+    am = requests.get(f"http://127.0.0.1:{ports['alertmanager_port']}/api/v2/alerts", timeout=10).json()
+    assert any(a["labels"]["alertname"] == "GpuXidError" for a in am)
+    webhook.server.shutdown()

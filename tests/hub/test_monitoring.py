@@ -1,0 +1,75 @@
+"""Rules and configs checked by the real tools (Debian's prometheus and alertmanager packages)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hub.monitoring import RULE_FILES, Ports, alertmanager_config, prometheus_config
+
+HERE = Path(__file__).parent
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is missing: scripts/setup installs it (apt-get install prometheus prometheus-alertmanager)"
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, cwd=HERE / "monitoring", timeout=120)
+
+
+def test_rule_files_pass_promtool_check() -> None:
+    result = run(tool("promtool"), "check", "rules", *map(str, RULE_FILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_unit_test_that_passes() -> None:
+    result = run(tool("promtool"), "test", "rules", "alerts_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    alerts = {r["alert"] for g in yaml.safe_load(RULE_FILES[1].read_text())["groups"] for r in g["rules"]}
+    tested = {
+        case["alertname"]
+        for test in yaml.safe_load((HERE / "monitoring" / "alerts_test.yml").read_text())["tests"]
+        for case in test["alert_rule_test"]
+        if case.get("exp_alerts")
+    }
+    assert alerts == tested, f"alerts without a firing test: {alerts - tested}"
+
+
+def test_every_alert_has_severity_for_and_a_runbook_section() -> None:
+    runbook = (HERE.parents[1] / "docs" / "runbook.md").read_text()
+    for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"]:
+        for rule in group["rules"]:
+            assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
+            assert rule.get("for"), rule["alert"]
+            assert {"summary", "description", "runbook"} <= set(rule["annotations"]), rule["alert"]
+            assert f"## {rule['alert']}" in runbook, f"docs/runbook.md has no section for {rule['alert']}"
+
+
+@pytest.mark.parametrize("node_exporter", [True, False])
+def test_generated_prometheus_config_passes_promtool(tmp_path: Path, node_exporter: bool) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret")
+    config = prometheus_config(Ports(8081, 9400, 9090, 9093, 9100), token, node_exporter=node_exporter)
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = run(tool("promtool"), "check", "config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = [j["job_name"] for j in config["scrape_configs"]]
+    assert jobs == ["jupyterhub", "gpu-exporter", "prometheus", "alertmanager", *(["node"] if node_exporter else [])]
+    assert "secret" not in path.read_text()  # the token stays in its own file
+
+
+@pytest.mark.parametrize("webhook", ["http://127.0.0.1:9999/alerts", None])
+def test_generated_alertmanager_config_passes_amtool(tmp_path: Path, webhook: str | None) -> None:
+    path = tmp_path / "alertmanager.yml"
+    config = alertmanager_config(webhook)
+    path.write_text(yaml.safe_dump(config))
+    result = run(tool("amtool"), "check-config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    routes = {r["matchers"][0]: r["receiver"] for r in config["route"]["routes"]}
+    assert routes == {'severity="critical"': "critical", 'severity="warning"': "warning"}

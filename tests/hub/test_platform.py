@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+
+from hub import monitoring, platform
+from hub.settings import from_mapping
+
+
+def settings(tmp_path: Path, **extra: object) -> object:
+    return from_mapping({"data_dir": str(tmp_path / "data"), **extra}, "test")
+
+
+def test_monitoring_off_says_why_and_still_serves_gpu_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(monitoring, "binaries", lambda: dict.fromkeys(monitoring.BINARIES))
+    started: list[list[str]] = []
+
+    class FakePopen:
+        def __init__(self, command: list[str], **kwargs: object) -> None:
+            started.append(command)
+
+    monkeypatch.setattr(platform.subprocess, "Popen", FakePopen)
+    s = settings(tmp_path)
+    (tmp_path / "data").mkdir()
+    children = platform.start_monitoring(s, tmp_path / "data", {})  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert "monitoring is off: prometheus and alertmanager not installed" in out
+    assert "apt-get install prometheus prometheus-alertmanager" in out
+    assert len(children) == 1 and started[0][3] == "exporter"
+
+
+def test_monitoring_disabled_in_settings_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = settings(tmp_path, monitoring={"enabled": False})
+    assert platform.start_monitoring(s, tmp_path, {}) == []  # type: ignore[arg-type]
+    assert "monitoring is off (monitoring.enabled is false" in capsys.readouterr().out
+
+
+def test_the_hub_token_is_private_and_stable(tmp_path: Path) -> None:
+    first = platform.hub_token(tmp_path)
+    assert first.stat().st_mode & 0o777 == 0o600
+    assert platform.hub_token(tmp_path).read_text() == first.read_text() != ""
+
+
+def test_up_without_the_proxy_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platform, "PROXY", tmp_path / "missing")
+    with pytest.raises(platform.PlatformError, match="run scripts/setup"):
+        platform.prepare(settings(tmp_path), None)  # type: ignore[arg-type]
