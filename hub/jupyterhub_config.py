@@ -74,6 +74,31 @@ c.JupyterHub.load_roles = [
         "services": ["idle-culler"],
     }
 ]
+# The portal: an auth gate (HubOAuth) in front of Streamlit, started by the hub.
+c.JupyterHub.services.append(
+    {
+        "name": "portal",
+        "display": True,
+        "url": f"http://127.0.0.1:{settings.portal_port}",
+        "command": [sys.executable, "-m", "portal.gate"],
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],
+        "environment": {
+            "GPUSLICE_SETTINGS": os.environ.get("GPUSLICE_SETTINGS", ""),
+            "GPUSLICE_DATA_DIR": str(data_dir),
+            "GPUSLICE_PROMETHEUS_URL": f"http://127.0.0.1:{settings.monitoring['prometheus_port']}",
+            "GPUSLICE_ALERTMANAGER_URL": f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
+        },
+    }
+)
+c.JupyterHub.load_roles.append(
+    {
+        "name": "portal",
+        "scopes": ["list:users", "read:users", "read:servers", "delete:servers", "list:groups", "read:groups"],
+        "services": ["portal"],
+    }
+)
+
 # Prometheus scrapes /hub/metrics with a token that can read metrics and nothing else.
 token_file = os.environ.get("GPUSLICE_PROMETHEUS_TOKEN_FILE")
 if token_file and Path(token_file).exists():

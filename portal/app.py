@@ -1,0 +1,19 @@
+"""The portal's entry point: identity check, then the pages (st.navigation)."""
+
+import streamlit as st
+
+from portal.auth import require_identity
+
+st.set_page_config(page_title="gpuslice", page_icon=":material/memory:", layout="wide")
+identity = require_identity()
+st.session_state["identity"] = identity
+
+pages = [
+    st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+    st.Page("pages/gpus.py", title="GPUs", icon=":material/memory:"),
+    st.Page("pages/jobs.py", title="Jobs", icon=":material/list:"),
+    st.Page("pages/classes.py", title="Classes", icon=":material/school:"),
+    st.Page("pages/alerts.py", title="Alerts", icon=":material/notifications:"),
+]
+st.sidebar.caption(f"Signed in as **{identity.name}**{' (admin)' if identity.admin else ''}")
+st.navigation(pages).run()

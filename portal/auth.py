@@ -1,0 +1,21 @@
+"""Every page starts here: no verified identity, no page."""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from portal.identity import HEADER, Identity, IdentityError, verify
+
+
+def require_identity() -> Identity:
+    secret = bytes.fromhex(os.environ.get("GPUSLICE_PORTAL_SECRET", "")) or b""
+    try:
+        if not secret:
+            raise IdentityError("the portal has no gate secret: start it with gpuslice up")
+        return verify(st.context.headers.get(HEADER), secret)
+    except IdentityError as exc:
+        st.error(f"Not signed in: {exc}.")
+        st.stop()
+        raise  # st.stop() raises; this keeps type checkers honest

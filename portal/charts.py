@@ -1,0 +1,37 @@
+"""Pure Plotly figure builders: data in, figure out, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import plotly.graph_objects as go
+
+from portal.views import GpuRow
+
+GiB = 1024**3
+
+
+def allocation_bars(rows: Sequence[GpuRow]) -> go.Figure:
+    """Per GPU: capacity, allocated (slices handed out) and actually used memory, in GiB."""
+    labels = [f"{r.node} GPU {r.gpu} ({r.model}{', sim' if r.simulated else ''})" for r in rows]
+    figure = go.Figure(
+        [
+            go.Bar(name="capacity", x=labels, y=[r.capacity_bytes / GiB for r in rows], marker_color="#d0d7de"),
+            go.Bar(name="allocated", x=labels, y=[r.allocated_bytes / GiB for r in rows], marker_color="#f37726"),
+            go.Bar(name="used", x=labels, y=[(r.used_bytes or 0) / GiB for r in rows], marker_color="#1f77b4"),
+        ]
+    )
+    figure.update_layout(barmode="group", yaxis_title="GiB", height=320, margin={"t": 20, "b": 20, "l": 40, "r": 10})
+    return figure
+
+
+def trend(series: Mapping[str, Sequence[tuple[datetime, float]]], unit: str) -> go.Figure:
+    figure = go.Figure(
+        [
+            go.Scatter(name=name, x=[t for t, _ in points], y=[v for _, v in points], mode="lines")
+            for name, points in series.items()
+        ]
+    )
+    figure.update_layout(yaxis_title=unit, height=260, margin={"t": 20, "b": 20, "l": 40, "r": 10})
+    return figure

@@ -1,0 +1,94 @@
+"""Notebook servers and groups from JupyterHub's REST API (the portal's service token)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import requests
+
+from portal.identity import Identity
+
+
+@dataclass(frozen=True)
+class ServerRow:
+    user: str
+    name: str
+    state: str  # running, starting, stopping, stopped
+    gpu_memory: str
+    gpus: int
+    image: str
+    started: datetime | None
+    last_activity: datetime | None
+    url: str = ""
+
+
+class HubClient:
+    def __init__(self, api_url: str, token: str, session: requests.Session | None = None, timeout_s: float = 5) -> None:
+        self.api_url, self.timeout_s = api_url.rstrip("/"), timeout_s
+        self.session = session or requests.Session()
+        self.session.headers["Authorization"] = f"token {token}"
+
+    def get(self, path: str) -> Any:
+        response = self.session.get(f"{self.api_url}{path}", timeout=self.timeout_s)
+        response.raise_for_status()
+        return response.json()
+
+    def delete(self, path: str) -> int:
+        response = self.session.delete(f"{self.api_url}{path}", timeout=self.timeout_s)
+        response.raise_for_status()
+        return response.status_code
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def _state(server: dict[str, Any]) -> str:
+    if server.get("pending") == "spawn":
+        return "starting"
+    if server.get("pending") == "stop":
+        return "stopping"
+    return "running" if server.get("ready") else "stopped"
+
+
+def rows_of(user: dict[str, Any]) -> list[ServerRow]:
+    rows = []
+    for name, server in (user.get("servers") or {}).items():
+        options = server.get("user_options") or {}
+        rows.append(
+            ServerRow(
+                user=str(user["name"]),
+                name=str(name),
+                state=_state(server),
+                gpu_memory=str(options.get("gpu_memory", "0")),
+                gpus=int(options.get("gpus", 0) or 0),
+                image=str(options.get("image", "default")),
+                started=_time(server.get("started")),
+                last_activity=_time(server.get("last_activity")),
+                url=str(server.get("url", "")),
+            )
+        )
+    return rows
+
+
+def list_servers(client: HubClient, identity: Identity) -> list[ServerRow]:
+    """Admins see every server; everyone else only their own (checked here, not in the page)."""
+    if identity.admin:
+        users = client.get("/users?include_stopped_servers=1")
+    else:
+        users = [client.get(f"/users/{identity.name}?include_stopped_servers=1")]
+    return [row for user in users for row in rows_of(user)]
+
+
+def stop_server(client: HubClient, identity: Identity, user: str, server: str) -> None:
+    """Stop a server: admins any, users their own; raises PermissionError otherwise."""
+    if not identity.admin and identity.name != user:
+        raise PermissionError(f"{identity.name} may not stop {user}'s server: only admins can stop other people's")
+    path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
+    client.delete(path)
+
+
+def groups(client: HubClient) -> dict[str, list[str]]:
+    return {str(g["name"]): [str(u) for u in g.get("users") or []] for g in client.get("/groups")}

@@ -1,0 +1,86 @@
+"""GPU readings and trends from Prometheus (prometheus-api-client), a few queries per page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from prometheus_api_client import PrometheusConnect
+
+MiB = 1024 * 1024
+
+
+class MetricsUnavailableError(RuntimeError):
+    """Prometheus is down, slow or returned an error; pages show a banner and go on."""
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    utilization_pct: float = 0.0
+    used_bytes: float = 0.0
+    temperature_c: float = 0.0
+    power_w: float = 0.0
+    last_xid: int = 0
+
+
+READING_QUERY = '{__name__=~"DCGM_FI_DEV_(GPU_UTIL|FB_USED|GPU_TEMP|POWER_USAGE|XID_ERRORS)"}'
+SUMMARY_QUERY = '{__name__=~"gpuslice:(gpu_memory_capacity_bytes|gpu_memory_allocated_bytes|gpu_memory_used_bytes):sum|gpuslice:gpu_utilization:avg"}'  # noqa: E501
+
+
+def connect(url: str, timeout_s: float = 5) -> PrometheusConnect:
+    client = PrometheusConnect(url=url, disable_ssl=True)
+    client._session.request = _with_timeout(client._session.request, timeout_s)
+    return client
+
+
+def _with_timeout(request, timeout_s: float):  # type: ignore[no-untyped-def]
+    def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("timeout", timeout_s)
+        return request(*args, **kwargs)
+
+    return call
+
+
+def _query(prom: PrometheusConnect, expr: str) -> list[dict]:  # type: ignore[type-arg]
+    try:
+        return list(prom.custom_query(expr))
+    except Exception as exc:  # connection refused, timeout, PromQL error
+        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
+
+
+def gpu_readings(prom: PrometheusConnect) -> dict[tuple[str, str], GpuReading]:
+    """(node, gpu) -> readings, in one query."""
+    fields: dict[tuple[str, str], dict[str, float]] = {}
+    for series in _query(prom, READING_QUERY):
+        metric = series["metric"]
+        key = (metric.get("Hostname", ""), metric.get("gpu", ""))
+        fields.setdefault(key, {})[metric["__name__"]] = float(series["value"][1])
+    return {
+        key: GpuReading(
+            utilization_pct=f.get("DCGM_FI_DEV_GPU_UTIL", 0.0),
+            used_bytes=f.get("DCGM_FI_DEV_FB_USED", 0.0) * MiB,
+            temperature_c=f.get("DCGM_FI_DEV_GPU_TEMP", 0.0),
+            power_w=f.get("DCGM_FI_DEV_POWER_USAGE", 0.0),
+            last_xid=int(f.get("DCGM_FI_DEV_XID_ERRORS", 0.0)),
+        )
+        for key, f in fields.items()
+    }
+
+
+def summary(prom: PrometheusConnect) -> dict[str, float]:
+    """Cluster totals from the recording rules, in one query."""
+    return {s["metric"]["__name__"]: float(s["value"][1]) for s in _query(prom, SUMMARY_QUERY)}
+
+
+def trend(
+    prom: PrometheusConnect, expr: str, hours: float, now: datetime | None = None
+) -> list[tuple[datetime, float]]:
+    end = now or datetime.now()
+    step = max(15, int(hours * 3600 / 240))
+    try:
+        result = prom.custom_query_range(expr, start_time=end - timedelta(hours=hours), end_time=end, step=f"{step}s")
+    except Exception as exc:
+        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
+    if not result:
+        return []
+    return [(datetime.fromtimestamp(float(t)), float(v)) for t, v in result[0]["values"]]

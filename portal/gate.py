@@ -1,0 +1,197 @@
+"""The portal's auth gate: a JupyterHub service in front of Streamlit.
+
+It logs people in through the hub (HubOAuth), then proxies HTTP and the websocket to
+Streamlit, which listens on loopback only, adding the signed identity header
+(portal.identity). Started by the hub as a managed service (`python -m portal.gate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.utils import url_path_join
+from tornado import httpclient, web, websocket
+
+from portal.identity import HEADER, Identity, sign
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
+
+
+def identity_of(user: dict[str, Any]) -> Identity:
+    return Identity(str(user["name"]), bool(user.get("admin")), tuple(sorted(user.get("groups") or ())))
+
+
+class Upstream:
+    def __init__(self, port: int, secret: bytes) -> None:
+        self.port, self.secret = port, secret
+
+    def url(self, uri: str, scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{uri}"
+
+    def headers(self, incoming: Any, user: dict[str, Any] | None) -> dict[str, str]:
+        headers = {k: v for k, v in incoming.get_all() if k.lower() not in HOP_BY_HOP}
+        if user is not None:
+            headers[HEADER] = sign(identity_of(user), self.secret)
+        return headers
+
+
+class ProxyHandler(HubOAuthenticated, web.RequestHandler):  # type: ignore[misc]
+    def initialize(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+
+    def check_xsrf_cookie(self) -> None:
+        pass  # Streamlit's own XSRF protection checks the requests it serves
+
+    @web.authenticated
+    async def get(self, path: str = "") -> None:
+        await self._forward()
+
+    @web.authenticated
+    async def post(self, path: str = "") -> None:
+        await self._forward()
+
+    async def _forward(self) -> None:
+        request = httpclient.HTTPRequest(
+            self.upstream.url(self.request.uri or "/"),
+            method=self.request.method or "GET",
+            headers=self.upstream.headers(self.request.headers, self.current_user),
+            body=self.request.body if self.request.method == "POST" else None,
+            follow_redirects=False,
+            request_timeout=60,
+        )
+        response = await httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
+        self.set_status(response.code)
+        for name, value in response.headers.get_all():
+            lower = name.lower()
+            if lower == "set-cookie":
+                self.add_header(name, value)
+            elif lower not in HOP_BY_HOP | {"content-encoding", "server", "date"}:
+                self.set_header(name, value)  # replaces Tornado's default Content-Type
+        if response.body:
+            self.write(response.body)
+
+
+class HealthHandler(web.RequestHandler):
+    """Streamlit's health check, open: it says nothing about anyone."""
+
+    def initialize(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+
+    async def get(self) -> None:
+        response = await httpclient.AsyncHTTPClient().fetch(
+            self.upstream.url(self.request.uri or "/"), raise_error=False, request_timeout=5
+        )
+        self.set_status(response.code)
+        self.write(response.body or b"")
+
+
+class StreamHandler(HubOAuthenticated, websocket.WebSocketHandler):  # type: ignore[misc]
+    def initialize(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.peer: websocket.WebSocketClientConnection | None = None
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        if self.current_user is None:
+            raise web.HTTPError(403, "log in through JupyterHub first")
+        await super().get(*args, **kwargs)
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return subprotocols[0] if subprotocols else None
+
+    async def open(self, *args: Any) -> None:
+        headers = self.upstream.headers(self.request.headers, self.current_user)
+        headers.pop("Origin", None)
+        for key in [k for k in headers if k.lower().startswith("sec-websocket")]:
+            if key.lower() != "sec-websocket-protocol":
+                headers.pop(key)
+        request = httpclient.HTTPRequest(self.upstream.url(self.request.uri or "/", "ws"), headers=headers)
+        protocols = self.request.headers.get("Sec-WebSocket-Protocol")
+        self.peer = await websocket.websocket_connect(
+            request,
+            on_message_callback=self._from_upstream,
+            subprotocols=[p.strip() for p in protocols.split(",")] if protocols else None,
+        )
+
+    def _from_upstream(self, message: str | bytes | None) -> None:
+        if message is None:
+            self.close()
+        else:
+            self.write_message(message, binary=isinstance(message, bytes))
+
+    async def on_message(self, message: str | bytes) -> None:
+        if self.peer is not None:
+            await self.peer.write_message(message, binary=isinstance(message, bytes))
+
+    def on_close(self) -> None:
+        if self.peer is not None:
+            self.peer.close()
+
+
+def make_app(prefix: str, upstream: Upstream, cookie_secret: bytes) -> web.Application:
+    routes = [
+        (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+        (url_path_join(prefix, "_stcore/health"), HealthHandler, {"upstream": upstream}),
+        (url_path_join(prefix, "_stcore/stream"), StreamHandler, {"upstream": upstream}),
+        (url_path_join(prefix, "(.*)"), ProxyHandler, {"upstream": upstream}),
+    ]
+    return web.Application(routes, cookie_secret=cookie_secret, xsrf_cookies=False)
+
+
+def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[bytes]:
+    app = Path(__file__).with_name("app.py")
+    env = dict(os.environ, GPUSLICE_PORTAL_SECRET=secret.hex())
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(app),
+            "--server.address=127.0.0.1",
+            f"--server.port={port}",
+            f"--server.baseUrlPath={prefix.strip('/')}",
+            "--server.headless=true",
+            "--browser.gatherUsageStats=false",
+            "--server.fileWatcherType=none",
+            "--client.toolbarMode=minimal",
+        ],
+        env=env,
+    )
+
+
+def main() -> None:
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/portal/")
+    listen = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8502")
+    port = int(listen.rsplit(":", 1)[1].split("/")[0])
+    streamlit_port = int(os.environ.get("GPUSLICE_STREAMLIT_PORT", "0")) or _free_port()
+    secret = secrets.token_bytes(32)  # lives only in this process and its Streamlit child
+    child = start_streamlit(streamlit_port, prefix, secret)
+    app = make_app(prefix, Upstream(streamlit_port, secret), secrets.token_bytes(32))
+    try:
+        asyncio.run(_serve(app, port))
+    finally:
+        child.terminate()
+
+
+async def _serve(app: web.Application, port: int) -> None:
+    app.listen(port, address="127.0.0.1")  # binds to the running loop
+    await asyncio.Event().wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+import time
+
+import streamlit as st
+
+from portal import sources, views
+from spawner.mixin import group_quota
+from spawner.shares import format_bytes
+
+identity = st.session_state["identity"]
+st.title("Classes")
+settings = sources.settings()
+rules = {g["name"]: group_quota(g) for g in settings.groups}
+groups = sources.groups()
+if not identity.admin:
+    groups = {name: members for name, members in groups.items() if identity.name in members}
+_, holds = sources.inventory()
+rows = views.class_rows(groups, rules, holds, sources.servers(identity), idle_after_s=1800, now_ts=time.time())
+if not rows:
+    st.info("No classes yet: `gpuslice class add NAME roster.csv` adds one.")
+for row in rows:
+    with st.container(border=True):
+        st.subheader(row.name)
+        cols = st.columns(4)
+        cols[0].metric("Members", row.members)
+        cols[1].metric("Servers running", row.running)
+        budget = f" of {format_bytes(row.budget_bytes)}" if row.budget_bytes else ""
+        cols[2].metric("GPU memory held", format_bytes(row.allocated_bytes) + budget)
+        cols[3].metric("Idle for 30 min", row.idle_servers)
+        if row.budget_bytes:
+            st.progress(min(1.0, row.allocated_bytes / row.budget_bytes))

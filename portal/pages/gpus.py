@@ -1,0 +1,44 @@
+import streamlit as st
+
+from portal import charts, sources, views
+from portal.data.prometheus import GpuReading, MetricsUnavailableError
+from spawner.shares import format_bytes
+
+st.title("GPUs")
+inventory, _ = sources.inventory()
+readings: dict[tuple[str, str], GpuReading] | None
+try:
+    readings = sources.gpu_readings()
+except MetricsUnavailableError as exc:
+    st.warning(f"Live readings are unavailable: {exc}. Showing allocations only.")
+    readings = None
+rows = views.gpu_rows(inventory, readings)
+if any(r.simulated for r in rows):
+    st.info("These GPUs are simulated: there is no NVIDIA GPU on this machine.")
+st.plotly_chart(charts.allocation_bars(rows), width="stretch")
+
+
+def number(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+st.dataframe(
+    [
+        {
+            "node": r.node,
+            "GPU": r.gpu,
+            "model": r.model + (" (simulated)" if r.simulated else ""),
+            "capacity": format_bytes(r.capacity_bytes),
+            "allocated": format_bytes(r.allocated_bytes),
+            "used": "n/a" if r.used_bytes is None else format_bytes(r.used_bytes),
+            "utilization": number(r.utilization_pct, "{:.0f}%"),
+            "temperature": number(r.temperature_c, "{:.0f} C"),
+            "power": number(r.power_w, "{:.0f} W"),
+            "last Xid": number(r.last_xid, "{}"),
+            "slices": r.holders,
+        }
+        for r in rows
+    ],
+    hide_index=True,
+    width="stretch",
+)

@@ -1,0 +1,74 @@
+"""Where the portal's data comes from (from the environment the gate passes), cached."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+import streamlit as st
+
+from hub.settings import Settings, load
+from portal.data import alerts, cluster, hub, prometheus
+from portal.data.hub import HubClient, ServerRow
+from portal.identity import Identity
+from spawner.inventory import Inventory
+from spawner.ledger import Held
+
+
+@st.cache_resource
+def settings() -> Settings:
+    path = os.environ.get("GPUSLICE_SETTINGS")
+    return load(Path(path) if path else None)
+
+
+@st.cache_resource
+def hub_client() -> HubClient:
+    return HubClient(
+        os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
+        os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+    )
+
+
+def prometheus_url() -> str:
+    return os.environ.get("GPUSLICE_PROMETHEUS_URL", f"http://127.0.0.1:{settings().monitoring['prometheus_port']}")
+
+
+def alertmanager_url() -> str:
+    return os.environ.get("GPUSLICE_ALERTMANAGER_URL", f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}")
+
+
+@st.cache_data(ttl=5)
+def servers(identity: Identity) -> list[ServerRow]:
+    return hub.list_servers(hub_client(), identity)
+
+
+@st.cache_data(ttl=30)
+def groups() -> dict[str, list[str]]:
+    return hub.groups(hub_client())
+
+
+@st.cache_data(ttl=5)
+def inventory() -> tuple[Inventory, list[Held]]:
+    data_dir = Path(os.environ.get("GPUSLICE_DATA_DIR") or settings().data_dir)
+    return cluster.local_inventory(data_dir / "ledger.sqlite", settings().simulate)
+
+
+@st.cache_data(ttl=10)
+def gpu_readings() -> dict[tuple[str, str], prometheus.GpuReading]:
+    return prometheus.gpu_readings(prometheus.connect(prometheus_url()))
+
+
+@st.cache_data(ttl=10)
+def summary() -> dict[str, float]:
+    return prometheus.summary(prometheus.connect(prometheus_url()))
+
+
+@st.cache_data(ttl=30)
+def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
+    return prometheus.trend(prometheus.connect(prometheus_url()), expr, hours)
+
+
+@st.cache_data(ttl=10)
+def active_alerts() -> list[alerts.AlertRow]:
+    return alerts.active_alerts(alertmanager_url())

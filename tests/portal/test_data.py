@@ -1,0 +1,191 @@
+"""The data layer against answers recorded from JupyterHub 5, Prometheus 2.42 and Alertmanager 0.25."""
+
+from typing import Any
+
+import pytest
+import requests
+
+from portal.data import alerts, hub, prometheus
+from portal.identity import Identity
+
+ALICE = {
+    "kind": "user",
+    "name": "alice",
+    "admin": False,
+    "groups": ["ml101"],
+    "server": "/user/alice/",
+    "pending": None,
+    "last_activity": "2026-11-22T05:20:31.000000Z",
+    "servers": {
+        "": {
+            "name": "",
+            "ready": True,
+            "stopped": False,
+            "pending": None,
+            "url": "/user/alice/",
+            "user_options": {"gpu_memory": "4GiB"},
+            "progress_url": "/hub/api/users/alice/server/progress",
+            "started": "2026-11-22T05:20:26.906000Z",
+            "last_activity": "2026-11-22T05:20:31.000000Z",
+        },
+        "big": {
+            "name": "big",
+            "ready": False,
+            "pending": "spawn",
+            "url": "/user/alice/big/",
+            "user_options": {"gpus": 1, "image": "torch"},
+            "started": None,
+            "last_activity": None,
+        },
+    },
+}
+BOB = {"kind": "user", "name": "bob", "admin": False, "groups": [], "servers": {}}
+
+
+class FakeHub(hub.HubClient):
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str]] = []
+
+    def get(self, path: str) -> Any:
+        self.requests.append(("GET", path))
+        if path.startswith("/users?"):
+            return [ALICE, BOB]
+        if path.startswith("/users/alice"):
+            return ALICE
+        if path == "/groups":
+            return [{"kind": "group", "name": "ml101", "users": ["alice", "bob"], "roles": []}]
+        raise AssertionError(path)
+
+    def delete(self, path: str) -> int:
+        self.requests.append(("DELETE", path))
+        return 204
+
+
+def test_servers_from_the_user_model() -> None:
+    rows = hub.list_servers(FakeHub(), Identity("alice"))
+    default, big = rows
+    assert (default.user, default.name, default.state, default.gpu_memory) == ("alice", "", "running", "4GiB")
+    assert default.started is not None and default.started.year == 2026
+    assert (big.state, big.gpus, big.image, big.started) == ("starting", 1, "torch", None)
+
+
+def test_users_see_only_their_own_servers_admins_all() -> None:
+    client = FakeHub()
+    hub.list_servers(client, Identity("alice"))
+    assert client.requests == [("GET", "/users/alice?include_stopped_servers=1")]
+    client = FakeHub()
+    assert {r.user for r in hub.list_servers(client, Identity("root", admin=True))} == {"alice"}
+    assert client.requests == [("GET", "/users?include_stopped_servers=1")]
+
+
+def test_stop_is_authorized_on_the_server_side() -> None:
+    client = FakeHub()
+    with pytest.raises(PermissionError, match="only admins can stop other people's"):
+        hub.stop_server(client, Identity("bob"), "alice", "")
+    assert client.requests == []
+    hub.stop_server(client, Identity("alice"), "alice", "big")
+    hub.stop_server(client, Identity("root", admin=True), "alice", "")
+    assert client.requests == [("DELETE", "/users/alice/servers/big"), ("DELETE", "/users/alice/server")]
+
+
+def test_groups() -> None:
+    assert hub.groups(FakeHub()) == {"ml101": ["alice", "bob"]}
+
+
+PROM_VECTOR = [
+    {
+        "metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": "localhost", "gpu": "0", "UUID": "SIM-0"},
+        "value": [1795324830.7, "37"],
+    },
+    {
+        "metric": {"__name__": "DCGM_FI_DEV_FB_USED", "Hostname": "localhost", "gpu": "0"},
+        "value": [1795324830.7, "2048"],
+    },
+    {
+        "metric": {"__name__": "DCGM_FI_DEV_XID_ERRORS", "Hostname": "localhost", "gpu": "1"},
+        "value": [1795324830.7, "79"],
+    },
+]
+
+
+class FakePrometheus:
+    def __init__(self, answer: Any = None, error: Exception | None = None) -> None:
+        self.answer, self.error, self.queries = answer, error, []  # type: ignore[var-annotated]
+
+    def custom_query(self, query: str) -> Any:
+        self.queries.append(query)
+        if self.error:
+            raise self.error
+        return self.answer
+
+    def custom_query_range(self, query: str, **kwargs: Any) -> Any:
+        self.queries.append(query)
+        if self.error:
+            raise self.error
+        return [{"metric": {}, "values": [[1795324800, "1"], [1795324815, "2.5"]]}]
+
+
+def test_gpu_readings_in_one_query() -> None:
+    prom = FakePrometheus(PROM_VECTOR)
+    readings = prometheus.gpu_readings(prom)  # type: ignore[arg-type]
+    assert len(prom.queries) == 1
+    assert readings[("localhost", "0")] == prometheus.GpuReading(utilization_pct=37, used_bytes=2048 * 2**20)
+    assert readings[("localhost", "1")].last_xid == 79
+
+
+def test_trend_and_unavailable() -> None:
+    assert [v for _, v in prometheus.trend(FakePrometheus(), "x", 1)] == [1.0, 2.5]  # type: ignore[arg-type]
+    down = FakePrometheus(error=requests.ConnectionError("refused"))
+    with pytest.raises(prometheus.MetricsUnavailableError, match="ConnectionError"):
+        prometheus.gpu_readings(down)  # type: ignore[arg-type]
+    with pytest.raises(prometheus.MetricsUnavailableError):
+        prometheus.trend(down, "x", 1)  # type: ignore[arg-type]
+
+
+AM_ALERTS = [
+    {
+        "annotations": {
+            "summary": "GPU 1 on localhost reported Xid 79",
+            "description": "d",
+            "runbook": "docs/runbook.md#gpuxiderror",
+        },
+        "endsAt": "2026-11-22T06:03:10.000Z",
+        "fingerprint": "6a0c2f0b4f6c5e4b",
+        "receivers": [{"name": "critical"}],
+        "startsAt": "2026-11-22T05:59:10.000Z",
+        "status": {"inhibitedBy": [], "silencedBy": [], "state": "active"},
+        "updatedAt": "2026-11-22T05:59:10.000Z",
+        "generatorURL": "http://127.0.0.1:9090/graph",
+        "labels": {"alertname": "GpuXidError", "gpu": "1", "severity": "critical"},
+    },
+    {
+        "annotations": {"summary": "s"},
+        "startsAt": "2026-11-22T05:50:00.000Z",
+        "status": {"state": "active"},
+        "labels": {"alertname": "GpuTemperatureHigh", "severity": "warning"},
+    },
+]
+
+
+class FakeSession(requests.Session):
+    def __init__(self, answer: Any, status: int = 200) -> None:
+        super().__init__()
+        self.answer, self.status = answer, status
+
+    def get(self, url: str | bytes, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        response = requests.Response()
+        response.status_code = self.status
+        response._content = __import__("json").dumps(self.answer).encode()
+        response.url = str(url)
+        return response
+
+
+def test_alerts_from_alertmanager_most_severe_first() -> None:
+    rows = alerts.active_alerts("http://am", FakeSession(list(reversed(AM_ALERTS))))
+    assert [r.name for r in rows] == ["GpuXidError", "GpuTemperatureHigh"]
+    assert rows[0].runbook == "docs/runbook.md#gpuxiderror" and rows[0].started is not None
+
+
+def test_alertmanager_down_is_reported_as_unavailable() -> None:
+    with pytest.raises(prometheus.MetricsUnavailableError, match="Alertmanager"):
+        alerts.active_alerts("http://am", FakeSession({}, status=503))

@@ -1,0 +1,187 @@
+"""Every page with streamlit.testing's AppTest; the data layer is faked, Streamlit is real."""
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from portal import auth, sources
+from portal.data.alerts import AlertRow
+from portal.data.hub import ServerRow
+from portal.data.prometheus import GpuReading, MetricsUnavailableError
+from portal.identity import Identity
+from spawner.gpus import simulated_gpus
+from spawner.inventory import build_local
+from spawner.ledger import Held
+
+APP = str(Path(__file__).parents[2] / "portal" / "app.py")
+GiB = 2**30
+NOW = datetime.now(UTC)
+TWO_HOURS_AGO = NOW - timedelta(hours=2)
+HOLDS = [Held("alice/", 0, "alice", "", 4 * GiB, group="ml101", pid=10)]
+SERVERS = [
+    ServerRow("alice", "", "running", "4GiB", 0, "default", TWO_HOURS_AGO, TWO_HOURS_AGO, "/user/alice/"),
+    ServerRow("bob", "", "starting", "0.5", 0, "torch", None, None),
+]
+
+
+def fake_inventory() -> tuple[object, list[Held]]:
+    gpus = simulated_gpus("2x16GiB:T4")
+    return build_local(gpus, [(h.gpu_index, h.allocation()) for h in HOLDS]), HOLDS
+
+
+@pytest.fixture
+def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+    state: dict[str, object] = {"identity": Identity("teacher", admin=True), "metrics_down": False, "stopped": []}
+
+    def metrics(value: object) -> object:
+        def call(*args: object) -> object:
+            if state["metrics_down"]:
+                raise MetricsUnavailableError("Prometheus did not answer (ConnectionError)")
+            return value
+
+        return call
+
+    monkeypatch.setattr(auth, "require_identity", lambda: state["identity"])
+    monkeypatch.setattr(sources, "inventory", fake_inventory)
+    monkeypatch.setattr(
+        sources, "servers", lambda identity: [s for s in SERVERS if identity.admin or s.user == identity.name]
+    )
+    monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
+    monkeypatch.setattr(sources, "gpu_readings", metrics({("localhost", "0"): GpuReading(40, 3 * GiB, 60, 35, 0)}))
+    monkeypatch.setattr(
+        sources, "summary", metrics({"gpuslice:gpu_memory_used_bytes:sum": 3 * GiB, "gpuslice:gpu_utilization:avg": 20})
+    )
+    monkeypatch.setattr(sources, "trend", metrics([(NOW, 1.0), (NOW, 2.0)]))
+    monkeypatch.setattr(
+        sources,
+        "active_alerts",
+        metrics(
+            [
+                AlertRow(
+                    "GpuXidError",
+                    "critical",
+                    "GPU 1 reported Xid 79",
+                    "d",
+                    "docs/runbook.md#gpuxiderror",
+                    NOW,
+                    "active",
+                )
+            ]
+        ),
+    )
+    yield state
+
+
+def run(page: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.run()
+    if page:
+        at.switch_page(page)
+        at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def texts(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [str(m.value) for m in at.metric] + [m.label for m in at.metric]
+    parts += [e.value for e in at.info] + [e.value for e in at.warning] + [e.value for e in at.caption]
+    parts += [e.value for e in at.success] + [e.value for e in at.error]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_overview(fakes: dict[str, object]) -> None:
+    at = run()
+    assert at.title[0].value == "Overview"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["GPUs"] == "2" and metrics["Allocated"] == "4 GiB" and metrics["Capacity"] == "32 GiB"
+    assert metrics["Running servers"] == "1" and metrics["Starting"] == "1"
+    assert metrics["GPU memory in use"] == "3 GiB" and metrics["Alerts firing"] == "1"
+
+
+def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, object]) -> None:
+    fakes["metrics_down"] = True
+    at = run()
+    assert "Metrics are unavailable right now" in at.warning[0].value
+    assert {m.label for m in at.metric} >= {"GPUs", "Allocated", "Running servers"}
+
+
+def test_gpus_page(fakes: dict[str, object]) -> None:
+    at = run("pages/gpus.py")
+    assert at.title[0].value == "GPUs"
+    assert "simulated" in at.info[0].value
+    table = at.dataframe[0].value
+    assert list(table["slices"]) == ["alice 4 GiB", ""]
+    assert list(table["utilization"]) == ["40%", "n/a"]
+    fakes["metrics_down"] = True
+    at = run("pages/gpus.py")
+    assert "Live readings are unavailable" in at.warning[0].value
+    assert list(at.dataframe[0].value["allocated"]) == ["4 GiB", "0 B"]
+
+
+def test_jobs_page_for_an_admin_lists_everyone_and_can_stop(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stopped: list[tuple[str, str, str]] = []
+    from portal.data import hub
+
+    monkeypatch.setattr(
+        hub, "stop_server", lambda client, identity, user, server: stopped.append((identity.name, user, server))
+    )
+    monkeypatch.setattr(sources, "hub_client", lambda: None)
+    at = run("pages/jobs.py")
+    table = at.dataframe[0].value
+    assert list(table["user"]) == ["alice", "bob"]
+    assert list(table["slice"]) == ["4 GiB", "0.5"]
+    at.text_input[0].input("torch").run()
+    assert list(at.dataframe[0].value["user"]) == ["bob"]
+    at.text_input[0].input("").run()
+    at.button[0].click().run()
+    assert stopped == [("teacher", "alice", "")]
+
+
+def test_jobs_page_for_a_user_shows_only_their_servers(fakes: dict[str, object]) -> None:
+    fakes["identity"] = Identity("bob")
+    at = run("pages/jobs.py")
+    assert list(at.dataframe[0].value["user"]) == ["bob"]
+
+
+def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    from hub.settings import from_mapping
+
+    monkeypatch.setattr(
+        sources,
+        "settings",
+        lambda: from_mapping({"groups": {"ml101": {"members": ["alice", "bob"], "budget": "16GiB"}}}, "t"),
+    )
+    at = run("pages/classes.py")
+    assert at.subheader[0].value == "ml101"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics == {
+        "Members": "2",
+        "Servers running": "1",
+        "GPU memory held": "4 GiB of 16 GiB",
+        "Idle for 30 min": "1",
+    }
+    fakes["identity"] = Identity("carol")
+    at = run("pages/classes.py")
+    assert "No classes yet" in at.info[0].value
+
+
+def test_alerts_page(fakes: dict[str, object]) -> None:
+    at = run("pages/alerts.py")
+    assert "GpuXidError" in at.markdown[-1].value or any("GpuXidError" in m.value for m in at.markdown)
+    assert any("docs/runbook.md#gpuxiderror" in c.value for c in at.caption)
+    fakes["metrics_down"] = True
+    at = run("pages/alerts.py")
+    assert "Alertmanager is unavailable" in at.warning[0].value
+
+
+def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSLICE_PORTAL_SECRET", "00" * 32)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.run()
+    assert "Not signed in" in at.error[0].value
+    assert not at.title  # nothing else rendered
