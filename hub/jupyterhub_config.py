@@ -88,9 +88,12 @@ c.JupyterHub.services.append(
             "GPUSLICE_DATA_DIR": str(data_dir),
             "GPUSLICE_PROMETHEUS_URL": f"http://127.0.0.1:{settings.monitoring['prometheus_port']}",
             "GPUSLICE_ALERTMANAGER_URL": f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
+            "GPUSLICE_STREAMLIT_PORT": str(settings.streamlit_port),  # 0: any free port
         },
     }
 )
+# Every user may open the portal (what they see there is checked per request).
+c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", "access:services!service=portal"]})
 c.JupyterHub.load_roles.append(
     {
         "name": "portal",

@@ -27,6 +27,7 @@ class Settings:
     hub_port: int = 8081
     proxy_api_port: int = 8001
     portal_port: int = 8502
+    streamlit_port: int = 0
     data_dir: Path = Path("gpuslice-data")
     admin_users: tuple[str, ...] = ()
     simulate: str = DEFAULT_SIMULATE
@@ -89,6 +90,7 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         hub_port=_port(raw, "hub_port", 8081, source),
         proxy_api_port=_port(raw, "proxy_api_port", 8001, source),
         portal_port=_port(raw, "portal_port", 8502, source),
+        streamlit_port=0 if raw.get("streamlit_port", 0) == 0 else _port(raw, "streamlit_port", 0, source),
         data_dir=Path(data_dir),
         admin_users=tuple(admins),
         simulate=simulate,

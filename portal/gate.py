@@ -85,9 +85,14 @@ class HealthHandler(web.RequestHandler):
         self.upstream = upstream
 
     async def get(self) -> None:
-        response = await httpclient.AsyncHTTPClient().fetch(
-            self.upstream.url(self.request.uri or "/"), raise_error=False, request_timeout=5
-        )
+        try:
+            response = await httpclient.AsyncHTTPClient().fetch(
+                self.upstream.url(self.request.uri or "/"), raise_error=False, request_timeout=5
+            )
+        except OSError:
+            self.set_status(503)
+            self.write("starting")
+            return
         self.set_status(response.code)
         self.write(response.body or b"")
 

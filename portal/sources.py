@@ -30,11 +30,18 @@ def hub_client() -> HubClient:
     )
 
 
+def _monitoring_on() -> None:
+    if not settings().monitoring["enabled"]:
+        raise prometheus.MetricsUnavailableError("monitoring is off in the settings (monitoring.enabled)")
+
+
 def prometheus_url() -> str:
+    _monitoring_on()
     return os.environ.get("GPUSLICE_PROMETHEUS_URL", f"http://127.0.0.1:{settings().monitoring['prometheus_port']}")
 
 
 def alertmanager_url() -> str:
+    _monitoring_on()
     return os.environ.get("GPUSLICE_ALERTMANAGER_URL", f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}")
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 MiB = 1024 * 1024
 
@@ -28,7 +29,8 @@ SUMMARY_QUERY = '{__name__=~"gpuslice:(gpu_memory_capacity_bytes|gpu_memory_allo
 
 
 def connect(url: str, timeout_s: float = 5) -> PrometheusConnect:
-    client = PrometheusConnect(url=url, disable_ssl=True)
+    # No retries: a page shows "unavailable" at once rather than backing off for seconds.
+    client = PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0))
     client._session.request = _with_timeout(client._session.request, timeout_s)
     return client
 

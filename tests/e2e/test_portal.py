@@ -1,0 +1,100 @@
+"""The portal in a real browser (Debian's Chromium driven by Playwright), through the hub's login."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from portal.identity import Identity, sign
+from tests.e2e.platform import Platform, free_port
+
+ARTIFACTS = Path(__file__).parents[2] / "test-artifacts" / "portal"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def portal(make_platform: Any) -> Platform:
+    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs the Debian package chromium"
+    platform: Platform = make_platform(portal_port=free_port(), streamlit_port=free_port())
+    platform.start()
+    return platform
+
+
+def login(page: Page, platform: Platform, user: str) -> None:
+    page.goto(f"{platform.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", "a-long-password")
+    page.click("#login_submit")
+    page.wait_for_load_state("networkidle")
+
+
+def test_every_page_through_the_gate_with_screenshots(portal: Platform) -> None:
+    alice = portal.login("alice")
+    assert alice.api("POST", "/users/alice/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    alice.wait_ready("alice")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        login(page, portal, "admin")
+        expected = {
+            "": "Overview",
+            "gpus": "GPUs",
+            "jobs": "Jobs",
+            "classes": "Classes",
+            "alerts": "Alerts",
+        }
+        for path, title in expected.items():
+            page.goto(f"{portal.url}/services/portal/{path}")
+            page.wait_for_selector(f"h1:has-text('{title}')", timeout=30_000)
+            if path in ("", "gpus", "alerts"):  # monitoring is off in this test: each page says so
+                page.wait_for_selector("text=monitoring is off", timeout=30_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(ARTIFACTS / f"{path or 'overview'}.png"), full_page=True)
+        page.goto(f"{portal.url}/services/portal/gpus")
+        page.wait_for_selector("text=alice 4 GiB", state="attached", timeout=30_000)  # the slice and its holder
+        page.goto(f"{portal.url}/services/portal/")
+        page.wait_for_selector("text=Signed in as", timeout=30_000)
+        assert "admin" in page.inner_text("section[data-testid='stSidebar']")
+        browser.close()
+
+
+def test_identity_cannot_be_forged(portal: Platform) -> None:
+    forged = sign(Identity("admin", admin=True), b"x" * 32)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        # Through the gate: the gate replaces whatever identity header the browser sends.
+        page = browser.new_context(extra_http_headers={"X-Gpuslice-Identity": forged}).new_page()
+        login(page, portal, "bob")
+        page.goto(f"{portal.url}/services/portal/")
+        page.wait_for_selector("text=Signed in as", timeout=30_000)
+        sidebar = page.inner_text("section[data-testid='stSidebar']")
+        assert "bob" in sidebar and "admin" not in sidebar
+        # Straight to Streamlit, past the gate: the forged header is refused.
+        streamlit = int(__import__("yaml").safe_load(portal.config.read_text())["streamlit_port"])
+        direct = browser.new_context(extra_http_headers={"X-Gpuslice-Identity": forged}).new_page()
+        direct.goto(f"http://127.0.0.1:{streamlit}/services/portal/")
+        direct.wait_for_selector("text=Not signed in", timeout=30_000)
+        assert "not signed by the portal's gate" in direct.inner_text("body")
+        browser.close()
+
+
+def test_pages_need_a_hub_login(portal: Platform) -> None:
+    import requests
+
+    response = requests.get(f"{portal.url}/services/portal/", allow_redirects=False, timeout=10)
+    assert response.status_code == 302 and "/hub/api/oauth2/authorize" in response.headers["Location"]
+    deadline = time.monotonic() + 60
+    while (health := requests.get(f"{portal.url}/services/portal/_stcore/health", timeout=10)).status_code == 503:
+        assert health.text == "starting" and time.monotonic() < deadline
+        time.sleep(0.5)
+    assert health.status_code == 200 and health.text == "ok"
