@@ -77,7 +77,8 @@ def class_rows(
 ) -> list[ClassRow]:
     rows = []
     for name, members in sorted(groups.items()):
-        mine = [s for s in servers if s.user in members and s.state == "running"]
+        people = set(members)
+        mine = [s for s in servers if s.user in people and s.state == "running"]
         idle = [s for s in mine if s.last_activity and now_ts - s.last_activity.timestamp() > idle_after_s]
         rule = rules.get(name)
         rows.append(

@@ -1,0 +1,96 @@
+"""Scale benchmark (printed, not a timed test): 1,000 nodes, 8,000 GPUs, 10,000 servers.
+
+The data layer runs for real against a fake Prometheus that counts PromQL queries and
+answers with one series per GPU; the pages render with Streamlit's AppTest.
+"""
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from portal import auth, sources
+from portal.data import prometheus
+from portal.data.hub import ServerRow
+from portal.identity import Identity
+from spawner.inventory import Allocation, Gpu, Inventory, Node
+from spawner.ledger import Held
+
+APP = str(Path(__file__).parents[2] / "portal" / "app.py")
+GiB = 2**30
+NODES, PER_NODE, SERVERS = 1000, 8, 10_000
+
+
+class CountingPrometheus:
+    def __init__(self) -> None:
+        self.queries = 0
+        now = time.time()
+        names = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"]
+        self.vector = [
+            {"metric": {"__name__": name, "Hostname": f"node{n:04d}", "gpu": str(g)}, "value": [now, "42"]}
+            for n in range(NODES)
+            for g in range(PER_NODE)
+            for name in names
+        ]
+
+    def custom_query(self, query: str) -> Any:
+        self.queries += 1
+        if query.startswith('{__name__=~"DCGM'):
+            return self.vector
+        return [{"metric": {"__name__": "gpuslice:gpu_utilization:avg"}, "value": [0, "42"]}]
+
+    def custom_query_range(self, query: str, **kwargs: Any) -> Any:
+        self.queries += 1
+        return [{"metric": {}, "values": [[1795324800 + 15 * i, "1"] for i in range(240)]}]
+
+
+def synthetic() -> tuple[Inventory, list[Held], list[ServerRow]]:
+    holds, nodes = [], []
+    for n in range(NODES):
+        gpus = []
+        for g in range(PER_NODE):
+            gpu = Gpu(f"node{n:04d}", g, "A100", 80 * GiB)
+            for s in range(
+                SERVERS // (NODES * PER_NODE) + (1 if (n * PER_NODE + g) < SERVERS % (NODES * PER_NODE) else 0)
+            ):
+                user = f"u{n * PER_NODE + g}-{s}"
+                gpu.allocations.append(Allocation(user, "", 10 * GiB, f"{user}/"))
+                holds.append(Held(f"{user}/", g, user, "", 10 * GiB, group=f"class{n % 50}"))
+            gpus.append(gpu)
+        nodes.append(Node(f"node{n:04d}", 128_000, 1024 * GiB, gpus))
+    now = datetime.now(UTC)
+    servers = [ServerRow(h.user, "", "running", "10GiB", 0, "default", now, now) for h in holds]
+    return Inventory(nodes), holds, servers
+
+
+@pytest.mark.slow
+def test_pages_at_cluster_scale(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    inventory, holds, servers = synthetic()
+    assert sum(len(n.gpus) for n in inventory.nodes) == 8000 and len(servers) == SERVERS
+    prom = CountingPrometheus()
+    monkeypatch.setattr(auth, "require_identity", lambda: Identity("admin", admin=True))
+    monkeypatch.setattr(sources, "inventory", lambda: (inventory, holds))
+    monkeypatch.setattr(sources, "servers", lambda identity: servers)
+    monkeypatch.setattr(sources, "groups", lambda: {f"class{i}": [h.user for h in holds[i::50]] for i in range(50)})
+    monkeypatch.setattr(sources, "gpu_readings", lambda: prometheus.gpu_readings(prom))  # type: ignore[arg-type]
+    monkeypatch.setattr(sources, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
+    monkeypatch.setattr(sources, "trend", lambda expr, hours: prometheus.trend(prom, expr, hours))  # type: ignore[arg-type]
+    monkeypatch.setattr(sources, "active_alerts", lambda: [])
+    lines = []
+    for page in ["pages/overview.py", "pages/gpus.py", "pages/jobs.py", "pages/classes.py", "pages/alerts.py"]:
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.run()
+        before = prom.queries
+        start = time.perf_counter()
+        at.switch_page(page).run()
+        seconds = time.perf_counter() - start
+        assert not at.exception, at.exception
+        queries = prom.queries - before
+        lines.append(f"{page:22s} {seconds:6.2f} s  {queries} PromQL queries")
+        assert queries <= 8
+    with capsys.disabled():
+        print("\nportal at 1,000 nodes / 8,000 GPUs / 10,000 servers (targets: under 2 s, at most 8 queries):")
+        print("\n".join(lines))
