@@ -35,3 +35,20 @@ def trend(series: Mapping[str, Sequence[tuple[datetime, float]]], unit: str) -> 
     )
     figure.update_layout(yaxis_title=unit, height=260, margin={"t": 20, "b": 20, "l": 40, "r": 10})
     return figure
+
+
+def heatmap(series: Mapping[str, Sequence[tuple[datetime, float]]], unit: str) -> go.Figure:
+    """Cards down, time across, the value as colour (GPU utilization over time)."""
+    names = sorted(series)
+    times = [t for t, _ in series[names[0]]] if names else []
+    figure = go.Figure(
+        go.Heatmap(
+            z=[[v for _, v in series[n]] for n in names],
+            x=times,
+            y=names,
+            colorscale="Oranges",
+            colorbar={"title": unit},
+        )
+    )
+    figure.update_layout(height=max(200, 22 * len(names) + 80), margin={"t": 20, "b": 20, "l": 10, "r": 10})
+    return figure

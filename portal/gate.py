@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -183,11 +184,20 @@ def main() -> None:
         asyncio.run(_serve(app, port))
     finally:
         child.terminate()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
 
 
 async def _serve(app: web.Application, port: int) -> None:
     app.listen(port, address="127.0.0.1")  # binds to the running loop
-    await asyncio.Event().wait()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # The hub stops services with SIGTERM: return so that main() stops Streamlit too.
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
 
 
 def _free_port() -> int:

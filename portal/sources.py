@@ -79,3 +79,19 @@ def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
 @st.cache_data(ttl=10)
 def active_alerts() -> list[alerts.AlertRow]:
     return alerts.active_alerts(alertmanager_url())
+
+
+@st.cache_data(ttl=30)
+def utilization_heatmap(hours: float, per_node: bool = False) -> dict[str, list[tuple[datetime, float]]]:
+    """Every card over time; past 64 cards one row per node (its mean), to stay readable."""
+    metric = (
+        'label_replace(avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL), "gpu", "all", "", "")'
+        if per_node
+        else "DCGM_FI_DEV_GPU_UTIL"
+    )
+    return prometheus.per_gpu_trend(prometheus.connect(prometheus_url()), metric, hours)
+
+
+@st.cache_data(ttl=30)
+def spawn_success() -> float | None:
+    return prometheus.spawn_success_ratio(prometheus.connect(prometheus_url()))

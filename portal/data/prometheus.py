@@ -86,3 +86,37 @@ def trend(
     if not result:
         return []
     return [(datetime.fromtimestamp(float(t)), float(v)) for t, v in result[0]["values"]]
+
+
+def per_gpu_trend(
+    prom: PrometheusConnect, metric: str, hours: float, now: datetime | None = None
+) -> dict[str, list[tuple[datetime, float]]]:
+    """One range query: "node GPU n" -> points, for a heatmap of every card over time."""
+    end = now or datetime.now()
+    step = max(15, int(hours * 3600 / 120))
+    try:
+        result = prom.custom_query_range(metric, start_time=end - timedelta(hours=hours), end_time=end, step=f"{step}s")
+    except Exception as exc:
+        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
+    return {
+        f"{r['metric'].get('Hostname', '?')} GPU {r['metric'].get('gpu', '?')}": [
+            (datetime.fromtimestamp(float(t)), float(v)) for t, v in r["values"]
+        ]
+        for r in result
+    }
+
+
+SPAWN_SUCCESS_QUERY = (
+    'sum(increase(jupyterhub_server_spawn_duration_seconds_count{status="success"}[1h]))'
+    " / (sum(increase(jupyterhub_server_spawn_duration_seconds_count[1h]))"
+    " + sum(increase(gpuslice_spawn_refused_total[1h])))"
+)
+
+
+def spawn_success_ratio(prom: PrometheusConnect) -> float | None:
+    """Share of spawn attempts in the last hour that started a server (None: no attempts)."""
+    result = _query(prom, SPAWN_SUCCESS_QUERY)
+    if not result:
+        return None
+    value = float(result[0]["value"][1])
+    return None if value != value else value  # NaN: no attempts

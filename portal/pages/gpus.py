@@ -16,6 +16,15 @@ rows = views.gpu_rows(inventory, readings)
 if any(r.simulated for r in rows):
     st.info("These GPUs are simulated: there is no NVIDIA GPU on this machine.")
 st.plotly_chart(charts.allocation_bars(rows), width="stretch")
+if readings is not None:
+    hours = st.segmented_control("Utilization over", [1, 6, 24], default=1, format_func=lambda h: f"{h} h") or 1
+    try:
+        series = sources.utilization_heatmap(hours, per_node=len(rows) > 64)
+    except MetricsUnavailableError as exc:
+        st.warning(f"History is unavailable: {exc}.")
+    else:
+        if series:
+            st.plotly_chart(charts.heatmap(series, "%"), width="stretch")
 
 
 def number(value: float | None, fmt: str) -> str:

@@ -189,3 +189,21 @@ def test_alerts_from_alertmanager_most_severe_first() -> None:
 def test_alertmanager_down_is_reported_as_unavailable() -> None:
     with pytest.raises(prometheus.MetricsUnavailableError, match="Alertmanager"):
         alerts.active_alerts("http://am", FakeSession({}, status=503))
+
+
+def test_per_gpu_trend_and_spawn_success() -> None:
+    class Range(FakePrometheus):
+        def custom_query_range(self, query: str, **kwargs: Any) -> Any:
+            self.queries.append(query)
+            return [
+                {"metric": {"Hostname": "n1", "gpu": "0"}, "values": [[1795324800, "10"], [1795324860, "20"]]},
+                {"metric": {"Hostname": "n1", "gpu": "1"}, "values": [[1795324800, "0"], [1795324860, "5"]]},
+            ]
+
+    prom = Range()
+    series = prometheus.per_gpu_trend(prom, "DCGM_FI_DEV_GPU_UTIL", 1)  # type: ignore[arg-type]
+    assert len(prom.queries) == 1
+    assert {k: [v for _, v in pts] for k, pts in series.items()} == {"n1 GPU 0": [10.0, 20.0], "n1 GPU 1": [0.0, 5.0]}
+    assert prometheus.spawn_success_ratio(FakePrometheus([{"metric": {}, "value": [0, "0.8"]}])) == 0.8  # type: ignore[arg-type]
+    assert prometheus.spawn_success_ratio(FakePrometheus([{"metric": {}, "value": [0, "NaN"]}])) is None  # type: ignore[arg-type]
+    assert prometheus.spawn_success_ratio(FakePrometheus([])) is None  # type: ignore[arg-type]

@@ -55,6 +55,9 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
         sources, "summary", metrics({"gpuslice:gpu_memory_used_bytes:sum": 3 * GiB, "gpuslice:gpu_utilization:avg": 20})
     )
     monkeypatch.setattr(sources, "trend", metrics([(NOW, 1.0), (NOW, 2.0)]))
+    monkeypatch.setattr(sources, "spawn_success", metrics(0.75))
+    heat = metrics({"localhost GPU 0": [(NOW, 10.0), (NOW, 50.0)]})
+    monkeypatch.setattr(sources, "utilization_heatmap", lambda hours, per_node=False: heat())
     monkeypatch.setattr(
         sources,
         "active_alerts",
@@ -99,6 +102,9 @@ def test_overview(fakes: dict[str, object]) -> None:
     assert metrics["GPUs"] == "2" and metrics["Allocated"] == "4 GiB" and metrics["Capacity"] == "32 GiB"
     assert metrics["Running servers"] == "1" and metrics["Starting"] == "1"
     assert metrics["GPU memory in use"] == "3 GiB" and metrics["Alerts firing"] == "1"
+    assert metrics["Nodes healthy"] == "1 of 1" and metrics["Active users"] == "2"
+    assert metrics["Spawns that started (1 h)"] == "75%"
+    assert len(at.get("plotly_chart")) == 2  # memory and utilization trends
 
 
 def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, object]) -> None:
@@ -115,6 +121,7 @@ def test_gpus_page(fakes: dict[str, object]) -> None:
     table = at.dataframe[0].value
     assert list(table["slices"]) == ["alice 4 GiB", ""]
     assert list(table["utilization"]) == ["40%", "n/a"]
+    assert len(at.get("plotly_chart")) == 2  # allocation bars and the utilization heatmap
     fakes["metrics_down"] = True
     at = run("pages/gpus.py")
     assert "Live readings are unavailable" in at.warning[0].value

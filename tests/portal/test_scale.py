@@ -44,7 +44,10 @@ class CountingPrometheus:
 
     def custom_query_range(self, query: str, **kwargs: Any) -> Any:
         self.queries += 1
-        return [{"metric": {}, "values": [[1795324800 + 15 * i, "1"] for i in range(240)]}]
+        values = [[1795324800 + 30 * i, "1"] for i in range(120)]
+        if "avg by (Hostname)" in query:  # the heatmap, one row per node
+            return [{"metric": {"Hostname": f"node{n:04d}", "gpu": "all"}, "values": values} for n in range(NODES)]
+        return [{"metric": {}, "values": values}]
 
 
 def synthetic() -> tuple[Inventory, list[Held], list[ServerRow]]:
@@ -79,6 +82,12 @@ def test_pages_at_cluster_scale(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
     monkeypatch.setattr(sources, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(sources, "trend", lambda expr, hours: prometheus.trend(prom, expr, hours))  # type: ignore[arg-type]
     monkeypatch.setattr(sources, "active_alerts", lambda: [])
+    monkeypatch.setattr(sources, "spawn_success", lambda: prometheus.spawn_success_ratio(prom))  # type: ignore[arg-type]
+    monkeypatch.setattr(
+        sources,
+        "utilization_heatmap",
+        lambda hours, per_node: prometheus.per_gpu_trend(prom, "avg by (Hostname)" if per_node else "x", hours),  # type: ignore[arg-type]
+    )
     lines = []
     for page in ["pages/overview.py", "pages/gpus.py", "pages/jobs.py", "pages/classes.py", "pages/alerts.py"]:
         at = AppTest.from_file(APP, default_timeout=120)
