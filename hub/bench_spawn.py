@@ -76,8 +76,8 @@ class Hub:
         config.write_text(_config(kind, self.data, self.token))
         settings = self.data / "gpuslice.yaml"
         settings.write_text(
-            f"port: {self.port}\nhub_port: {_port()}\nproxy_api_port: {_port()}\ndata_dir: {self.data}\n"
-            "gpus: {simulate: 2x16GiB:T4}\n"
+            f"port: {self.port}\nhub_port: {_port()}\nproxy_api_port: {_port()}\nportal_port: {_port()}\n"
+            f"data_dir: {self.data}\ngpus: {{simulate: 2x16GiB:T4}}\nmonitoring: {{enabled: false}}\n"
         )
         env = dict(os.environ, GPUSLICE_SETTINGS=str(settings), GPUSLICE_DATA_DIR=str(self.data))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))

@@ -39,6 +39,7 @@ class Platform:
             "port": self.port,
             "hub_port": free_port(),
             "proxy_api_port": free_port(),
+            "portal_port": free_port(),
             "data_dir": str(self.data_dir),
             "admin_users": ["admin"],
             "gpus": {"simulate": "2x16GiB:T4"},

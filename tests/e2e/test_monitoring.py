@@ -64,9 +64,13 @@ def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform
     wait_for(targets_up, "every scrape target to be up", 60)
     util = prometheus.custom_query("DCGM_FI_DEV_GPU_UTIL")
     assert sorted(r["metric"]["gpu"] for r in util) == ["0", "1"]
+
     # The hub's allocation reaches Prometheus, and the recording rules sum it.
-    allocated = wait_for(lambda: prometheus.custom_query("gpuslice:gpu_memory_allocated_bytes:sum"), "recording", 60)
-    assert float(allocated[0]["value"][1]) == 4 * GiB
+    def allocated() -> bool:
+        result = prometheus.custom_query("gpuslice:gpu_memory_allocated_bytes:sum")
+        return bool(result) and float(result[0]["value"][1]) == 4 * GiB  # 0 until the hub's first scrape
+
+    wait_for(allocated, "the recording rule to sum bob's slice", 90)
     capacity = prometheus.custom_query("gpuslice:gpu_memory_capacity_bytes:sum")
     assert float(capacity[0]["value"][1]) == 32 * GiB
     process = prometheus.custom_query('gpuslice_process_gpu_memory_bytes{user="bob"}')

@@ -1,5 +1,8 @@
-import multiprocessing
+import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,23 +77,33 @@ def test_fifty_threads_never_overcommit(tmp_path: Path) -> None:
         assert sum(h.memory_bytes for h in ledger.holdings() if h.gpu_index == gpu) <= CARD
 
 
-def _spawn_in_process(path: str, i: int, barrier: object) -> None:
-    ledger = Ledger(path)
-    key = server_key(f"p{i}", "")
-    barrier.wait()  # type: ignore[attr-defined]
-    ledger.allocate(key, first_fit(key, f"p{i}", 5 * GiB))
+CHILD = """
+import sys, time
+from pathlib import Path
+from spawner.ledger import Held, Ledger, server_key
+path, i, go = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+ledger = Ledger(path)
+key = server_key(f"p{i}", "")
+def decide(holds):
+    for gpu in (0, 1):
+        if sum(h.memory_bytes for h in holds if h.gpu_index == gpu) + 5 * 2**30 <= 16 * 2**30:
+            return [Held(key, gpu, f"p{i}", "", 5 * 2**30)]
+    return None
+while not go.exists():
+    time.sleep(0.001)
+ledger.allocate(key, decide)
+"""
 
 
 def test_separate_processes_never_overcommit(tmp_path: Path) -> None:
-    path = str(tmp_path / "ledger.sqlite")
+    path, go = str(tmp_path / "ledger.sqlite"), tmp_path / "go"
     Ledger(path)
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(12)
-    procs = [ctx.Process(target=_spawn_in_process, args=(path, i, barrier)) for i in range(12)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
+    root = str(Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, path, str(i), str(go)], env=env) for i in range(12)]
+    time.sleep(1)  # let them all reach the start line
+    go.touch()
+    assert [p.wait(timeout=300) for p in procs] == [0] * 12
     holds = Ledger(path).holdings()
     assert len(holds) == 6  # three 5 GiB slices per card
     for gpu in (0, 1):
