@@ -60,6 +60,11 @@ def simulated_gpus(spec: str, node: str = "localhost") -> list[Gpu]:
     return gpus
 
 
+def _text(value: bytes | str) -> str:
+    """NVML returns bytes in older nvidia-ml-py releases and str in newer ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def nvml_gpus(nvml: Any, node: str = "localhost") -> list[Gpu]:
     """The machine's NVIDIA GPUs through NVML (the ``pynvml`` module of nvidia-ml-py).
 
@@ -78,9 +83,9 @@ def nvml_gpus(nvml: Any, node: str = "localhost") -> list[Gpu]:
                 Gpu(
                     node,
                     index,
-                    name.decode() if isinstance(name, bytes) else str(name),
+                    _text(name),
                     int(memory.total),
-                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    uuid=_text(uuid),
                 )
             )
         return gpus
@@ -148,8 +153,8 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None) -> list[GpuSampl
             samples.append(
                 GpuSample(
                     index=index,
-                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                    model=name.decode() if isinstance(name, bytes) else str(name),
+                    uuid=_text(uuid),
+                    model=_text(name),
                     utilization_pct=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
                     memory_used_bytes=int(memory.used),
                     memory_total_bytes=int(memory.total),

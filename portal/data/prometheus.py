@@ -74,35 +74,36 @@ def summary(prom: PrometheusConnect) -> dict[str, float]:
     return {s["metric"]["__name__"]: float(s["value"][1]) for s in _query(prom, SUMMARY_QUERY)}
 
 
+def _range(prom: PrometheusConnect, expr: str, hours: float, points: int, now: datetime | None) -> list[dict]:  # type: ignore[type-arg]
+    end = now or datetime.now()
+    step = max(15, int(hours * 3600 / points))
+    try:
+        return list(
+            prom.custom_query_range(expr, start_time=end - timedelta(hours=hours), end_time=end, step=f"{step}s")
+        )
+    except Exception as exc:
+        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
+
+
+def _points(values: list[list[str]]) -> list[tuple[datetime, float]]:
+    return [(datetime.fromtimestamp(float(t)), float(v)) for t, v in values]
+
+
 def trend(
     prom: PrometheusConnect, expr: str, hours: float, now: datetime | None = None
 ) -> list[tuple[datetime, float]]:
-    end = now or datetime.now()
-    step = max(15, int(hours * 3600 / 240))
-    try:
-        result = prom.custom_query_range(expr, start_time=end - timedelta(hours=hours), end_time=end, step=f"{step}s")
-    except Exception as exc:
-        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
-    if not result:
-        return []
-    return [(datetime.fromtimestamp(float(t)), float(v)) for t, v in result[0]["values"]]
+    """The first series of ``expr`` over the last ``hours`` (about 240 points)."""
+    result = _range(prom, expr, hours, 240, now)
+    return _points(result[0]["values"]) if result else []
 
 
 def per_gpu_trend(
     prom: PrometheusConnect, metric: str, hours: float, now: datetime | None = None
 ) -> dict[str, list[tuple[datetime, float]]]:
     """One range query: "node GPU n" -> points, for a heatmap of every card over time."""
-    end = now or datetime.now()
-    step = max(15, int(hours * 3600 / 120))
-    try:
-        result = prom.custom_query_range(metric, start_time=end - timedelta(hours=hours), end_time=end, step=f"{step}s")
-    except Exception as exc:
-        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
     return {
-        f"{r['metric'].get('Hostname', '?')} GPU {r['metric'].get('gpu', '?')}": [
-            (datetime.fromtimestamp(float(t)), float(v)) for t, v in r["values"]
-        ]
-        for r in result
+        f"{r['metric'].get('Hostname', '?')} GPU {r['metric'].get('gpu', '?')}": _points(r["values"])
+        for r in _range(prom, metric, hours, 120, now)
     }
 
 
