@@ -173,11 +173,15 @@ def _slice_bytes(request: GpuRequest, card_bytes: int | None, backend: Backend) 
     if request.memory_bytes is not None:
         return request.memory_bytes
     if card_bytes is None:
-        raise ShareError(
-            f"A share of a card ({request.fraction:g}) needs the card's size on the {backend.value} backend; "
-            'ask for memory instead, for example "4GiB".'
-        )
+        raise _needs_card(request, backend)
     return request.bytes_on(card_bytes)
+
+
+def _needs_card(request: GpuRequest, backend: Backend) -> ShareError:
+    return ShareError(
+        f"A share of a card ({request.fraction:g}) needs the card's size on the {backend.value} backend; "
+        'ask for memory instead, for example "4GiB".'
+    )
 
 
 def gpushare_card_gib(card_bytes: int) -> int:
@@ -194,8 +198,7 @@ def _gpushare(request: GpuRequest, card_bytes: int | None) -> ServerGpuSpec:
     else:
         assert request.fraction is not None
         if card_bytes is None:
-            _slice_bytes(request, None, Backend.GPUSHARE)  # raises with the advice
-            raise AssertionError("unreachable")
+            raise _needs_card(request, Backend.GPUSHARE)
         # Round down: four quarters must fit on the card as gpushare counts it.
         gib = max(1, math.floor(request.fraction * gpushare_card_gib(card_bytes)))
     slice_bytes = gib * GiB

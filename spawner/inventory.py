@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spawner.backends import (
@@ -135,11 +135,12 @@ def build_local(
     cpu_milli: int = 0,
     memory_bytes: int = 0,
 ) -> Inventory:
-    """One node holding ``gpus``; ``allocations`` are (GPU index, allocation) pairs.
+    """One node holding copies of ``gpus``; ``allocations`` are (GPU index, allocation) pairs.
 
-    ``cpu_milli``/``memory_bytes`` of 0 mean "not limited" (a personal machine).
+    ``cpu_milli``/``memory_bytes`` of 0 mean "not limited" (a personal machine). The
+    GPUs passed in are not changed, so callers may keep one list for the machine.
     """
-    by_index = {gpu.index: gpu for gpu in gpus}
+    by_index = {gpu.index: replace(gpu, allocations=list(gpu.allocations)) for gpu in gpus}
     for index, allocation in allocations:
         if index not in by_index:
             raise ValueError(

@@ -136,10 +136,7 @@ class GpuShareMixin(HasTraits):
         return [group_quota(g) for g in self.gpu_groups if g.get("name") in mine]
 
     def _inventory(self, holds: list[Held]) -> Inventory:
-        gpus = [
-            Gpu(g.node, g.index, g.model, g.memory_bytes, g.uuid, g.healthy, g.simulated) for g in self._machine.gpus
-        ]
-        return build_local(gpus, [(h.gpu_index, h.allocation()) for h in holds])
+        return build_local(self._machine.gpus, [(h.gpu_index, h.allocation()) for h in holds])
 
     # -- reading the request ------------------------------------------------------------
 
@@ -179,10 +176,7 @@ class GpuShareMixin(HasTraits):
     def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
         inventory = self._inventory(holds)
         user = self.user.name  # type: ignore[attr-defined]
-        usage = Usage(
-            user_servers=len({h.key for h in holds if h.user == user}),
-            group_bytes=_group_bytes(holds),
-        )
+        usage = _usage(holds, user)
         card = max(g.memory_bytes for g in inventory.gpus()) if request.kind is not RequestKind.CPU else 0
         asked_bytes = request.bytes_on(card) * max(1, request.gpus)
         decision = check(
@@ -315,11 +309,10 @@ class GpuShareMixin(HasTraits):
     def render_form(self) -> str:
         """The spawn form: free memory per GPU, quota left, and the choices allowed now."""
         machine_ = self._machine
-        holds = self._ledger.holdings()
-        inventory = self._inventory([h for h in holds if h.key != self._key])
+        others = [h for h in self._ledger.holdings() if h.key != self._key]
+        inventory = self._inventory(others)
         groups = self._quota_groups()
-        user = self.user.name  # type: ignore[attr-defined]
-        usage = Usage(len({h.key for h in holds if h.user == user and h.key != self._key}), _group_bytes(holds))
+        usage = _usage(others, self.user.name)  # type: ignore[attr-defined]
         largest_card = max((g.memory_bytes for g in machine_.gpus), default=0)
         ceiling = largest_slice(groups, usage, largest_card)
         return _form_html(self, inventory, groups, usage, ceiling, machine_)
@@ -334,6 +327,11 @@ class GpuShareMixin(HasTraits):
             "gpus": first("gpus", "0"),
             "image": first("image", self.gpu_default_image),
         }
+
+
+def _usage(holds: list[Held], user: str) -> Usage:
+    """What ``holds`` (everyone's but the server being started) count against the rules."""
+    return Usage(user_servers=len({h.key for h in holds if h.user == user}), group_bytes=_group_bytes(holds))
 
 
 def _group_bytes(holds: list[Held]) -> dict[str, int]:

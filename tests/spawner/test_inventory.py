@@ -217,3 +217,12 @@ def test_local_inventory_from_simulated_gpus_and_ledger() -> None:
 def test_local_allocation_on_a_missing_gpu_is_an_error() -> None:
     with pytest.raises(ValueError, match="GPU 5, which does not exist"):
         build_local(simulated_gpus("1x16GiB"), [(5, Allocation("alice", "", GiB, "k"))])
+
+
+def test_local_inventory_leaves_the_machines_gpus_unchanged() -> None:
+    gpus = simulated_gpus("1x16GiB:T4")
+    first = build_local(gpus, [(0, Allocation("alice", "", 4 * GiB, "k1"))])
+    second = build_local(gpus, [(0, Allocation("bob", "", 2 * GiB, "k2"))])
+    assert gpus[0].allocations == []
+    assert [a.user for a in first.nodes[0].gpus[0].allocations] == ["alice"]
+    assert [a.user for a in second.nodes[0].gpus[0].allocations] == ["bob"]
