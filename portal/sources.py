@@ -13,7 +13,7 @@ from portal.data import alerts, cluster, hub, prometheus
 from portal.data.hub import HubClient, ServerRow
 from portal.identity import Identity
 from spawner.inventory import Inventory
-from spawner.ledger import Held
+from spawner.ledger import Held, ServerEvent
 
 
 @st.cache_resource
@@ -55,10 +55,22 @@ def groups() -> dict[str, list[str]]:
     return hub.groups(hub_client())
 
 
+def _ledger_path() -> Path:
+    return Path(os.environ.get("GPUSLICE_DATA_DIR") or settings().data_dir) / "ledger.sqlite"
+
+
 @st.cache_data(ttl=5)
 def inventory() -> tuple[Inventory, list[Held]]:
-    data_dir = Path(os.environ.get("GPUSLICE_DATA_DIR") or settings().data_dir)
-    return cluster.local_inventory(data_dir / "ledger.sqlite", settings().simulate)
+    return cluster.local_inventory(_ledger_path(), settings().simulate)
+
+
+@st.cache_data(ttl=5)
+def server_events(identity: Identity) -> dict[str, ServerEvent]:
+    return cluster.latest_events(_ledger_path(), identity)
+
+
+def server_history(identity: Identity, user: str, server: str) -> list[ServerEvent]:
+    return cluster.server_history(_ledger_path(), identity, user, server)
 
 
 @st.cache_data(ttl=10)

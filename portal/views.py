@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from portal.data.hub import ServerRow
 from portal.data.prometheus import GpuReading
 from spawner.inventory import Inventory
-from spawner.ledger import Held
+from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
 from spawner.shares import format_bytes
 
@@ -94,17 +95,90 @@ def class_rows(
     return rows
 
 
-def server_matches(row: ServerRow, states: set[str], search: str) -> bool:
+JOB_STATES = ("pending", "running", "stopping", "stopped", "failed")
+
+
+@dataclass(frozen=True)
+class JobRow:
+    user: str
+    server: str
+    state: str  # one of JOB_STATES
+    detail: str  # why it waits, why it failed; empty when there is nothing to say
+    progress: int | None  # 0-100 while pending
+    slice: str
+    image: str
+    age_s: float | None
+    idle_s: float | None
+    started: datetime | None
+    last_activity: datetime | None
+
+
+def job_rows(
+    servers: list[ServerRow], holds: list[Held], events: dict[str, ServerEvent], now_ts: float
+) -> list[JobRow]:
+    """Hub state joined with the ledger: a stopped server whose last event is a failure failed."""
+    held = {h.key: h for h in holds}
+    rows = []
+    for s in servers:
+        key = server_key(s.user, s.name)
+        event = events.get(key)
+        state, detail, progress = _job_state(s, event)
+        rows.append(
+            JobRow(
+                user=s.user,
+                server=s.name,
+                state=state,
+                detail=detail,
+                progress=progress,
+                slice=slice_text(s, held.get(key), failed=state == "failed"),
+                image=s.image,
+                age_s=now_ts - s.started.timestamp() if s.started and state != "stopped" else None,
+                idle_s=now_ts - s.last_activity.timestamp() if s.last_activity and state == "running" else None,
+                started=s.started,
+                last_activity=s.last_activity,
+            )
+        )
+    return rows
+
+
+def _job_state(server: ServerRow, event: ServerEvent | None) -> tuple[str, str, int | None]:
+    if server.state == "starting":
+        if event is None or event.failure or event.kind == "stopped":
+            return "pending", "spawn requested", 0
+        return "pending", event.message, event.progress
+    if server.state == "stopped" and event is not None and event.failure:
+        return "failed", event.message, None
+    return server.state, "", None
+
+
+def job_matches(row: JobRow, states: set[str], search: str) -> bool:
     text = search.strip().lower()
     return (not states or row.state in states) and (not text or text in row.user.lower() or text in row.image.lower())
 
 
-def slice_text(row: ServerRow, hold: Held | None) -> str:
+def duration_text(seconds: float | None) -> str:
+    """'3 d 4 h', '2 h 5 min', '12 min', '40 s'; empty for None."""
+    if seconds is None:
+        return ""
+    s = max(0, int(seconds))
+    days, hours, minutes = s // 86400, s % 86400 // 3600, s % 3600 // 60
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min" if minutes else f"{s} s"
+
+
+def slice_text(row: ServerRow, hold: Held | None, *, failed: bool = False) -> str:
     """What the server holds: from the ledger while it runs, else what it asked for."""
     if hold is not None:
         return "whole card" if hold.whole else format_bytes(hold.memory_bytes)
-    if row.state == "stopped":
+    if row.state == "stopped" and not failed:
         return ""
     if row.gpus:
         return f"{row.gpus} whole GPU(s)"
     return "CPU only" if row.gpu_memory in ("0", "") else row.gpu_memory
+
+
+def local_time(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp).astimezone()

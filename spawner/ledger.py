@@ -32,7 +32,22 @@ CREATE TABLE IF NOT EXISTS allocation (
     created REAL NOT NULL,
     PRIMARY KEY (key, gpu_index)
 );
+CREATE TABLE IF NOT EXISTS server_event (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,           -- "user/server"
+    kind TEXT NOT NULL,          -- see EVENT_KINDS
+    progress INTEGER NOT NULL,   -- 0-100, as in JupyterHub's progress events
+    message TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS server_event_key ON server_event (key, id);
 """
+
+# What happened to a server, in the order it can happen. The portal's Jobs page
+# reads the latest one: why a pending server waits, why a stopped one failed.
+EVENT_KINDS = ("requested", "placed", "started", "stopped", "refused", "failed", "died")
+FAILURE_KINDS = frozenset({"refused", "failed", "died"})
+EVENTS_KEPT_PER_SERVER = 20
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,19 @@ class Held:
 
     def allocation(self) -> Allocation:
         return Allocation(self.user, self.server, self.memory_bytes, self.key, self.whole)
+
+
+@dataclass(frozen=True)
+class ServerEvent:
+    key: str
+    kind: str
+    progress: int
+    message: str
+    created: float
+
+    @property
+    def failure(self) -> bool:
+        return self.kind in FAILURE_KINDS
 
 
 def server_key(user: str, server: str) -> str:
@@ -148,6 +176,41 @@ class Ledger:
             stale = [h for h in _read(db) if h.key not in running]
             db.executemany("DELETE FROM allocation WHERE key = ?", [(k,) for k in {h.key for h in stale}])
             return stale
+
+    def record(self, key: str, kind: str, progress: int, message: str) -> None:
+        """Append an event to ``key``'s history, keeping the latest few."""
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown server event kind {kind!r}; use one of {', '.join(EVENT_KINDS)}")
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO server_event (key, kind, progress, message, created) VALUES (?, ?, ?, ?, ?)",
+                (key, kind, progress, message, time.time()),
+            )
+            db.execute(
+                "DELETE FROM server_event WHERE key = ? AND id NOT IN"
+                " (SELECT id FROM server_event WHERE key = ? ORDER BY id DESC LIMIT ?)",
+                (key, key, EVENTS_KEPT_PER_SERVER),
+            )
+
+    def history(self, key: str) -> list[ServerEvent]:
+        """``key``'s events, oldest first."""
+        return self._events("WHERE key = ? ORDER BY id", (key,))
+
+    def latest_events(self) -> dict[str, ServerEvent]:
+        """Each server's most recent event."""
+        events = self._events("WHERE id IN (SELECT MAX(id) FROM server_event GROUP BY key)", ())
+        return {e.key: e for e in events}
+
+    def _events(self, where: str, args: tuple[object, ...]) -> list[ServerEvent]:
+        db = self._connect()
+        try:
+            query = f"SELECT key, kind, progress, message, created FROM server_event {where}"
+            rows = db.execute(query, args).fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"the GPU ledger {self.path} could not be read: {exc}") from exc
+        finally:
+            db.close()
+        return [ServerEvent(*row) for row in rows]
 
 
 def _read(db: sqlite3.Connection) -> list[Held]:

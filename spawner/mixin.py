@@ -4,7 +4,9 @@ Mixed in before a concrete spawner (``LocalGpuSpawner``). On ``start`` it reads 
 spawn options (form or REST ``user_options``), checks them and the user's group
 quotas, places the slice with the core's policy and writes it to the ledger, all
 before the server process exists; it releases the slice on stop, on a failed start,
-and when the server dies or is culled (JupyterHub calls ``stop`` for each).
+and when the server dies or is culled (JupyterHub calls ``clear_state`` for each).
+Each step is also recorded as a server event, so the portal can say why a server
+waits or why it failed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from hub import metrics
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.gpus import detect
 from spawner.inventory import Gpu, Inventory, build_local
-from spawner.ledger import Held, Ledger, server_key
+from spawner.ledger import Held, Ledger, LedgerError, server_key
 from spawner.placement import ClusterState, Demand, Workload, explain, make_policy
 from spawner.quotas import GroupQuota, Usage, check, largest_slice
 from spawner.shares import GiB, GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity, parse_request
@@ -112,6 +114,7 @@ class GpuShareMixin(HasTraits):
 
     _gpu_spec: ServerGpuSpec | None = None
     _gpu_holds: list[Held] | None = None
+    _gpu_starting = False
 
     @default("gpu_images")
     def _default_images(self) -> dict[str, Any]:
@@ -212,9 +215,11 @@ class GpuShareMixin(HasTraits):
         """Check and place the request; write it to the ledger. Counts refusals."""
         try:
             request, image = self.gpu_request()
+            self._record("requested", 10, f"asked for {request.describe()} with image {image}")
             holds = self._ledger.allocate(self._key, lambda current: self._decide(request, image, current))
         except GpuRefused as refusal:
             metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+            self._record("refused", 100, refusal.jupyterhub_message)
             raise
         assert holds is not None  # _decide raises rather than returning None
         return request, holds
@@ -233,18 +238,23 @@ class GpuShareMixin(HasTraits):
         request, holds = self.allocate()
         self._gpu_holds = holds
         self._gpu_spec = self._spec_for(request, holds)
-        self.log.info(  # type: ignore[attr-defined]
-            "gpuslice: %s gets %s: %s", self._key, request.describe(), self.placement_text() or "no GPU"
-        )
+        placed = self.placement_text() or "no GPU"
+        self.log.info("gpuslice: %s gets %s: %s", self._key, request.describe(), placed)  # type: ignore[attr-defined]
+        self._record("placed", 20, f"placed: {placed}; starting the server")
+        self._gpu_starting = True
         try:
             result = await super().start()  # type: ignore[misc]
-        except BaseException:
+        except BaseException as exc:
             self._ledger.release(self._key)
             self._gpu_holds = None
+            self._record("failed", 100, f"the server did not start: {exc or type(exc).__name__}")
             raise
+        finally:
+            self._gpu_starting = False
         pid = getattr(self, "pid", 0)
         if pid and holds:
             self._ledger.set_pid(self._key, pid)
+        self._record("started", 50, f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer")
         return result
 
     async def poll(self) -> int | None:
@@ -252,7 +262,35 @@ class GpuShareMixin(HasTraits):
         if status is None and self._gpu_holds:
             # Running: make sure the ledger still holds the slice (it may have been lost).
             self._ledger.restore(self._gpu_holds)
+        if status is not None and self._last_event_kind() == "started":
+            # Nobody stopped it (stop() records "stopped"): it crashed, exited or was killed.
+            self._record("died", 100, _died_message(status))
         return status
+
+    async def stop(self, now: bool = False) -> None:
+        self._record(*self._stop_reason())
+        await super().stop(now=now)  # type: ignore[misc]
+
+    def _stop_reason(self) -> tuple[str, int, str]:
+        # JupyterHub stops a server it gave up on from inside start or the wait for it to answer.
+        if self._gpu_starting:
+            timeout = self.start_timeout  # type: ignore[attr-defined]
+            return "failed", 100, f"gave up: the server did not start within {timeout} s"
+        if getattr(self, "_waiting_for_response", False):
+            timeout = self.http_timeout  # type: ignore[attr-defined]
+            return "failed", 100, f"gave up: the server did not answer within {timeout} s"
+        return "stopped", 100, "stopped"
+
+    def _record(self, kind: str, progress: int, message: str) -> None:
+        try:
+            self._ledger.record(self._key, kind, progress, message)
+        except LedgerError as exc:
+            # History is for people reading the portal; never fail a spawn or stop over it.
+            self.log.warning("gpuslice: could not record %s event for %s: %s", kind, self._key, exc)  # type: ignore[attr-defined]
+
+    def _last_event_kind(self) -> str | None:
+        history = self._ledger.history(self._key)
+        return history[-1].kind if history else None
 
     def get_env(self) -> dict[str, str]:
         env: dict[str, str] = super().get_env()  # type: ignore[misc]
@@ -327,6 +365,14 @@ class GpuShareMixin(HasTraits):
             "gpus": first("gpus", "0"),
             "image": first("image", self.gpu_default_image),
         }
+
+
+def _died_message(status: int) -> str:
+    if status < 0:
+        return f"the server was killed by signal {-status} (not stopped through the hub)"
+    if status:
+        return f"the server exited with status {status} (not stopped through the hub)"
+    return "the server process ended without being stopped through the hub (killed, crashed or out of memory)"
 
 
 def _usage(holds: list[Held], user: str) -> Usage:

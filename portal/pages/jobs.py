@@ -1,3 +1,5 @@
+import time
+
 import streamlit as st
 
 from portal import sources, views
@@ -5,37 +7,66 @@ from portal.data import hub
 
 identity = st.session_state["identity"]
 st.title("Jobs")
-servers = sources.servers(identity)
+jobs = views.job_rows(
+    sources.servers(identity), sources.inventory()[1], sources.server_events(identity), now_ts=time.time()
+)
 left, right = st.columns([2, 1])
 search = left.text_input("Search user or image")
-states = set(right.multiselect("State", ["running", "starting", "stopping", "stopped"]))
-shown = [s for s in servers if views.server_matches(s, states, search)]
-_, holds = sources.inventory()
-held = {h.key: h for h in holds}
+states = set(right.multiselect("State", views.JOB_STATES))
+shown = [j for j in jobs if views.job_matches(j, states, search)]
+counts = {state: sum(j.state == state for j in jobs) for state in views.JOB_STATES}
+st.caption(" · ".join(f"{n} {state}" for state, n in counts.items() if n) or "No servers yet.")
 st.dataframe(
     [
         {
-            "user": s.user,
-            "server": s.name or "(default)",
-            "state": s.state,
-            "slice": views.slice_text(s, held.get(f"{s.user}/{s.name}")),
-            "image": s.image,
-            "started": s.started,
-            "last activity": s.last_activity,
+            "user": j.user,
+            "server": j.server or "(default)",
+            "state": j.state,
+            "progress": j.progress,
+            "why": j.detail,
+            "slice": j.slice,
+            "image": j.image,
+            "age": views.duration_text(j.age_s),
+            "idle": views.duration_text(j.idle_s),
+            "last activity": j.last_activity,
         }
-        for s in shown
+        for j in shown
     ],
     hide_index=True,
     width="stretch",
+    column_config={
+        "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%d%%"),
+        "why": st.column_config.TextColumn("why (pending or failed)", width="large"),
+    },
 )
-running = [s for s in shown if s.state in ("running", "starting") and (identity.admin or s.user == identity.name)]
-if running:
-    choice = st.selectbox("Stop a server", running, format_func=lambda s: f"{s.user}/{s.name or '(default)'}")
+
+
+def _label(job: views.JobRow) -> str:
+    return f"{job.user}/{job.server or '(default)'}"
+
+
+with st.expander("History of a server"):
+    chosen = st.selectbox("Server", shown, format_func=_label, key="history")
+    if chosen is not None:
+        try:
+            history = sources.server_history(identity, chosen.user, chosen.server)
+        except PermissionError as exc:
+            st.error(str(exc))
+        else:
+            st.dataframe(
+                [{"when": views.local_time(e.created), "event": e.kind, "message": e.message} for e in history],
+                hide_index=True,
+                width="stretch",
+            )
+
+stoppable = [j for j in shown if j.state in ("running", "pending") and (identity.admin or j.user == identity.name)]
+if stoppable:
+    choice = st.selectbox("Stop a server", stoppable, format_func=_label)
     if st.button("Stop", type="primary") and choice is not None:
         try:
-            hub.stop_server(sources.hub_client(), identity, choice.user, choice.name)
+            hub.stop_server(sources.hub_client(), identity, choice.user, choice.server)
         except PermissionError as exc:
             st.error(str(exc))
         else:
             sources.servers.clear()
-            st.success(f"Stopping {choice.user}/{choice.name or '(default)'}.")
+            st.success(f"Stopping {_label(choice)}.")

@@ -92,6 +92,17 @@ class Platform:
         finally:
             db.close()
 
+    def last_event(self, key: str) -> tuple[str, str] | None:
+        """(kind, message) of the server's latest recorded event, read straight from SQLite."""
+        db = sqlite3.connect(self.data_dir / "ledger.sqlite")
+        try:
+            row = db.execute(
+                "SELECT kind, message FROM server_event WHERE key = ? ORDER BY id DESC LIMIT 1", (key,)
+            ).fetchone()
+        finally:
+            db.close()
+        return None if row is None else (str(row[0]), str(row[1]))
+
     def login(self, user: str, password: str = "a-long-password") -> Session:
         session = Session(self.url)
         session.get(f"{self.url}/hub/login")

@@ -40,8 +40,11 @@ def test_login_spawn_with_a_slice_through_the_form_reach_it_and_stop(platform: P
     assert env["GPUSLICE_SIMULATED"] == "1"
     assert env["HOME"] == str(platform.data_dir / "homes" / "alice")
 
+    kind, message = platform.last_event("alice/") or ("", "")
+    assert kind == "started" and f"pid {pid}" in message, (kind, message)
     assert alice.api("DELETE", "/users/alice/server").status_code in (202, 204)
     _wait(lambda: platform.ledger() == [], "the ledger to empty after stop")
+    assert platform.last_event("alice/") == ("stopped", "stopped")
 
 
 def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform) -> None:
@@ -89,6 +92,7 @@ def test_no_room_is_refused_with_an_explanation(platform: Platform) -> None:
     message = refused.json()["message"]
     assert "Nothing can hold 8 GiB of one GPU right now." in message
     assert "The largest free slice is 4 GiB on localhost GPU 0 (T4): ask for that or less to start now." in message
+    assert platform.last_event("u3/") == ("refused", message)  # the portal shows it as why u3 has no server
     metrics = admin_api(platform, token, "GET", "/../metrics")
     assert 'gpuslice_spawn_refused_total{reason="capacity"} 1.0' in metrics.text
     assert re.search(
@@ -156,6 +160,8 @@ def test_a_dead_server_gives_its_slice_back(platform: Platform) -> None:
     frank.wait_ready("frank")
     os.killpg(_server_pid(platform, "frank"), signal.SIGKILL)
     _wait(lambda: platform.ledger() == [], "the dead server's slice to be released", timeout_s=90)
+    kind, message = platform.last_event("frank/") or ("", "")
+    assert (kind, message) == ("died", "the server was killed by signal 9 (not stopped through the hub)")
 
 
 def test_group_quota_refuses_with_the_rule(make_platform: object) -> None:

@@ -14,7 +14,7 @@ from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
-from spawner.ledger import Held
+from spawner.ledger import Held, ServerEvent
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
@@ -24,7 +24,17 @@ HOLDS = [Held("alice/", 0, "alice", "", 4 * GiB, group="ml101", pid=10)]
 SERVERS = [
     ServerRow("alice", "", "running", "4GiB", 0, "default", TWO_HOURS_AGO, TWO_HOURS_AGO, "/user/alice/"),
     ServerRow("bob", "", "starting", "0.5", 0, "torch", None, None),
+    ServerRow("carl", "", "stopped", "12GiB", 0, "default", None, None),
 ]
+EVENTS = {
+    "alice/": ServerEvent("alice/", "started", 50, "server process started (pid 10)", NOW.timestamp()),
+    "bob/": ServerEvent("bob/", "placed", 20, "placed: 8 GiB of GPU 1 (T4); starting the server", NOW.timestamp()),
+    "carl/": ServerEvent("carl/", "refused", 100, "Nothing can hold 12 GiB of one GPU right now.", NOW.timestamp()),
+}
+
+
+def visible(identity: Identity, user: str) -> bool:
+    return identity.admin or identity.name == user
 
 
 def fake_inventory() -> tuple[object, list[Held]]:
@@ -46,9 +56,17 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
 
     monkeypatch.setattr(auth, "require_identity", lambda: state["identity"])
     monkeypatch.setattr(sources, "inventory", fake_inventory)
+    monkeypatch.setattr(sources, "servers", lambda identity: [s for s in SERVERS if visible(identity, s.user)])
     monkeypatch.setattr(
-        sources, "servers", lambda identity: [s for s in SERVERS if identity.admin or s.user == identity.name]
+        sources, "server_events", lambda identity: {k: e for k, e in EVENTS.items() if visible(identity, k[:-1])}
     )
+
+    def history(identity: Identity, user: str, server: str) -> list[ServerEvent]:
+        if not visible(identity, user):
+            raise PermissionError("not yours")
+        return [EVENTS[f"{user}/{server}"]]
+
+    monkeypatch.setattr(sources, "server_history", history)
     monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
     monkeypatch.setattr(sources, "gpu_readings", metrics({("localhost", "0"): GpuReading(40, 3 * GiB, 60, 35, 0)}))
     monkeypatch.setattr(
@@ -128,7 +146,7 @@ def test_gpus_page(fakes: dict[str, object]) -> None:
     assert list(at.dataframe[0].value["allocated"]) == ["4 GiB", "0 B"]
 
 
-def test_jobs_page_for_an_admin_lists_everyone_and_can_stop(
+def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stopped: list[tuple[str, str, str]] = []
@@ -140,8 +158,21 @@ def test_jobs_page_for_an_admin_lists_everyone_and_can_stop(
     monkeypatch.setattr(sources, "hub_client", lambda: None)
     at = run("pages/jobs.py")
     table = at.dataframe[0].value
-    assert list(table["user"]) == ["alice", "bob"]
-    assert list(table["slice"]) == ["4 GiB", "0.5"]
+    assert list(table["user"]) == ["alice", "bob", "carl"]
+    assert list(table["state"]) == ["running", "pending", "failed"]
+    assert list(table["slice"]) == ["4 GiB", "0.5", "12GiB"]
+    assert list(table["why"]) == [
+        "",
+        "placed: 8 GiB of GPU 1 (T4); starting the server",
+        "Nothing can hold 12 GiB of one GPU right now.",
+    ]
+    assert list(table["progress"])[1] == 20
+    assert table["age"].iloc[0] == "2 h 0 min" and table["idle"].iloc[0] == "2 h 0 min"
+    assert "1 pending" in at.caption[0].value and "1 failed" in at.caption[0].value
+    assert list(at.dataframe[1].value["message"]) == ["server process started (pid 10)"]  # history of alice
+    at.multiselect[0].select("failed").run()
+    assert list(at.dataframe[0].value["user"]) == ["carl"]
+    at.multiselect[0].unselect("failed").run()
     at.text_input[0].input("torch").run()
     assert list(at.dataframe[0].value["user"]) == ["bob"]
     at.text_input[0].input("").run()
@@ -149,10 +180,12 @@ def test_jobs_page_for_an_admin_lists_everyone_and_can_stop(
     assert stopped == [("teacher", "alice", "")]
 
 
-def test_jobs_page_for_a_user_shows_only_their_servers(fakes: dict[str, object]) -> None:
-    fakes["identity"] = Identity("bob")
+def test_jobs_page_for_a_user_shows_only_their_servers_and_events(fakes: dict[str, object]) -> None:
+    fakes["identity"] = Identity("carl")
     at = run("pages/jobs.py")
-    assert list(at.dataframe[0].value["user"]) == ["bob"]
+    assert list(at.dataframe[0].value["user"]) == ["carl"]
+    assert list(at.dataframe[0].value["why"]) == ["Nothing can hold 12 GiB of one GPU right now."]
+    assert not at.button  # nothing of theirs is running, and nobody else's is offered
 
 
 def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -143,3 +143,25 @@ def test_a_read_only_ledger_gives_a_clear_error_and_keeps_its_rows(tmp_path: Pat
     with pytest.raises(LedgerError, match="could not be written"):
         readonly.allocate("b/", first_fit("b/", "b", GiB))
     assert [h.key for h in ledger.holdings()] == ["a/"]
+
+
+def test_server_events_keep_the_latest_few_and_the_latest_per_server(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.record("ann/", "requested", 10, "asked for 4 GiB")
+    ledger.record("ann/", "placed", 20, "placed: 4 GiB of GPU 0")
+    ledger.record("bob/", "refused", 100, "Nothing can hold 8 GiB")
+    latest = ledger.latest_events()
+    assert {k: (e.kind, e.failure) for k, e in latest.items()} == {
+        "ann/": ("placed", False),
+        "bob/": ("refused", True),
+    }
+    for i in range(30):
+        ledger.record("ann/", "stopped", 100, f"stop {i}")
+    history = ledger.history("ann/")
+    assert len(history) == 20 and history[-1].message == "stop 29" and history[0].message == "stop 10"
+    assert [e.kind for e in ledger.history("bob/")] == ["refused"]
+
+
+def test_an_unknown_event_kind_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown server event kind 'exploded'"):
+        Ledger(tmp_path / "ledger.sqlite").record("ann/", "exploded", 0, "")

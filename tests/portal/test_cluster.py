@@ -1,0 +1,74 @@
+"""portal/data/cluster.py against a real ledger file, and the Jobs view built on it."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from portal import views
+from portal.data import cluster
+from portal.data.hub import ServerRow
+from portal.identity import Identity
+from spawner.ledger import Ledger
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path) -> Path:
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    ledger.record("ann/", "requested", 10, "asked for 4 GiB of one GPU with image default")
+    ledger.record("ann/", "placed", 20, "placed: 4 GiB of GPU 0 (T4, simulated); starting the server")
+    ledger.record("bo/lab", "refused", 100, "Group 'ml101' allows slices up to 4 GiB; you asked for 8 GiB.")
+    return path
+
+
+def test_users_read_only_their_own_events_admins_all(ledger_path: Path) -> None:
+    assert set(cluster.latest_events(ledger_path, Identity("root", admin=True))) == {"ann/", "bo/lab"}
+    mine = cluster.latest_events(ledger_path, Identity("ann"))
+    assert list(mine) == ["ann/"] and mine["ann/"].kind == "placed"
+    assert cluster.latest_events(ledger_path.with_name("missing.sqlite"), Identity("ann")) == {}
+
+
+def test_history_is_authorized_on_the_server_side(ledger_path: Path) -> None:
+    assert [e.kind for e in cluster.server_history(ledger_path, Identity("ann"), "ann", "")] == ["requested", "placed"]
+    assert len(cluster.server_history(ledger_path, Identity("root", admin=True), "bo", "lab")) == 1
+    with pytest.raises(PermissionError, match="only admins"):
+        cluster.server_history(ledger_path, Identity("ann"), "bo", "lab")
+
+
+def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
+    started = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
+    servers = [
+        ServerRow("ann", "", "starting", "4GiB", 0, "default", None, None),
+        ServerRow("bo", "lab", "stopped", "8GiB", 0, "default", None, None),
+        ServerRow("cy", "", "running", "0", 0, "default", started, started),
+        ServerRow("di", "", "stopped", "0", 0, "default", started, started),
+    ]
+    events = cluster.latest_events(ledger_path, Identity("root", admin=True))
+    rows = views.job_rows(servers, [], events, now_ts=started.timestamp() + 3 * 3600 + 60)
+    assert [(r.state, r.progress) for r in rows] == [
+        ("pending", 20),
+        ("failed", None),
+        ("running", None),
+        ("stopped", None),
+    ]
+    assert rows[0].detail.startswith("placed: 4 GiB of GPU 0")
+    assert rows[1].detail.startswith("Group 'ml101' allows") and rows[1].slice == "8GiB"
+    assert views.duration_text(rows[2].age_s) == "3 h 1 min" and rows[2].slice == "CPU only"
+    assert rows[3].age_s is None and rows[3].idle_s is None and rows[3].slice == ""
+
+
+def test_a_server_started_again_after_a_failure_is_not_failed() -> None:
+    from spawner.ledger import ServerEvent
+
+    failed = {"ann/": ServerEvent("ann/", "died", 100, "killed", 0.0)}
+    pending = views.job_rows([ServerRow("ann", "", "starting", "1GiB", 0, "default", None, None)], [], failed, 1.0)
+    assert (pending[0].state, pending[0].detail) == ("pending", "spawn requested")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, ""), (-5, "0 s"), (42, "42 s"), (600, "10 min"), (7500, "2 h 5 min"), (3 * 86400 + 4 * 3600, "3 d 4 h")],
+)
+def test_duration_text(seconds: float | None, text: str) -> None:
+    assert views.duration_text(seconds) == text
