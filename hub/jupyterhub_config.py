@@ -54,6 +54,9 @@ c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.default_url = "/lab"
 c.LocalGpuSpawner.http_timeout = 60
 c.LocalGpuSpawner.start_timeout = 120
+# The markets (gpuslice up migrates and seeds the database before the hub starts).
+c.LocalGpuSpawner.gpu_market_url = os.environ.get("GPUSLICE_MARKET_URL", "")
+c.LocalGpuSpawner.gpu_models_root = os.environ.get("GPUSLICE_MODELS_ROOT", "")
 if settings.images:
     c.LocalGpuSpawner.gpu_images = {
         "default": {"path": sys.prefix, "description": "The platform's own Python environment"},
@@ -97,7 +100,7 @@ c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", "access:servi
 c.JupyterHub.load_roles.append(
     {
         "name": "portal",
-        "scopes": ["list:users", "read:users", "read:servers", "delete:servers", "list:groups", "read:groups"],
+        "scopes": ["list:users", "read:users", "servers", "list:groups", "read:groups"],
         "services": ["portal"],
     }
 )

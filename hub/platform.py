@@ -14,13 +14,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 import yaml
 
 from hub import monitoring, recovery
-from hub.settings import Settings
+from hub.market import seeding
+from hub.market.store import Store
+from hub.settings import Settings, market_url, models_root
 from spawner.ledger import Ledger
 from spawner.mixin import machine
 from spawner.shares import format_bytes
@@ -47,11 +50,33 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
+    url, models = prepare_market(replace(settings, data_dir=data_dir))
     env = dict(os.environ)
     env["GPUSLICE_SETTINGS"] = str(config_path.absolute()) if config_path else ""
     env["GPUSLICE_DATA_DIR"] = str(data_dir)
+    env["GPUSLICE_MARKET_URL"] = url
+    env["GPUSLICE_MODELS_ROOT"] = str(models)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     return data_dir, env
+
+
+def prepare_market(settings: Settings) -> tuple[str, Path]:
+    """Migrate the market's database and seed it from the catalogs; report bad entries."""
+    url, models = market_url(settings), models_root(settings)
+    store = Store(url)
+    store.migrate()
+    result = seeding.seed(
+        store, Path(settings.market["images_catalog"]), Path(settings.market["models_catalog"]), models
+    )
+    for problem in result.problems:
+        print(f"gpuslice: catalog: {problem}")
+    report = result.report
+    print(
+        f"gpuslice: market: {len(report.added)} added, {len(report.updated)} updated from the catalogs, "
+        f"{len(report.kept)} kept as admins left them"
+    )
+    store.engine.dispose()
+    return url, models
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> bool:

@@ -38,6 +38,7 @@ class Settings:
     idle_timeout: int = 3600
     open_signup: bool = True
     monitoring: dict[str, Any] = field(default_factory=lambda: _monitoring({}, "defaults"))
+    market: dict[str, Any] = field(default_factory=lambda: _market({}, "defaults"))
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -84,6 +85,8 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         "isolation",
         "idle_timeout",
         "open_signup",
+        "monitoring",
+        "market",
     }
     return Settings(
         port=port,
@@ -101,6 +104,7 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
         open_signup=_bool(raw, "open_signup", True, source),
         monitoring=_monitoring(raw.get("monitoring") or {}, source),
+        market=_market(raw.get("market") or {}, source),
         extra={k: v for k, v in raw.items() if k not in known},
     )
 
@@ -174,6 +178,37 @@ def _monitoring(raw: Any, source: str) -> dict[str, Any]:
     if result["webhook_url"] is not None and not str(result["webhook_url"]).startswith(("http://", "https://")):
         raise SettingsError(f"{source}: monitoring.webhook_url must be an http(s) URL")
     return result
+
+
+CATALOGS = Path(__file__).parents[1] / "images"
+MARKET_KEYS = {"url", "models_root", "images_catalog", "models_catalog", "proposals_per_hour"}
+
+
+def _market(raw: Any, source: str) -> dict[str, Any]:
+    """url ('' : a SQLite file in data_dir), models_root ('' : data_dir/models), catalogs, rate limit."""
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: market must be a mapping ({', '.join(sorted(MARKET_KEYS))})")
+    unknown = set(raw) - MARKET_KEYS
+    if unknown:
+        raise SettingsError(f"{source}: market: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in ("url", "models_root", "images_catalog", "models_catalog"):
+        if not isinstance(raw.get(key, ""), str):
+            raise SettingsError(f"{source}: market.{key} must be text")
+    return {
+        "url": raw.get("url", ""),
+        "models_root": raw.get("models_root", ""),
+        "images_catalog": raw.get("images_catalog") or str(CATALOGS / "catalog.yaml"),
+        "models_catalog": raw.get("models_catalog") or str(CATALOGS / "models.yaml"),
+        "proposals_per_hour": _positive_int(raw, "proposals_per_hour", 3, f"{source}: market"),
+    }
+
+
+def market_url(settings: Settings) -> str:
+    return str(settings.market["url"]) or f"sqlite:///{(settings.data_dir / 'market.sqlite').absolute()}"
+
+
+def models_root(settings: Settings) -> Path:
+    return Path(settings.market["models_root"] or settings.data_dir / "models").absolute()
 
 
 def _port(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:

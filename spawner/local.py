@@ -26,6 +26,7 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Unicode, validate
 
+from spawner import mounts
 from spawner.mixin import GpuShareMixin
 
 SYSTEM_PREFIX = "jupyter-"
@@ -90,10 +91,28 @@ class LocalGpuSpawner(GpuShareMixin, LocalProcessSpawner):  # type: ignore[misc]
     async def start(self) -> Any:
         # The chosen image is a Python environment: run its single-user server.
         image = (self.user_options or {}).get("image") or self.gpu_default_image
-        spec = self.gpu_images.get(image) if isinstance(image, str) else None
-        prefix = Path(str((spec or {}).get("path") or sys.prefix))
+        local = self.images().get(image) if isinstance(image, str) else None
+        prefix = local.path if local else Path(sys.prefix)
         self.cmd = [str(prefix / "bin" / "jupyterhub-singleuser")]
         return await super().start()
+
+    def prepare_server(self) -> None:
+        """Put the chosen models at ~/models/<name>, read-only (see spawner.mounts)."""
+        models = self._gpu_models or {}
+        if self.isolation == "unix-users":
+            ensure_system_user(self.system_user)
+        models_dir = self.home_dir / mounts.MODELS_DIRNAME
+        if os.geteuid() == 0 and self.isolation == "none":
+            mounts.prepare_mountpoints(models_dir, models)
+            if models:
+                self.cmd = mounts.bind_command(models_dir, models, list(self.cmd))
+        elif models or models_dir.exists():
+            mounts.prepare_links(models_dir, models)
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        env["GPUSLICE_MODELS_DIR"] = str(self.home_dir / mounts.MODELS_DIRNAME)
+        return env
 
 
 def ensure_system_user(name: str) -> None:

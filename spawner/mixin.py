@@ -23,6 +23,9 @@ from tornado import web
 from traitlets import Dict, HasTraits, Integer, List, Unicode, default
 
 from hub import metrics
+from hub.market.catalog import PLATFORM_ENV
+from hub.market.files import ModelFilesError, inside
+from hub.market.store import Model, Store
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.gpus import detect
 from spawner.inventory import Gpu, Inventory, build_local
@@ -108,6 +111,10 @@ class GpuShareMixin(HasTraits):
     ).tag(config=True)
     gpu_default_image = Unicode("default", help="Image used when a request names none.").tag(config=True)
     gpu_default_memory = Unicode("0", help='gpu_memory when a request names none ("0": CPU only).').tag(config=True)
+    gpu_market_url = Unicode(
+        "", help="SQLAlchemy URL of the image and model market ('' : images come from gpu_images only)."
+    ).tag(config=True)
+    gpu_models_root = Unicode("", help="Folder holding the model market's files.").tag(config=True)
     gpu_max_cards = Integer(0, help="Most whole cards one server may take (0: as many as the machine has).").tag(
         config=True
     )
@@ -115,6 +122,7 @@ class GpuShareMixin(HasTraits):
     _gpu_spec: ServerGpuSpec | None = None
     _gpu_holds: list[Held] | None = None
     _gpu_starting = False
+    _gpu_models: dict[str, Path] | None = None
 
     @default("gpu_images")
     def _default_images(self) -> dict[str, Any]:
@@ -148,7 +156,7 @@ class GpuShareMixin(HasTraits):
         options = self.user_options or {}  # type: ignore[attr-defined]
         if not isinstance(options, dict):
             raise GpuRefused(400, "Spawn options must be a JSON object.", "invalid")
-        unknown = set(options) - {"gpu_memory", "gpus", "image", "models", "profile"}
+        unknown = set(options) - {"gpu_memory", "gpus", "image", "models"}
         if unknown:
             raise GpuRefused(
                 400,
@@ -168,11 +176,75 @@ class GpuShareMixin(HasTraits):
             raise GpuRefused(400, str(exc), "invalid") from None
         if request.kind is not RequestKind.CPU and not gpus:
             raise GpuRefused(400, 'This machine has no GPU; ask for gpu_memory "0" (CPU only).', "invalid")
-        image = options.get("image") or self.gpu_default_image
-        if not isinstance(image, str) or image not in self.gpu_images:
-            known = ", ".join(sorted(self.gpu_images))
-            raise GpuRefused(400, f"Unknown image {image!r}; choose one of: {known}.", "invalid")
-        return request, image
+        return request, self._chosen_image(options.get("image") or self.gpu_default_image)
+
+    def images(self) -> dict[str, LocalImage]:
+        """Every image this machine can run: the settings' and the market's."""
+        found = {
+            slug: LocalImage(slug, str(spec.get("description", "")), Path(str(spec.get("path") or sys.prefix)))
+            for slug, spec in self.gpu_images.items()
+        }
+        store = self._market()
+        if store is not None:
+            for image in store.images():
+                if image.local_path:
+                    path = Path(sys.prefix if image.local_path == PLATFORM_ENV else image.local_path)
+                    found[image.slug] = LocalImage(
+                        image.slug, image.name, path, image.status == "deprecated", frozenset(image.groups)
+                    )
+        return found
+
+    def _chosen_image(self, slug: Any) -> str:
+        images = self.images()
+        offered = [i.slug for i in images.values() if self._may_launch(i)]
+        image = images.get(slug) if isinstance(slug, str) else None
+        if image is None:
+            raise GpuRefused(400, f"Unknown image {slug!r}; choose one of: {', '.join(sorted(offered))}.", "invalid")
+        if image.deprecated:
+            raise GpuRefused(
+                400, f"Image {slug!r} is deprecated; choose one of: {', '.join(sorted(offered))}.", "invalid"
+            )
+        if not self._may_launch(image):
+            raise GpuRefused(403, f"Image {slug!r} is only for the groups {', '.join(sorted(image.groups))}.", "quota")
+        if not (image.path / "bin" / "jupyterhub-singleuser").exists():
+            raise GpuRefused(
+                400,
+                f"Image {slug!r} is not installed on this machine (no {image.path}/bin/jupyterhub-singleuser); "
+                "choose another or ask an admin to install it.",
+                "invalid",
+            )
+        return image.slug
+
+    def _may_launch(self, image: LocalImage) -> bool:
+        if image.deprecated:
+            return False
+        mine = {g.name for g in self.user.groups}  # type: ignore[attr-defined]
+        return not image.groups or bool(image.groups & mine) or bool(self.user.admin)  # type: ignore[attr-defined]
+
+    def _market(self) -> Store | None:
+        return market_store(self.gpu_market_url) if self.gpu_market_url else None
+
+    def gpu_model_folders(self) -> dict[str, Path]:
+        """The approved models to mount, from the request or the user's "Use in notebook" picks."""
+        options = self.user_options or {}  # type: ignore[attr-defined]
+        store = self._market()
+        wanted = options.get("models")
+        if wanted is None:
+            wanted = store.selected_models(self.user.name) if store else []  # type: ignore[attr-defined]
+        if not isinstance(wanted, list) or not all(isinstance(m, str) for m in wanted):
+            raise GpuRefused(400, 'models must be a list of model ids, for example ["langid-97"].', "invalid")
+        if wanted and (store is None or not self.gpu_models_root):
+            raise GpuRefused(400, "This platform has no model market; leave models out.", "invalid")
+        folders: dict[str, Path] = {}
+        for slug in dict.fromkeys(wanted):
+            model = store.model(slug) if store else None
+            if model is None or model.status != "approved":
+                raise GpuRefused(400, f"Model {slug!r} is not an approved model in the market.", "invalid")
+            try:
+                folders[slug] = inside(Path(self.gpu_models_root), model.path)
+            except ModelFilesError as exc:
+                raise GpuRefused(400, f"Model {slug!r} cannot be mounted: {exc}", "invalid") from None
+        return folders
 
     # -- the decision, inside the ledger's transaction ----------------------------------
 
@@ -215,6 +287,7 @@ class GpuShareMixin(HasTraits):
         """Check and place the request; write it to the ledger. Counts refusals."""
         try:
             request, image = self.gpu_request()
+            self._gpu_models = self.gpu_model_folders()
             self._record("requested", 10, f"asked for {request.describe()} with image {image}")
             holds = self._ledger.allocate(self._key, lambda current: self._decide(request, image, current))
         except GpuRefused as refusal:
@@ -243,6 +316,7 @@ class GpuShareMixin(HasTraits):
         self._record("placed", 20, f"placed: {placed}; starting the server")
         self._gpu_starting = True
         try:
+            self.prepare_server()
             result = await super().start()  # type: ignore[misc]
         except BaseException as exc:
             self._ledger.release(self._key)
@@ -256,6 +330,9 @@ class GpuShareMixin(HasTraits):
             self._ledger.set_pid(self._key, pid)
         self._record("started", 50, f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer")
         return result
+
+    def prepare_server(self) -> None:
+        """Called after the slice is held, before the server starts (a backend mounts models here)."""
 
     async def poll(self) -> int | None:
         status: int | None = await super().poll()  # type: ignore[misc]
@@ -299,6 +376,8 @@ class GpuShareMixin(HasTraits):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH", "")]))
         if self._machine.simulated and self._gpu_holds:
             env["GPUSLICE_SIMULATED"] = "1"
+        if self._gpu_models:
+            env["GPUSLICE_MODELS"] = ",".join(self._gpu_models)
         return env
 
     def get_state(self) -> dict[str, Any]:
@@ -364,7 +443,44 @@ class GpuShareMixin(HasTraits):
             "gpu_memory": first("gpu_memory", self.gpu_default_memory),
             "gpus": first("gpus", "0"),
             "image": first("image", self.gpu_default_image),
+            "models": list(formdata.get("models") or []),
         }
+
+    def launchable_images(self) -> list[LocalImage]:
+        return [
+            i
+            for i in self.images().values()
+            if self._may_launch(i) and (i.path / "bin" / "jupyterhub-singleuser").exists()
+        ]
+
+    def approved_models(self) -> list[Model]:
+        store = self._market()
+        return store.models(["approved"]) if store and self.gpu_models_root else []
+
+    def selected_models(self) -> set[str]:
+        store = self._market()
+        return set(store.selected_models(self.user.name)) if store else set()  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    """An image as the local backend runs it: a Python environment prefix."""
+
+    slug: str
+    description: str
+    path: Path
+    deprecated: bool = False
+    groups: frozenset[str] = frozenset()
+
+
+_STORES: dict[str, Store] = {}
+
+
+def market_store(url: str) -> Store:
+    """One Store (engine and pool) per URL per process."""
+    if url not in _STORES:
+        _STORES[url] = Store(url)
+    return _STORES[url]
 
 
 def _died_message(status: int) -> str:
@@ -434,9 +550,21 @@ def _form_html(
     max_cards = spawner.gpu_max_cards or len(machine_.gpus)
     cards = "".join(f'<option value="{n}">{n}</option>' for n in range(0, max_cards + 1))
     images = "".join(
-        f'<option value="{esc(i)}"{" selected" if i == spawner.gpu_default_image else ""}>'
-        f"{esc(i)}: {esc(str(spec.get('description', '')))}</option>"
-        for i, spec in sorted(spawner.gpu_images.items())
+        f'<option value="{esc(i.slug)}"{" selected" if i.slug == spawner.gpu_default_image else ""}>'
+        f"{esc(i.slug)}: {esc(i.description)}</option>"
+        for i in sorted(spawner.launchable_images(), key=lambda i: i.slug)
+    )
+    chosen = spawner.selected_models()
+    models = "".join(
+        f'<div class="checkbox"><label><input type="checkbox" name="models" value="{esc(m.slug)}"'
+        f"{' checked' if m.slug in chosen else ''}> {esc(m.name)} <small>({esc(m.task)}, {esc(m.license)})</small>"
+        "</label></div>"
+        for m in spawner.approved_models()
+    )
+    models_block = (
+        f'<label>Models, mounted read-only in ~/models</label><div class="gpuslice-models">{models}</div>'
+        if models
+        else ""
     )
     simulated = (
         f'<p class="alert alert-info">These GPUs are <strong>simulated</strong>: no NVIDIA GPU was found '
@@ -455,6 +583,7 @@ def _form_html(
   <select class="form-control" name="gpus" id="gpus">{cards}</select>
   <label for="image">Image</label>
   <select class="form-control" name="image" id="image">{images}</select>
+  {models_block}
   <p class="help-block">A slice on this machine is shared without memory isolation: gpuslice caps PyTorch,
   TensorFlow, JAX and CuPy in your kernels to your slice, but other CUDA code can use more.</p>
 </div>

@@ -1,0 +1,1 @@
+"""The image and model markets: catalog files, the SQLAlchemy store, model mounts."""
