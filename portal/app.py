@@ -14,6 +14,8 @@ pages = [
     st.Page("pages/jobs.py", title="Jobs", icon=":material/list:"),
     st.Page("pages/classes.py", title="Classes", icon=":material/school:"),
     st.Page("pages/alerts.py", title="Alerts", icon=":material/notifications:"),
+    st.Page("pages/images.py", title="Images", icon=":material/inventory_2:"),
+    st.Page("pages/models.py", title="Models", icon=":material/model_training:"),
 ]
 st.sidebar.caption(f"Signed in as **{identity.name}**{' (admin)' if identity.admin else ''}")
 st.navigation(pages).run()

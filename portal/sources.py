@@ -8,12 +8,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from hub.settings import Settings, load
+from hub.market.store import Store
+from hub.settings import Settings, load, market_url
+from hub.settings import models_root as settings_models_root
 from portal.data import alerts, cluster, hub, prometheus
 from portal.data.hub import HubClient, ServerRow
 from portal.identity import Identity
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
+from spawner.mixin import market_store
 
 
 @st.cache_resource
@@ -107,3 +110,21 @@ def utilization_heatmap(hours: float, per_node: bool = False) -> dict[str, list[
 @st.cache_data(ttl=30)
 def spawn_success() -> float | None:
     return prometheus.spawn_success_ratio(prometheus.connect(prometheus_url()))
+
+
+@st.cache_resource
+def market() -> Store:
+    return market_store(os.environ.get("GPUSLICE_MARKET_URL") or market_url(settings()))
+
+
+def models_root() -> Path:
+    return Path(os.environ.get("GPUSLICE_MODELS_ROOT") or settings_models_root(settings()))
+
+
+@st.cache_data(ttl=10)
+def image_usage() -> dict[str, int]:
+    return hub.image_usage(hub_client())
+
+
+def my_groups(identity: Identity) -> set[str]:
+    return {name for name, members in groups().items() if identity.name in members}

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from hub.market.store import Image, Model
 from portal.data.hub import ServerRow
 from portal.data.prometheus import GpuReading
 from spawner.inventory import Inventory
@@ -182,3 +186,56 @@ def slice_text(row: ServerRow, hold: Held | None, *, failed: bool = False) -> st
 
 def local_time(timestamp: float) -> datetime:
     return datetime.fromtimestamp(timestamp).astimezone()
+
+
+EntryT = TypeVar("EntryT", bound=BaseModel)
+_MARKDOWN_SPECIALS = "\\`*_{}[]()#+-.!|<>~$:"
+
+
+def plain(text: str) -> str:
+    """User-written text made inert for st.markdown: every markdown and HTML character escaped."""
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIALS else ch for ch in text).replace("\n", " ")
+
+
+def image_matches(
+    image: Image, search: str, frameworks: set[str], cudas: set[str], tags: set[str], max_gib: float
+) -> bool:
+    text = search.strip().lower()
+    haystack = " ".join([image.slug, image.name, image.description, *image.tags, *image.contents]).lower()
+    return (
+        (not text or text in haystack)
+        and (not frameworks or image.framework in frameworks)
+        and (not cudas or (image.cuda or "none") in cudas)
+        and (not tags or bool(tags & set(image.tags)))
+        and image.size_bytes <= max_gib * 2**30
+    )
+
+
+def model_matches(model: Model, search: str, tasks: set[str], statuses: set[str]) -> bool:
+    text = search.strip().lower()
+    haystack = " ".join([model.slug, model.name, model.description, model.task, model.framework]).lower()
+    return (
+        (not text or text in haystack)
+        and (not tasks or model.task in tasks)
+        and (not statuses or model.status in statuses)
+    )
+
+
+def split_list(text: str) -> list[str]:
+    """'a, b,,c ' -> ['a', 'b', 'c'] (form fields that hold lists)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def load_code(model: Model) -> str:
+    """The model's load snippet with {path} as the mounted folder (GPUSLICE_MODELS_DIR in the server)."""
+    folder = f'Path(os.environ["GPUSLICE_MODELS_DIR"]) / "{model.slug}"'
+    code = model.load.replace("{path}", folder) if model.load else f"folder = {folder}\n"
+    return "import os\nfrom pathlib import Path\n\n" + code
+
+
+def validated(schema: type[EntryT], fields: dict[str, object]) -> tuple[EntryT | None, list[str]]:
+    """A form's fields checked against the catalog schema: (entry, []) or (None, one message per field)."""
+    try:
+        return schema.model_validate(fields), []
+    except ValidationError as exc:
+        return None, [f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors()]

@@ -23,8 +23,8 @@ from tornado import web
 from traitlets import Dict, HasTraits, Integer, List, Unicode, default
 
 from hub import metrics
-from hub.market.catalog import PLATFORM_ENV
 from hub.market.files import ModelFilesError, inside
+from hub.market.rules import installed, launch_blocker, local_prefix
 from hub.market.store import Model, Store
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.gpus import detect
@@ -187,8 +187,8 @@ class GpuShareMixin(HasTraits):
         store = self._market()
         if store is not None:
             for image in store.images():
-                if image.local_path:
-                    path = Path(sys.prefix if image.local_path == PLATFORM_ENV else image.local_path)
+                path = local_prefix(image.local_path, sys.prefix)
+                if path is not None:
                     found[image.slug] = LocalImage(
                         image.slug, image.name, path, image.status == "deprecated", frozenset(image.groups)
                     )
@@ -196,7 +196,7 @@ class GpuShareMixin(HasTraits):
 
     def _chosen_image(self, slug: Any) -> str:
         images = self.images()
-        offered = [i.slug for i in images.values() if self._may_launch(i)]
+        offered = [i.slug for i in self.launchable_images()]
         image = images.get(slug) if isinstance(slug, str) else None
         if image is None:
             raise GpuRefused(400, f"Unknown image {slug!r}; choose one of: {', '.join(sorted(offered))}.", "invalid")
@@ -204,9 +204,10 @@ class GpuShareMixin(HasTraits):
             raise GpuRefused(
                 400, f"Image {slug!r} is deprecated; choose one of: {', '.join(sorted(offered))}.", "invalid"
             )
-        if not self._may_launch(image):
-            raise GpuRefused(403, f"Image {slug!r} is only for the groups {', '.join(sorted(image.groups))}.", "quota")
-        if not (image.path / "bin" / "jupyterhub-singleuser").exists():
+        blocker = self._launch_blocker(image)
+        if blocker:
+            raise GpuRefused(403, f"Image {slug!r} is {blocker}.", "quota")
+        if not installed(image.path):
             raise GpuRefused(
                 400,
                 f"Image {slug!r} is not installed on this machine (no {image.path}/bin/jupyterhub-singleuser); "
@@ -216,10 +217,15 @@ class GpuShareMixin(HasTraits):
         return image.slug
 
     def _may_launch(self, image: LocalImage) -> bool:
-        if image.deprecated:
-            return False
-        mine = {g.name for g in self.user.groups}  # type: ignore[attr-defined]
-        return not image.groups or bool(image.groups & mine) or bool(self.user.admin)  # type: ignore[attr-defined]
+        return not self._launch_blocker(image)
+
+    def _launch_blocker(self, image: LocalImage) -> str:
+        return launch_blocker(
+            deprecated=image.deprecated,
+            groups=image.groups,
+            user_groups=[g.name for g in self.user.groups],  # type: ignore[attr-defined]
+            admin=bool(self.user.admin),  # type: ignore[attr-defined]
+        )
 
     def _market(self) -> Store | None:
         return market_store(self.gpu_market_url) if self.gpu_market_url else None
@@ -447,11 +453,7 @@ class GpuShareMixin(HasTraits):
         }
 
     def launchable_images(self) -> list[LocalImage]:
-        return [
-            i
-            for i in self.images().values()
-            if self._may_launch(i) and (i.path / "bin" / "jupyterhub-singleuser").exists()
-        ]
+        return [i for i in self.images().values() if self._may_launch(i) and installed(i.path)]
 
     def approved_models(self) -> list[Model]:
         store = self._market()

@@ -35,6 +35,10 @@ class HubClient:
         response.raise_for_status()
         return response.json()
 
+    def post(self, path: str, body: dict[str, Any]) -> requests.Response:
+        """POST JSON; the response is returned whatever its status (callers read the hub's message)."""
+        return self.session.post(f"{self.api_url}{path}", json=body, timeout=self.timeout_s)
+
     def delete(self, path: str) -> int:
         response = self.session.delete(f"{self.api_url}{path}", timeout=self.timeout_s)
         response.raise_for_status()
@@ -92,3 +96,13 @@ def stop_server(client: HubClient, identity: Identity, user: str, server: str) -
 
 def groups(client: HubClient) -> dict[str, list[str]]:
     return {str(g["name"]): [str(u) for u in g.get("users") or []] for g in client.get("/groups")}
+
+
+def image_usage(client: HubClient) -> dict[str, int]:
+    """How many servers run (or are starting) each image, over every user: counts only."""
+    counts: dict[str, int] = {}
+    for user in client.get("/users"):
+        for row in rows_of(user):
+            if row.state in ("running", "starting"):
+                counts[row.image] = counts.get(row.image, 0) + 1
+    return counts

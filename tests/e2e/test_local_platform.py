@@ -56,7 +56,9 @@ def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform)
         ({"gpu_memory": "4GiB", "gpus": 1}, "either a slice of one GPU"),
         ({"gpu_memory": ["4GiB"]}, "text or a number"),
         ({"gpus": 3}, "more than any machine has"),
-        ({"image": "tensorflow"}, "Unknown image 'tensorflow'"),
+        ({"image": "tensorflow"}, "Image 'tensorflow' is not installed on this machine"),
+        ({"image": "caffe"}, "Unknown image 'caffe'; choose one of: default."),
+        ({"models": ["no-such-model"]}, "Model 'no-such-model' is not an approved model in the market."),
         ({"gpu_memory": "4GiB", "colour": "red"}, "Unknown spawn option(s): colour"),
     ]
     for options, message in bad:
@@ -72,7 +74,7 @@ def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform)
     assert platform.ledger() == [("bob/", 0, 8 * GiB)]
     metrics = bob.get(f"{platform.url}/hub/metrics")
     if metrics.status_code == 200:  # admins only by default
-        assert 'gpuslice_spawn_refused_total{reason="invalid"} 8.0' in metrics.text
+        assert 'gpuslice_spawn_refused_total{reason="invalid"} 10.0' in metrics.text
 
 
 def test_no_room_is_refused_with_an_explanation(platform: Platform) -> None:

@@ -1,0 +1,175 @@
+"""The Images and Models pages with AppTest over a real, seeded market store."""
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hub.market import seeding
+from hub.market.store import Image, Store
+from portal import sources
+from portal.data import markets
+from portal.identity import Identity
+from tests.portal.test_pages import fakes, run  # noqa: F401  (fixture)
+
+REPO = Path(__file__).parents[2]
+
+
+class RecordingHub:
+    """Stands in for the hub's REST API: records the launch and answers as the hub does."""
+
+    def __init__(self, status: int = 202, message: str = "") -> None:
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        self.status, self.message = status, message
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        self.posts.append((path, body))
+        outer = self
+
+        class Response:
+            status_code = outer.status
+            text = outer.message
+
+            def json(self) -> dict[str, Any]:
+                return {"status": outer.status, "message": outer.message}
+
+        return Response()
+
+
+@pytest.fixture
+def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, object]) -> Iterator[Store]:  # noqa: F811
+    store = Store(f"sqlite:///{tmp_path / 'market.sqlite'}")
+    store.migrate()
+    seeding.seed(store, REPO / "images" / "catalog.yaml", REPO / "images" / "models.yaml", tmp_path / "models")
+    hub = RecordingHub()
+    monkeypatch.setattr(sources, "market", lambda: store)
+    monkeypatch.setattr(sources, "models_root", lambda: tmp_path / "models")
+    monkeypatch.setattr(sources, "image_usage", lambda: {"default": 3})
+    monkeypatch.setattr(sources, "hub_client", lambda: hub)
+    store.hub = hub  # type: ignore[attr-defined]
+    yield store
+
+
+def markdown(at: Any) -> str:
+    return "\n".join(str(m.value) for m in at.markdown) + "\n".join(str(c.value) for c in at.caption)
+
+
+def test_images_browse_filter_and_launch(market: Store, fakes: dict[str, object]) -> None:  # noqa: F811
+    fakes["identity"] = Identity("dana")
+    at = run("pages/images.py")
+    text = markdown(at)
+    for name in ("PyTorch 2\\.5", "TensorFlow 2\\.18", "JAX 0\\.4", "Python \\(platform environment\\)"):
+        assert name in text
+    assert "3 server\\(s\\) running it" in text
+    at.text_input[0].input("torchvision").run()
+    assert [b.key for b in at.button] == ["launch-pytorch"]
+    at.text_input[0].input("").run()
+    at.multiselect[0].select("jax").run()
+    assert [b.key for b in at.button] == ["launch-jax"]
+    at.multiselect[0].unselect("jax").run()
+    next(b for b in at.button if b.key == "launch-default").click().run()
+    assert market.hub.posts == [("/users/dana/server", {"image": "default"})]  # type: ignore[attr-defined]
+    assert "Starting your server with Python (platform environment)." in [s.value for s in at.success]
+
+
+def test_a_hub_refusal_is_shown_and_group_images_are_explained(
+    market: Store,
+    fakes: dict[str, object],  # noqa: F811
+) -> None:
+    market.hub.status, market.hub.message = 409, "Nothing can hold 4 GiB of one GPU right now."  # type: ignore[attr-defined]
+    market.save_image(Image("cuda-lab", "CUDA lab", "1", "python", groups=("gpu-course",)), actor="root")
+    fakes["identity"] = Identity("dana")
+    at = run("pages/images.py")
+    assert "Only for the groups gpu-course" in markdown(at)
+    assert "launch-cuda-lab" not in [b.key for b in at.button]
+    next(b for b in at.button if b.key == "launch-default").click().run()
+    assert [e.value for e in at.error] == ["Nothing can hold 4 GiB of one GPU right now."]
+
+
+def test_user_text_is_escaped(market: Store, fakes: dict[str, object]) -> None:  # noqa: F811
+    evil = Image("evil", "<img src=x onerror=alert(1)> **bold**", "1", "python", description="[click](javascript:x)")
+    market.save_image(evil, actor="root")
+    at = run("pages/images.py")
+    text = markdown(at)
+    assert "\\<img src=x onerror=alert\\(1\\)\\> \\*\\*bold\\*\\*" in text
+    assert "\\[click\\]\\(javascript\\:x\\)" in text
+
+
+def test_admins_deprecate_and_publish_with_validation(market: Store, fakes: dict[str, object]) -> None:  # noqa: F811
+    at = run("pages/images.py")
+    next(b for b in at.button if b.key == "status-jax").click().run()
+    assert market.image("jax").status == "deprecated"  # type: ignore[union-attr]
+    assert "launch-jax" not in [b.key for b in at.button]  # admins still see it, to restore it
+    assert "status-jax" in [b.key for b in at.button]
+
+    form_inputs = {t.label: t for t in at.text_input}
+    form_inputs["Id"].input("Not A Slug")
+    form_inputs["Name"].input("RAPIDS")
+    form_inputs["Version"].input("24.10")
+    next(b for b in at.button if b.label == "Publish").click().run()
+    assert any(e.value.startswith("id: String should match pattern") for e in at.error)
+    assert market.image("Not A Slug") is None
+
+    form_inputs = {t.label: t for t in at.text_input}
+    form_inputs["Id"].input("rapids")
+    form_inputs["Tags (comma-separated)"].input("dataframes, gpu")
+    next(b for b in at.button if b.label == "Publish").click().run()
+    assert market.image("rapids").tags == ("dataframes", "gpu")  # type: ignore[union-attr]
+    assert "Image rapids published." in [s.value for s in at.success]
+
+
+def test_models_use_in_notebook_and_propose(market: Store, fakes: dict[str, object], tmp_path: Path) -> None:  # noqa: F811
+    fakes["identity"] = Identity("dana")
+    at = run("pages/models.py")
+    assert "langid\\.py language identifier" in markdown(at)
+    at.toggle[0].set_value(True).run()
+    assert market.selected_models("dana") == ["langid-97"]
+    assert 'Path(os.environ["GPUSLICE_MODELS_DIR"]) / "langid-97"' in at.code[0].value
+
+    (tmp_path / "models" / "bert-tiny").mkdir()
+    (tmp_path / "models" / "bert-tiny" / "model.bin").write_bytes(b"w")
+    form = {t.label: t for t in at.text_input}
+    values = {"Id": "bert-tiny", "Name": "BERT tiny", "Version": "1", "Task": "fill-mask", "Framework": "pytorch"}
+    for label, value in values.items():
+        form[label].input(value)
+    form["License"].input("Apache-2.0")
+    form["Folder under the models root"].input("../../etc")
+    next(b for b in at.button if b.label == "Propose").click().run()
+    assert any("without '..'" in e.value for e in at.error)
+    form = {t.label: t for t in at.text_input}
+    form["Folder under the models root"].input("bert-tiny")
+    next(b for b in at.button if b.label == "Propose").click().run()
+    assert "Proposed bert-tiny; an admin will review it." in [s.value for s in at.success]
+    assert market.model("bert-tiny").status == "pending"  # type: ignore[union-attr]
+    at.run()
+    assert "Pending by dana" in "\n".join(w.value for w in at.warning)
+
+    fakes["identity"] = Identity("root", admin=True)
+    at = run("pages/models.py")
+    next(b for b in at.button if b.key == "approve-bert-tiny").click().run()
+    assert market.model("bert-tiny").status == "approved"  # type: ignore[union-attr]
+
+
+def test_market_writes_are_authorized_on_the_server_side(market: Store, tmp_path: Path) -> None:
+    user = Identity("dana")
+    with pytest.raises(PermissionError, match="only admins can publish"):
+        markets.publish_image(market, user, Image("x", "X", "1", "python"))
+    with pytest.raises(PermissionError, match="only admins can deprecate"):
+        markets.set_image_status(market, user, "pytorch", "deprecated")
+    with pytest.raises(PermissionError, match="only admins can approve"):
+        markets.review_model(market, user, "langid-97", approve=False)
+    root = tmp_path / "models"
+    (root / "m").mkdir()
+    from hub.market.store import Model
+
+    for n in range(3):
+        markets.propose_model(market, user, Model(f"m{n}", "M", "1", "t", "f", "MIT", "m"), root, per_hour=3)
+    with pytest.raises(markets.MarketRefusedError, match="limit is 3"):
+        markets.propose_model(market, user, Model("m9", "M", "1", "t", "f", "MIT", "m"), root, per_hour=3)
+    with pytest.raises(markets.MarketRefusedError, match="not approved"):
+        markets.use_model(market, user, "m0")
+    assert [m.slug for m in markets.visible_models(market, Identity("eve"))] == ["langid-97"]
+    hub = RecordingHub()
+    markets.launch(hub, market, user, "pytorch")  # type: ignore[arg-type]
+    assert hub.posts == [("/users/dana/server", {"image": "pytorch"})]  # always the reader's own server
