@@ -89,6 +89,8 @@ c.JupyterHub.services.append(
         "environment": {
             "GPUSLICE_SETTINGS": os.environ.get("GPUSLICE_SETTINGS", ""),
             "GPUSLICE_DATA_DIR": str(data_dir),
+            "GPUSLICE_MARKET_URL": os.environ.get("GPUSLICE_MARKET_URL", ""),
+            "GPUSLICE_MODELS_ROOT": os.environ.get("GPUSLICE_MODELS_ROOT", ""),
             "GPUSLICE_PROMETHEUS_URL": f"http://127.0.0.1:{settings.monitoring['prometheus_port']}",
             "GPUSLICE_ALERTMANAGER_URL": f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
             "GPUSLICE_STREAMLIT_PORT": str(settings.streamlit_port),  # 0: any free port

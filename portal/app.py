@@ -9,13 +9,13 @@ identity = require_identity()
 st.session_state["identity"] = identity
 
 pages = [
-    st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
-    st.Page("pages/gpus.py", title="GPUs", icon=":material/memory:"),
-    st.Page("pages/jobs.py", title="Jobs", icon=":material/list:"),
-    st.Page("pages/classes.py", title="Classes", icon=":material/school:"),
-    st.Page("pages/alerts.py", title="Alerts", icon=":material/notifications:"),
-    st.Page("pages/images.py", title="Images", icon=":material/inventory_2:"),
-    st.Page("pages/models.py", title="Models", icon=":material/model_training:"),
+    st.Page("screens/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+    st.Page("screens/gpus.py", title="GPUs", icon=":material/memory:"),
+    st.Page("screens/jobs.py", title="Jobs", icon=":material/list:"),
+    st.Page("screens/classes.py", title="Classes", icon=":material/school:"),
+    st.Page("screens/alerts.py", title="Alerts", icon=":material/notifications:"),
+    st.Page("screens/images.py", title="Images", icon=":material/inventory_2:"),
+    st.Page("screens/models.py", title="Models", icon=":material/model_training:"),
 ]
 st.sidebar.caption(f"Signed in as **{identity.name}**{' (admin)' if identity.admin else ''}")
 st.navigation(pages).run()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hub.market.files import ModelFilesError, checksum, inside, size_of
-from hub.market.rules import launch_blocker
+from hub.market.rules import installed, launch_blocker, local_prefix
 from hub.market.store import Image, Model, Store
 from portal.data.hub import HubClient
 from portal.identity import Identity
@@ -29,15 +29,31 @@ class ImageCard:
     blocker: str  # why this reader cannot launch it ('' : they can)
 
 
-def image_cards(store: Store, identity: Identity, user_groups: set[str], running: dict[str, int]) -> list[ImageCard]:
-    """Active images for everyone; deprecated ones only for admins (to restore them)."""
+def image_cards(
+    store: Store,
+    identity: Identity,
+    user_groups: set[str],
+    running: dict[str, int],
+    platform_prefix: str | None = None,
+) -> list[ImageCard]:
+    """Active images for everyone, deprecated ones only for admins (to restore them); launchable first.
+
+    ``platform_prefix`` (the local backend): an image whose Python environment is not
+    installed on this machine is shown, but not offered for launch.
+    """
     cards = []
     for image in store.images(include_deprecated=identity.admin):
         blocker = launch_blocker(
             deprecated=image.status == "deprecated", groups=image.groups, user_groups=user_groups, admin=identity.admin
         )
+        if (
+            not blocker
+            and platform_prefix is not None
+            and not installed(local_prefix(image.local_path, platform_prefix))
+        ):
+            blocker = "not installed on this machine"
         cards.append(ImageCard(image, running.get(image.slug, 0), blocker))
-    return cards
+    return sorted(cards, key=lambda c: (bool(c.blocker), c.image.name.lower()))
 
 
 def launch(client: HubClient, store: Store, identity: Identity, slug: str, models: list[str] | None = None) -> str:

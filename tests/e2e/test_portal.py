@@ -52,6 +52,8 @@ def test_every_page_through_the_gate_with_screenshots(portal: Platform) -> None:
             "jobs": "Jobs",
             "classes": "Classes",
             "alerts": "Alerts",
+            "images": "Image market",
+            "models": "Model market",
         }
         for path, title in expected.items():
             page.goto(f"{portal.url}/services/portal/{path}")
@@ -66,6 +68,68 @@ def test_every_page_through_the_gate_with_screenshots(portal: Platform) -> None:
         page.wait_for_selector("text=Signed in as", timeout=30_000)
         assert "admin" in page.inner_text("section[data-testid='stSidebar']")
         browser.close()
+
+
+def test_a_student_launches_from_the_image_market_and_picks_a_model(portal: Platform) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        login(page, portal, "erin")
+        page.goto(f"{portal.url}/services/portal/models")
+        try:
+            page.wait_for_selector("text=langid.py language identifier", timeout=30_000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "debug.png"), full_page=True)
+            raise
+        page.get_by_text("Use in notebook").first.click()
+        page.wait_for_selector("text=Mounted read-only at ~/models/langid-97", timeout=30_000)
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(ARTIFACTS / "models-in-use.png"), full_page=True)
+        page.goto(f"{portal.url}/services/portal/images")
+        page.wait_for_selector("text=Python (platform environment)", timeout=30_000)
+        page.locator("button:has-text('Launch')").first.click()  # the only installed image here: default
+        try:
+            page.wait_for_selector("text=Starting your server with", timeout=30_000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "debug.png"), full_page=True)
+            raise
+        page.screenshot(path=str(ARTIFACTS / "images-launched.png"), full_page=True)
+        browser.close()
+    server = portal.login("erin").wait_ready("erin")
+    assert server["user_options"] == {"image": "default"}
+    home = portal.data_dir / "homes" / "erin" / "models"
+    assert [p.name for p in home.iterdir()] == ["langid-97"]  # the picked model, mounted in the new server
+
+
+def test_cross_site_websockets_are_refused(portal: Platform) -> None:
+    """Market writes travel over Streamlit's websocket: another site must not open it with our cookies."""
+    from tornado import httpclient, ioloop, websocket
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context()
+        page = context.new_page()
+        login(page, portal, "frank")
+        page.goto(f"{portal.url}/services/portal/")
+        page.wait_for_selector("text=Signed in as", timeout=30_000)
+        cookies = "; ".join(f"{c['name']}={c['value']}" for c in context.cookies())
+        browser.close()
+
+    async def handshake(origin: str) -> int:
+        request = httpclient.HTTPRequest(
+            f"ws://127.0.0.1:{portal.port}/services/portal/_stcore/stream",
+            headers={"Cookie": cookies, "Origin": origin},
+        )
+        try:
+            connection = await websocket.websocket_connect(request)
+        except httpclient.HTTPClientError as exc:
+            return exc.code
+        connection.close()
+        return 101
+
+    assert ioloop.IOLoop.current().run_sync(lambda: handshake(portal.url)) == 101
+    assert ioloop.IOLoop.current().run_sync(lambda: handshake("https://evil.example")) == 403
 
 
 def test_identity_cannot_be_forged(portal: Platform) -> None:

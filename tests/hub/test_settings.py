@@ -89,3 +89,33 @@ def test_bad_platform_settings(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(SettingsError, match=re.escape(message)):
         load(path)
+
+
+def test_market_settings_and_their_defaults(tmp_path: Path) -> None:
+    from hub.settings import market_url, models_root
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"data_dir: {tmp_path / 'data'}\nmarket: {{proposals_per_hour: 5}}\n")
+    settings = load(path)
+    assert market_url(settings) == f"sqlite:///{tmp_path / 'data' / 'market.sqlite'}"
+    assert models_root(settings) == tmp_path / "data" / "models"
+    assert settings.market["proposals_per_hour"] == 5
+    assert settings.market["images_catalog"].endswith("images/catalog.yaml")
+    path.write_text("market: {url: 'postgresql://db/market', models_root: /srv/models}\n")
+    assert market_url(load(path)) == "postgresql://db/market" and models_root(load(path)) == Path("/srv/models")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("market: [1]", "market must be a mapping"),
+        ("market: {colour: red}", "market: unknown key(s) colour"),
+        ("market: {url: 5}", "market.url must be text"),
+        ("market: {proposals_per_hour: 0}", "proposals_per_hour must be a whole number"),
+    ],
+)
+def test_bad_market_settings(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        load(path)

@@ -1,6 +1,7 @@
 """The Images and Models pages with AppTest over a real, seeded market store."""
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, obj
     store = Store(f"sqlite:///{tmp_path / 'market.sqlite'}")
     store.migrate()
     seeding.seed(store, REPO / "images" / "catalog.yaml", REPO / "images" / "models.yaml", tmp_path / "models")
+    for slug in ("pytorch", "jax"):  # "installed" here: they run from the platform's environment
+        store.save_image(replace(store.image(slug), local_path="@platform"), actor="root")  # type: ignore[type-var]
     hub = RecordingHub()
     monkeypatch.setattr(sources, "market", lambda: store)
     monkeypatch.setattr(sources, "models_root", lambda: tmp_path / "models")
@@ -57,11 +60,12 @@ def markdown(at: Any) -> str:
 
 def test_images_browse_filter_and_launch(market: Store, fakes: dict[str, object]) -> None:  # noqa: F811
     fakes["identity"] = Identity("dana")
-    at = run("pages/images.py")
+    at = run("screens/images.py")
     text = markdown(at)
     for name in ("PyTorch 2\\.5", "TensorFlow 2\\.18", "JAX 0\\.4", "Python \\(platform environment\\)"):
         assert name in text
     assert "3 server\\(s\\) running it" in text
+    assert "Not installed on this machine" in text and "launch-tensorflow" not in [b.key for b in at.button]
     at.text_input[0].input("torchvision").run()
     assert [b.key for b in at.button] == ["launch-pytorch"]
     at.text_input[0].input("").run()
@@ -80,7 +84,7 @@ def test_a_hub_refusal_is_shown_and_group_images_are_explained(
     market.hub.status, market.hub.message = 409, "Nothing can hold 4 GiB of one GPU right now."  # type: ignore[attr-defined]
     market.save_image(Image("cuda-lab", "CUDA lab", "1", "python", groups=("gpu-course",)), actor="root")
     fakes["identity"] = Identity("dana")
-    at = run("pages/images.py")
+    at = run("screens/images.py")
     assert "Only for the groups gpu-course" in markdown(at)
     assert "launch-cuda-lab" not in [b.key for b in at.button]
     next(b for b in at.button if b.key == "launch-default").click().run()
@@ -90,14 +94,14 @@ def test_a_hub_refusal_is_shown_and_group_images_are_explained(
 def test_user_text_is_escaped(market: Store, fakes: dict[str, object]) -> None:  # noqa: F811
     evil = Image("evil", "<img src=x onerror=alert(1)> **bold**", "1", "python", description="[click](javascript:x)")
     market.save_image(evil, actor="root")
-    at = run("pages/images.py")
+    at = run("screens/images.py")
     text = markdown(at)
     assert "\\<img src=x onerror=alert\\(1\\)\\> \\*\\*bold\\*\\*" in text
     assert "\\[click\\]\\(javascript\\:x\\)" in text
 
 
 def test_admins_deprecate_and_publish_with_validation(market: Store, fakes: dict[str, object]) -> None:  # noqa: F811
-    at = run("pages/images.py")
+    at = run("screens/images.py")
     next(b for b in at.button if b.key == "status-jax").click().run()
     assert market.image("jax").status == "deprecated"  # type: ignore[union-attr]
     assert "launch-jax" not in [b.key for b in at.button]  # admins still see it, to restore it
@@ -121,7 +125,7 @@ def test_admins_deprecate_and_publish_with_validation(market: Store, fakes: dict
 
 def test_models_use_in_notebook_and_propose(market: Store, fakes: dict[str, object], tmp_path: Path) -> None:  # noqa: F811
     fakes["identity"] = Identity("dana")
-    at = run("pages/models.py")
+    at = run("screens/models.py")
     assert "langid\\.py language identifier" in markdown(at)
     at.toggle[0].set_value(True).run()
     assert market.selected_models("dana") == ["langid-97"]
@@ -146,7 +150,7 @@ def test_models_use_in_notebook_and_propose(market: Store, fakes: dict[str, obje
     assert "Pending by dana" in "\n".join(w.value for w in at.warning)
 
     fakes["identity"] = Identity("root", admin=True)
-    at = run("pages/models.py")
+    at = run("screens/models.py")
     next(b for b in at.button if b.key == "approve-bert-tiny").click().run()
     assert market.model("bert-tiny").status == "approved"  # type: ignore[union-attr]
 

@@ -133,7 +133,7 @@ def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, o
 
 
 def test_gpus_page(fakes: dict[str, object]) -> None:
-    at = run("pages/gpus.py")
+    at = run("screens/gpus.py")
     assert at.title[0].value == "GPUs"
     assert "simulated" in at.info[0].value
     table = at.dataframe[0].value
@@ -141,7 +141,7 @@ def test_gpus_page(fakes: dict[str, object]) -> None:
     assert list(table["utilization"]) == ["40%", "n/a"]
     assert len(at.get("plotly_chart")) == 2  # allocation bars and the utilization heatmap
     fakes["metrics_down"] = True
-    at = run("pages/gpus.py")
+    at = run("screens/gpus.py")
     assert "Live readings are unavailable" in at.warning[0].value
     assert list(at.dataframe[0].value["allocated"]) == ["4 GiB", "0 B"]
 
@@ -156,7 +156,7 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
         hub, "stop_server", lambda client, identity, user, server: stopped.append((identity.name, user, server))
     )
     monkeypatch.setattr(sources, "hub_client", lambda: None)
-    at = run("pages/jobs.py")
+    at = run("screens/jobs.py")
     table = at.dataframe[0].value
     assert list(table["user"]) == ["alice", "bob", "carl"]
     assert list(table["state"]) == ["running", "pending", "failed"]
@@ -182,7 +182,7 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
 
 def test_jobs_page_for_a_user_shows_only_their_servers_and_events(fakes: dict[str, object]) -> None:
     fakes["identity"] = Identity("carl")
-    at = run("pages/jobs.py")
+    at = run("screens/jobs.py")
     assert list(at.dataframe[0].value["user"]) == ["carl"]
     assert list(at.dataframe[0].value["why"]) == ["Nothing can hold 12 GiB of one GPU right now."]
     assert not at.button  # nothing of theirs is running, and nobody else's is offered
@@ -196,7 +196,7 @@ def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch)
         "settings",
         lambda: from_mapping({"groups": {"ml101": {"members": ["alice", "bob"], "budget": "16GiB"}}}, "t"),
     )
-    at = run("pages/classes.py")
+    at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
     metrics = {m.label: m.value for m in at.metric}
     assert metrics == {
@@ -206,16 +206,16 @@ def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch)
         "Idle for 30 min": "1",
     }
     fakes["identity"] = Identity("carol")
-    at = run("pages/classes.py")
+    at = run("screens/classes.py")
     assert "No classes yet" in at.info[0].value
 
 
 def test_alerts_page(fakes: dict[str, object]) -> None:
-    at = run("pages/alerts.py")
+    at = run("screens/alerts.py")
     assert "GpuXidError" in at.markdown[-1].value or any("GpuXidError" in m.value for m in at.markdown)
     assert any("docs/runbook.md#gpuxiderror" in c.value for c in at.caption)
     fakes["metrics_down"] = True
-    at = run("pages/alerts.py")
+    at = run("screens/alerts.py")
     assert "Alertmanager is unavailable" in at.warning[0].value
 
 

@@ -89,7 +89,13 @@ def test_pages_at_cluster_scale(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
         lambda hours, per_node: prometheus.per_gpu_trend(prom, "avg by (Hostname)" if per_node else "x", hours),  # type: ignore[arg-type]
     )
     lines = []
-    for page in ["pages/overview.py", "pages/gpus.py", "pages/jobs.py", "pages/classes.py", "pages/alerts.py"]:
+    for page in [
+        "screens/overview.py",
+        "screens/gpus.py",
+        "screens/jobs.py",
+        "screens/classes.py",
+        "screens/alerts.py",
+    ]:
         at = AppTest.from_file(APP, default_timeout=120)
         at.run()
         before = prom.queries

@@ -1,8 +1,10 @@
+from pathlib import Path
 from types import SimpleNamespace
 
+from hub.market.store import Model
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
-from spawner.mixin import Machine, _form_html, _slice_choices, group_quota
+from spawner.mixin import LocalImage, Machine, _form_html, _slice_choices, group_quota
 from spawner.quotas import GroupQuota, Usage
 
 GiB = 2**30
@@ -21,10 +23,17 @@ def test_slice_choices_stop_at_the_ceiling() -> None:
 
 
 def test_form_escapes_what_admins_and_users_wrote() -> None:
+    images = [
+        LocalImage("default", "<script>alert(1)</script>", Path("/env")),
+        LocalImage('x"><b>', "d", Path("/env")),
+    ]
+    models = [Model("langid-97", "<b>langid</b>", "1", "language id", "numpy", "BSD", "langid-97")]
     spawner = SimpleNamespace(
         gpu_max_cards=0,
         gpu_default_image="default",
-        gpu_images={"default": {"description": "<script>alert(1)</script>"}, 'x"><b>': {"description": "d"}},
+        launchable_images=lambda: images,
+        approved_models=lambda: models,
+        selected_models=lambda: {"langid-97"},
     )
     gpus = simulated_gpus("1x16GiB:<i>T4</i>")
     form = _form_html(
@@ -40,3 +49,4 @@ def test_form_escapes_what_admins_and_users_wrote() -> None:
     assert '<option value="4GiB">4 GiB of one GPU</option>' in form
     assert "(simulated)" in form and "no NVIDIA GPU was found (NVML: no driver)" in form
     assert '<option value="1">1</option>' in form
+    assert '<input type="checkbox" name="models" value="langid-97" checked> &lt;b&gt;langid' in form

