@@ -27,13 +27,13 @@ from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Unicode, validate
 
 from spawner import mounts
-from spawner.mixin import GpuShareMixin
+from spawner.mixin import LedgerGpuMixin
 
 SYSTEM_PREFIX = "jupyter-"
 _SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,30}$")
 
 
-class LocalGpuSpawner(GpuShareMixin, LocalProcessSpawner):  # type: ignore[misc]
+class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc]
     isolation = Unicode("none", help="none (one account, a home folder per user) or unix-users (needs root).").tag(
         config=True
     )

@@ -1,12 +1,9 @@
-"""GpuShareMixin: GPU slices for a JupyterHub spawner (config, form, checks, ledger).
+"""GPU slices for JupyterHub spawners: the shared mixin and the local ledger lifecycle.
 
-Mixed in before a concrete spawner (``LocalGpuSpawner``). On ``start`` it reads the
-spawn options (form or REST ``user_options``), checks them and the user's group
-quotas, places the slice with the core's policy and writes it to the ledger, all
-before the server process exists; it releases the slice on stop, on a failed start,
-and when the server dies or is culled (JupyterHub calls ``clear_state`` for each).
-Each step is also recorded as a server event, so the portal can say why a server
-waits or why it failed.
+``GpuShareMixin`` reads and checks the spawn options (form or REST ``user_options``):
+the slice, the image, the models, the group rules. ``LedgerGpuMixin`` adds the local
+backend's lifecycle (``LocalGpuSpawner``); ``spawner.kube.KubeGpuSpawner`` adds the
+Kubernetes one.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.gpus import detect
 from spawner.inventory import Gpu, Inventory, build_local
 from spawner.ledger import Held, Ledger, LedgerError, server_key
-from spawner.placement import ClusterState, Demand, Workload, explain, make_policy
+from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
 from spawner.quotas import GroupQuota, Usage, check, largest_slice
 from spawner.shares import GiB, GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity, parse_request
 
@@ -59,7 +56,7 @@ class Machine:
 
     @property
     def simulated(self) -> bool:
-        return self.source != "NVML"
+        return self.source.startswith("simulated")
 
 
 _MACHINES: dict[str, Machine] = {}
@@ -90,14 +87,15 @@ def group_quota(raw: dict[str, Any]) -> GroupQuota:
 
 
 class GpuShareMixin(HasTraits):
-    """GPU slices over any local spawner. Expects JupyterHub's Spawner attributes."""
+    """What every gpuslice spawner shares: options, images, models, quotas, the form.
+
+    Expects JupyterHub's Spawner attributes. The lifecycle (where the slice is held)
+    belongs to the backend: ``LedgerGpuMixin`` locally, ``KubeGpuSpawner`` in Kubernetes.
+    """
 
     gpu_simulate = Unicode(
         "2x16GiB:T4,1x80GiB:H100",
         help="GPUs to simulate when NVML finds none: COUNTxSIZE[:MODEL], comma-separated.",
-    ).tag(config=True)
-    gpu_ledger_path = Unicode(
-        "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
     ).tag(config=True)
     gpu_policy = Unicode("default", help="Placement policy (see spawner.placement.POLICIES).").tag(config=True)
     gpu_groups = List(
@@ -135,19 +133,12 @@ class GpuShareMixin(HasTraits):
         return server_key(self.user.name, self.name)  # type: ignore[attr-defined]
 
     @property
-    def _ledger(self) -> Ledger:
-        return Ledger(self.gpu_ledger_path)
-
-    @property
     def _machine(self) -> Machine:
         return machine(self.gpu_simulate)
 
     def _quota_groups(self) -> list[GroupQuota]:
         mine = {g.name for g in self.user.groups}  # type: ignore[attr-defined]
         return [group_quota(g) for g in self.gpu_groups if g.get("name") in mine]
-
-    def _inventory(self, holds: list[Held]) -> Inventory:
-        return build_local(self._machine.gpus, [(h.gpu_index, h.allocation()) for h in holds])
 
     # -- reading the request ------------------------------------------------------------
 
@@ -252,39 +243,116 @@ class GpuShareMixin(HasTraits):
                 raise GpuRefused(400, f"Model {slug!r} cannot be mounted: {exc}", "invalid") from None
         return folders
 
+    def check_and_place(
+        self, request: GpuRequest, image: str, inventory: Inventory, usage: Usage, held: list[Demand]
+    ) -> tuple[str | None, Choice | None]:
+        """The group charged and where the request goes (None: CPU only); GpuRefused otherwise.
+
+        ``held`` is what the cluster's servers hold now: the policy weighs fragmentation
+        against that workload.
+        """
+        card = max((g.memory_bytes for g in inventory.gpus()), default=0)
+        asked_bytes = request.bytes_on(card) * max(1, request.gpus) if request.kind is not RequestKind.CPU else 0
+        decision = check(request, asked_bytes, image, self._quota_groups(), usage)
+        if not decision.allowed:
+            raise GpuRefused(403, str(decision), "quota")
+        if request.kind is RequestKind.CPU:
+            return decision.group, None
+        demand = Demand.from_request(request)
+        state = ClusterState.from_inventory(inventory)
+        choice = make_policy(self.gpu_policy, Workload.from_demands([demand, *held])).choose(state, demand)
+        if choice is None:
+            raise GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
+        return decision.group, choice
+
+    # -- the spawn form -----------------------------------------------------------------
+
+    @default("options_form")
+    def _default_options_form(self) -> Any:
+        # A callable: JupyterHub calls it with the spawner each time the form is shown.
+        return lambda spawner: spawner.render_form()
+
+    def render_form(self) -> str:
+        """The spawn form: free memory per GPU, quota left, and the choices allowed now."""
+        inventory, usage = self.form_state()
+        groups = self._quota_groups()
+        largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
+        ceiling = largest_slice(groups, usage, largest_card)
+        return _form_html(self, inventory, groups, usage, ceiling, self._machine)
+
+    def form_state(self) -> tuple[Inventory, Usage]:
+        """Every GPU with what others hold, and what this user's groups have used."""
+        raise NotImplementedError
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        def first(name: str, fallback: str) -> str:
+            values = formdata.get(name) or [fallback]
+            return values[0]
+
+        return {
+            "gpu_memory": first("gpu_memory", self.gpu_default_memory),
+            "gpus": first("gpus", "0"),
+            "image": first("image", self.gpu_default_image),
+            "models": list(formdata.get("models") or []),
+        }
+
+    def launchable_images(self) -> list[LocalImage]:
+        return [i for i in self.images().values() if self._may_launch(i) and installed(i.path)]
+
+    def approved_models(self) -> list[Model]:
+        store = self._market()
+        return store.models(["approved"]) if store and self.gpu_models_root else []
+
+    def selected_models(self) -> set[str]:
+        store = self._market()
+        return set(store.selected_models(self.user.name)) if store else set()  # type: ignore[attr-defined]
+
+
+class LedgerGpuMixin(GpuShareMixin):
+    """The local backend's lifecycle: the slice is placed here and held in the SQLite ledger.
+
+    On ``start`` it checks the request and the group quotas, places the slice with the
+    core's policy and writes it to the ledger, all before the server process exists; it
+    releases the slice however the server ends (JupyterHub calls ``clear_state`` for
+    each). Each step is recorded as a server event, so the portal can say why a server
+    waits or why it failed.
+    """
+
+    gpu_ledger_path = Unicode(
+        "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
+    ).tag(config=True)
+
+    @property
+    def _ledger(self) -> Ledger:
+        return Ledger(self.gpu_ledger_path)
+
+    def _inventory(self, holds: list[Held]) -> Inventory:
+        return build_local(self._machine.gpus, [(h.gpu_index, h.allocation()) for h in holds])
+
+    def form_state(self) -> tuple[Inventory, Usage]:
+        others = [h for h in self._ledger.holdings() if h.key != self._key]
+        return self._inventory(others), _usage(others, self.user.name)  # type: ignore[attr-defined]
+
     # -- the decision, inside the ledger's transaction ----------------------------------
 
     def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
         inventory = self._inventory(holds)
-        user = self.user.name  # type: ignore[attr-defined]
-        usage = _usage(holds, user)
-        card = max(g.memory_bytes for g in inventory.gpus()) if request.kind is not RequestKind.CPU else 0
-        asked_bytes = request.bytes_on(card) * max(1, request.gpus)
-        decision = check(
-            request, asked_bytes if request.kind is not RequestKind.CPU else 0, image, self._quota_groups(), usage
-        )
-        if not decision.allowed:
-            raise GpuRefused(403, str(decision), "quota")
-        if request.kind is RequestKind.CPU:
-            return []
-        demand = Demand.from_request(request)
-        state = ClusterState.from_inventory(inventory)
-        workload = Workload.from_demands([demand, *(_demand_of(h) for h in holds)])
-        choice = make_policy(self.gpu_policy, workload).choose(state, demand)
+        usage = _usage(holds, self.user.name)  # type: ignore[attr-defined]
+        group, choice = self.check_and_place(request, image, inventory, usage, [_demand_of(h) for h in holds])
         if choice is None:
-            raise GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
+            return []
         node = inventory.nodes[choice.node]
         return [
             Held(
                 self._key,
                 node.gpus[i].index,
-                user,
+                self.user.name,  # type: ignore[attr-defined]
                 self.name,  # type: ignore[attr-defined]
                 node.gpus[i].memory_bytes
                 if request.kind is RequestKind.WHOLE
                 else request.bytes_on(node.gpus[i].memory_bytes),
                 request.kind is RequestKind.WHOLE,
-                decision.group,
+                group,
             )
             for i in choice.gpus
         ]
@@ -421,47 +489,6 @@ class GpuShareMixin(HasTraits):
         if self._gpu_spec is not None:
             for warning in self._gpu_spec.warnings:
                 yield {"progress": 25, "message": warning}
-
-    # -- the spawn form -----------------------------------------------------------------
-
-    @default("options_form")
-    def _default_options_form(self) -> Any:
-        # A callable: JupyterHub calls it with the spawner each time the form is shown.
-        return lambda spawner: spawner.render_form()
-
-    def render_form(self) -> str:
-        """The spawn form: free memory per GPU, quota left, and the choices allowed now."""
-        machine_ = self._machine
-        others = [h for h in self._ledger.holdings() if h.key != self._key]
-        inventory = self._inventory(others)
-        groups = self._quota_groups()
-        usage = _usage(others, self.user.name)  # type: ignore[attr-defined]
-        largest_card = max((g.memory_bytes for g in machine_.gpus), default=0)
-        ceiling = largest_slice(groups, usage, largest_card)
-        return _form_html(self, inventory, groups, usage, ceiling, machine_)
-
-    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        def first(name: str, fallback: str) -> str:
-            values = formdata.get(name) or [fallback]
-            return values[0]
-
-        return {
-            "gpu_memory": first("gpu_memory", self.gpu_default_memory),
-            "gpus": first("gpus", "0"),
-            "image": first("image", self.gpu_default_image),
-            "models": list(formdata.get("models") or []),
-        }
-
-    def launchable_images(self) -> list[LocalImage]:
-        return [i for i in self.images().values() if self._may_launch(i) and installed(i.path)]
-
-    def approved_models(self) -> list[Model]:
-        store = self._market()
-        return store.models(["approved"]) if store and self.gpu_models_root else []
-
-    def selected_models(self) -> set[str]:
-        store = self._market()
-        return set(store.selected_models(self.user.name)) if store else set()  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
