@@ -92,7 +92,7 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
         # The chosen image is a Python environment: run its single-user server.
         image = (self.user_options or {}).get("image") or self.gpu_default_image
         local = self.images().get(image) if isinstance(image, str) else None
-        prefix = local.path if local else Path(sys.prefix)
+        prefix = Path(local.target) if local else Path(sys.prefix)
         self.cmd = [str(prefix / "bin" / "jupyterhub-singleuser")]
         return await super().start()
 

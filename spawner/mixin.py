@@ -119,6 +119,7 @@ class GpuShareMixin(HasTraits):
 
     _gpu_spec: ServerGpuSpec | None = None
     _gpu_holds: list[Held] | None = None
+    gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models"})
     _gpu_starting = False
     _gpu_models: dict[str, Path] | None = None
 
@@ -147,7 +148,7 @@ class GpuShareMixin(HasTraits):
         options = self.user_options or {}  # type: ignore[attr-defined]
         if not isinstance(options, dict):
             raise GpuRefused(400, "Spawn options must be a JSON object.", "invalid")
-        unknown = set(options) - {"gpu_memory", "gpus", "image", "models"}
+        unknown = set(options) - self.gpu_option_keys
         if unknown:
             raise GpuRefused(
                 400,
@@ -169,10 +170,10 @@ class GpuShareMixin(HasTraits):
             raise GpuRefused(400, 'This machine has no GPU; ask for gpu_memory "0" (CPU only).', "invalid")
         return request, self._chosen_image(options.get("image") or self.gpu_default_image)
 
-    def images(self) -> dict[str, LocalImage]:
+    def images(self) -> dict[str, SpawnImage]:
         """Every image this machine can run: the settings' and the market's."""
         found = {
-            slug: LocalImage(slug, str(spec.get("description", "")), Path(str(spec.get("path") or sys.prefix)))
+            slug: SpawnImage(slug, str(spec.get("description", "")), str(spec.get("path") or sys.prefix))
             for slug, spec in self.gpu_images.items()
         }
         store = self._market()
@@ -180,8 +181,8 @@ class GpuShareMixin(HasTraits):
             for image in store.images():
                 path = local_prefix(image.local_path, sys.prefix)
                 if path is not None:
-                    found[image.slug] = LocalImage(
-                        image.slug, image.name, path, image.status == "deprecated", frozenset(image.groups)
+                    found[image.slug] = SpawnImage(
+                        image.slug, image.name, str(path), image.status == "deprecated", frozenset(image.groups)
                     )
         return found
 
@@ -198,19 +199,23 @@ class GpuShareMixin(HasTraits):
         blocker = self._launch_blocker(image)
         if blocker:
             raise GpuRefused(403, f"Image {slug!r} is {blocker}.", "quota")
-        if not installed(image.path):
+        if not self.image_available(image):
             raise GpuRefused(
                 400,
-                f"Image {slug!r} is not installed on this machine (no {image.path}/bin/jupyterhub-singleuser); "
+                f"Image {slug!r} is not installed on this machine (no {image.target}/bin/jupyterhub-singleuser); "
                 "choose another or ask an admin to install it.",
                 "invalid",
             )
         return image.slug
 
-    def _may_launch(self, image: LocalImage) -> bool:
+    def image_available(self, image: SpawnImage) -> bool:
+        """Whether this backend can run the image (locally: its environment is installed)."""
+        return installed(Path(image.target))
+
+    def _may_launch(self, image: SpawnImage) -> bool:
         return not self._launch_blocker(image)
 
-    def _launch_blocker(self, image: LocalImage) -> str:
+    def _launch_blocker(self, image: SpawnImage) -> str:
         return launch_blocker(
             deprecated=image.deprecated,
             groups=image.groups,
@@ -296,8 +301,8 @@ class GpuShareMixin(HasTraits):
             "models": list(formdata.get("models") or []),
         }
 
-    def launchable_images(self) -> list[LocalImage]:
-        return [i for i in self.images().values() if self._may_launch(i) and installed(i.path)]
+    def launchable_images(self) -> list[SpawnImage]:
+        return [i for i in self.images().values() if self._may_launch(i) and self.image_available(i)]
 
     def approved_models(self) -> list[Model]:
         store = self._market()
@@ -492,12 +497,12 @@ class LedgerGpuMixin(GpuShareMixin):
 
 
 @dataclass(frozen=True)
-class LocalImage:
-    """An image as the local backend runs it: a Python environment prefix."""
+class SpawnImage:
+    """An image a server can run: a Python environment prefix (local) or a container (Kubernetes)."""
 
     slug: str
     description: str
-    path: Path
+    target: str
     deprecated: bool = False
     groups: frozenset[str] = frozenset()
 

@@ -1,10 +1,9 @@
-from pathlib import Path
 from types import SimpleNamespace
 
 from hub.market.store import Model
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
-from spawner.mixin import LocalImage, Machine, _form_html, _slice_choices, group_quota
+from spawner.mixin import Machine, SpawnImage, _form_html, _slice_choices, group_quota
 from spawner.quotas import GroupQuota, Usage
 
 GiB = 2**30
@@ -24,8 +23,8 @@ def test_slice_choices_stop_at_the_ceiling() -> None:
 
 def test_form_escapes_what_admins_and_users_wrote() -> None:
     images = [
-        LocalImage("default", "<script>alert(1)</script>", Path("/env")),
-        LocalImage('x"><b>', "d", Path("/env")),
+        SpawnImage("default", "<script>alert(1)</script>", "/env"),
+        SpawnImage('x"><b>', "d", "/env"),
     ]
     models = [Model("langid-97", "<b>langid</b>", "1", "language id", "numpy", "BSD", "langid-97")]
     spawner = SimpleNamespace(

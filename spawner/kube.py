@@ -1,0 +1,273 @@
+"""KubeGpuSpawner: GPU slices over KubeSpawner.
+
+Before a pod is created, the cluster's nodes and pods (one cached listing shared by
+every spawn in the hub, refreshed at most every ``gpu_inventory_ttl`` seconds) are
+turned into the core's inventory; the request is checked against the group rules and
+placed by the same policy as the local backend, and a request no node can hold is
+refused at once with the core's explanation. The pod then carries the sharing
+backend's resources, annotations and environment; the Kubernetes scheduler (with the
+gpushare or HAMi extender) makes the final placement. A pod that still goes Pending has
+its FailedScheduling events translated into the same kind of explanation in the spawn
+progress. Allocations live in the pods' annotations, so the idle culler, the portal and
+a restarted hub read them from the API, and there is no ledger to lose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from kubespawner import KubeSpawner
+from traitlets import Dict, Float, Unicode, default, validate
+
+from hub.market.catalog import check_relative
+from spawner.backends import Backend, render
+from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
+from spawner.mixin import GpuRefused, GpuShareMixin, Machine, SpawnImage
+from spawner.placement import Demand, explain
+from spawner.quotas import Usage
+from spawner.shares import GpuRequest, RequestKind
+
+GROUP_ANNOTATION = "gpuslice.io/group"
+MODELS_VOLUME = "gpuslice-models"
+MODELS_DIR = "/models"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    taken: float
+
+
+class ClusterCache:
+    """One listing of nodes and pods shared by all spawns: never an API call per spawn per node."""
+
+    def __init__(self) -> None:
+        self._snapshot: Snapshot | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self, api: Any, namespace: str, ttl_s: float) -> Snapshot:
+        async with self._lock:  # fifty spawns at 9:00 make one listing, not fifty
+            if self._snapshot is None or time.monotonic() - self._snapshot.taken > ttl_s:
+                nodes = await _items(api.list_node(_preload_content=False))
+                pods = await _items(api.list_namespaced_pod(namespace, _preload_content=False))
+                self._snapshot = Snapshot(nodes, pods, time.monotonic())
+            return self._snapshot
+
+    def forget(self) -> None:
+        self._snapshot = None
+
+
+async def _items(call: Any) -> list[dict[str, Any]]:
+    response = await call
+    body = json.loads(await response.read())
+    return list(body.get("items") or [])
+
+
+CACHES: dict[str, ClusterCache] = {}
+
+
+def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str) -> Usage:
+    """What the pods' annotations count against the group rules (the pod being started excluded)."""
+    servers = 0
+    group_bytes: dict[str, int] = {}
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        if meta.get("name") == except_pod or not holds_resources(pod):
+            continue
+        annotations = meta.get("annotations") or {}
+        if (annotations.get(USERNAME) or (meta.get("labels") or {}).get(USERNAME)) == user:
+            servers += 1
+        group = annotations.get(GROUP_ANNOTATION)
+        if group:
+            group_bytes[group] = group_bytes.get(group, 0) + int(annotations.get("gpuslice.io/gpu-memory-bytes", 0))
+    return Usage(user_servers=servers, group_bytes=group_bytes)
+
+
+def held_demands(inventory: Inventory) -> list[Demand]:
+    return [
+        Demand(gpus=1) if a.whole else Demand(slice_units=float(a.memory_bytes)) for _, a in inventory.allocations()
+    ]
+
+
+def scheduling_message(event_message: str, explanation: str) -> str:
+    """A FailedScheduling event as a person reads it: why, and what would start now."""
+    return f"Waiting for a GPU: {explanation} (scheduler: {event_message})"
+
+
+class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
+    gpu_backend = Unicode("gpushare", help="How the cluster shares GPUs: gpushare, hami, timeslicing, mig, whole.").tag(
+        config=True
+    )
+    gpu_inventory_ttl = Float(5.0, help="Seconds a listing of nodes and pods is reused across spawns.").tag(config=True)
+    gpu_profile_groups = Dict(
+        help="Profile slug -> groups allowed to choose it (a profile not listed is open to everyone)."
+    ).tag(config=True)
+    gpu_models_volume = Dict(
+        help="""Volume source holding the model market's files, for example
+        {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": true}}.""",
+    ).tag(config=True)
+
+    # KubeSpawner's traits this class rewrites per spawn (declared for the type checker).
+    extra_resource_limits: dict[str, Any]
+    extra_annotations: dict[str, Any]
+    environment: dict[str, Any]
+    volumes: list[Any]
+    volume_mounts: list[Any]
+
+    gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models", "profile"})
+    _gpu_cluster: Inventory | None = None
+    _gpu_request: GpuRequest | None = None
+    _gpu_base: tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[Any], list[Any]] | None = None
+
+    @validate("gpu_backend")
+    def _check_backend(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        allowed = [b.value for b in Backend if b is not Backend.LOCAL]
+        if value not in allowed:
+            raise ValueError(f"gpu_backend must be one of {', '.join(allowed)}, not {value!r}")
+        return value
+
+    @default("options_form")
+    def _default_options_form(self) -> Any:
+        return _render_form_async
+
+    # -- the cluster ---------------------------------------------------------------------
+
+    async def cluster(self) -> tuple[Inventory, list[dict[str, Any]]]:
+        cache = CACHES.setdefault(self.namespace, ClusterCache())
+        snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
+        inventory = build_kube(snapshot.nodes, snapshot.pods, Backend(self.gpu_backend))
+        self._gpu_cluster = inventory
+        return inventory, snapshot.pods
+
+    @property
+    def _machine(self) -> Machine:
+        gpus = tuple(self._gpu_cluster.gpus()) if self._gpu_cluster else ()
+        return Machine(gpus, f"Kubernetes ({self.gpu_backend})")
+
+    def form_state(self) -> tuple[Inventory, Usage]:
+        inventory = self._gpu_cluster or Inventory([], Backend(self.gpu_backend))
+        return inventory, Usage()
+
+    # -- images and models ---------------------------------------------------------------
+
+    def images(self) -> dict[str, SpawnImage]:
+        found = {
+            slug: SpawnImage(slug, str(spec.get("description", "")), str(spec.get("container") or self.image))
+            for slug, spec in self.gpu_images.items()
+        }
+        store = self._market()
+        for image in store.images() if store else []:
+            if image.container:
+                found[image.slug] = SpawnImage(
+                    image.slug, image.name, image.container, image.status == "deprecated", frozenset(image.groups)
+                )
+        return found
+
+    def image_available(self, image: SpawnImage) -> bool:
+        return bool(image.target)
+
+    def _model_mounts(self) -> list[dict[str, Any]]:
+        options = self.user_options or {}
+        store = self._market()
+        wanted = options.get("models")
+        if wanted is None:
+            wanted = store.selected_models(self.user.name) if store else []
+        if not isinstance(wanted, list) or not all(isinstance(m, str) for m in wanted):
+            raise GpuRefused(400, 'models must be a list of model ids, for example ["langid-97"].', "invalid")
+        if wanted and (store is None or not self.gpu_models_volume):
+            raise GpuRefused(400, "This platform has no model volume; leave models out.", "invalid")
+        mounts = []
+        for slug in dict.fromkeys(wanted):
+            model = store.model(slug) if store else None
+            if model is None or model.status != "approved":
+                raise GpuRefused(400, f"Model {slug!r} is not an approved model in the market.", "invalid")
+            check_relative(model.path)
+            mounts.append(
+                {"name": MODELS_VOLUME, "mountPath": f"{MODELS_DIR}/{slug}", "subPath": model.path, "readOnly": True}
+            )
+        return mounts
+
+    # -- the lifecycle -------------------------------------------------------------------
+
+    async def _start(self) -> Any:
+        inventory, pods = await self.cluster()
+        try:
+            request, image = self.gpu_request()
+            self._check_profile()
+            mounts = self._model_mounts()
+            usage = usage_from_pods(pods, self.user.name, self.pod_name)
+            group, _ = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
+        except GpuRefused as refusal:
+            from hub import metrics
+
+            metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+            raise
+        self._apply(request, self.images()[image].target, group, mounts)
+        self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
+        CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
+        return await super()._start()
+
+    def _check_profile(self) -> None:
+        profile = (self.user_options or {}).get("profile")
+        allowed = self.gpu_profile_groups.get(profile) if profile else None
+        if allowed is None:
+            return
+        mine = {g.name for g in self.user.groups}
+        if not self.user.admin and not set(allowed) & mine:
+            raise GpuRefused(403, f"Profile {profile!r} is only for the groups {', '.join(sorted(allowed))}.", "quota")
+
+    def _apply(self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]]) -> None:
+        """Put the backend's resources, annotations and env on this spawner's pod settings."""
+        if self._gpu_base is None:
+            self._gpu_base = (
+                dict(self.extra_resource_limits),
+                dict(self.extra_annotations),
+                dict(self.environment),
+                list(self.volumes),
+                list(self.volume_mounts),
+            )
+        limits, annotations, environment, volumes, volume_mounts = self._gpu_base
+        card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
+        spec = render(request, Backend(self.gpu_backend), card_bytes=card or None)
+        self._gpu_request = request
+        self.extra_resource_limits = {**limits, **spec.limits}
+        self.extra_annotations = {**annotations, **spec.annotations, **({GROUP_ANNOTATION: group} if group else {})}
+        self.environment = {**environment, **spec.env, "GPUSLICE_MODELS_DIR": MODELS_DIR}
+        self.image = container
+        if mounts:
+            self.volumes = [*volumes, {"name": MODELS_VOLUME, **self.gpu_models_volume}]
+            self.volume_mounts = [*volume_mounts, *mounts]
+            self.environment["GPUSLICE_MODELS"] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
+        else:
+            self.volumes, self.volume_mounts = volumes, volume_mounts
+        for warning in spec.warnings:
+            self.log.warning("gpuslice: %s: %s", self.pod_name, warning)
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        async for event in super().progress():
+            raw = event.get("raw_event") or {}
+            if raw.get("reason") == "FailedScheduling" and self._gpu_request is not None:
+                yield {**event, "message": await self._scheduling_explanation(str(raw.get("message", "")))}
+            else:
+                yield event
+
+    async def _scheduling_explanation(self, message: str) -> str:
+        request = self._gpu_request
+        assert request is not None
+        if request.kind is RequestKind.CPU:
+            return f"Waiting for room on a node: {message}"
+        inventory, _ = await self.cluster()
+        text = str(explain(Demand.from_request(request), inventory, request.describe()))
+        return scheduling_message(message, text)
+
+
+async def _render_form_async(spawner: KubeGpuSpawner) -> str:
+    await spawner.cluster()
+    return spawner.render_form()
