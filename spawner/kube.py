@@ -28,7 +28,7 @@ from hub.market.catalog import check_relative
 from spawner.backends import Backend, render
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
 from spawner.mixin import GpuRefused, GpuShareMixin, Machine, SpawnImage
-from spawner.placement import Demand, explain
+from spawner.placement import ClusterState, Demand, explain, make_policy
 from spawner.quotas import Usage
 from spawner.shares import GpuRequest, RequestKind
 
@@ -93,6 +93,10 @@ def held_demands(inventory: Inventory) -> list[Demand]:
     return [
         Demand(gpus=1) if a.whole else Demand(slice_units=float(a.memory_bytes)) for _, a in inventory.allocations()
     ]
+
+
+def fits_somewhere(demand: Demand, inventory: Inventory) -> bool:
+    return make_policy("best-fit").choose(ClusterState.from_inventory(inventory), demand) is not None
 
 
 def scheduling_message(event_message: str, explanation: str) -> str:
@@ -262,10 +266,17 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         request = self._gpu_request
         assert request is not None
         if request.kind is RequestKind.CPU:
-            return f"Waiting for room on a node: {message}"
+            return f"Waiting for room on a node (scheduler: {message})"
         inventory, _ = await self.cluster()
-        text = str(explain(Demand.from_request(request), inventory, request.describe()))
-        return scheduling_message(message, text)
+        demand = Demand.from_request(request)
+        if fits_somewhere(demand, inventory):
+            # The hub sees room the scheduler does not: something outside its view holds it.
+            return scheduling_message(
+                message,
+                f"the hub's namespace leaves room for {request.describe()}, but workloads outside it hold "
+                "the GPUs; the server starts when one frees up.",
+            )
+        return scheduling_message(message, str(explain(demand, inventory, request.describe())))
 
 
 async def _render_form_async(spawner: KubeGpuSpawner) -> str:

@@ -1,0 +1,506 @@
+"""A Kubernetes API test double, served over HTTP, with a fake scheduler and kubelet.
+
+It serves the parts of the core/v1 API that KubeSpawner and gpuslice use, with the real
+API's JSON shapes and watch protocol: namespaced pods (create, get, list, watch, delete),
+events (list, watch), services, secrets and PVCs (create, get, delete), and nodes (list,
+watch). Lists carry ``metadata.resourceVersion``; ``?watch=1&resourceVersion=N`` streams
+``{"type": ADDED|MODIFIED|DELETED, "object": ...}`` lines after N, and an expired N gets
+``410 Gone`` (an ERROR event) as the real API server does.
+
+The scheduler places a pod on a node with enough of every extended resource it asks for
+(``aliyun.com/gpu-mem``, ``nvidia.com/gpu``, ...) or leaves it Pending with a
+``FailedScheduling`` event worded as kube-scheduler words it. The kubelet runs the pod's
+first container command as a local process bound to the pod's own loopback address
+(127.0.0.N), with the pod's environment, and reports it Running and Ready with that IP.
+
+Run: ``python -m tests.kube.apiserver --port P --nodes nodes.json`` (nodes: Node objects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+Obj = dict[str, Any]
+KINDS = {
+    "pods": "Pod",
+    "events": "Event",
+    "services": "Service",
+    "secrets": "Secret",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
+    "nodes": "Node",
+}
+GPUSHARE_MEM, GPUSHARE_COUNT, GPUSHARE_IDX = "aliyun.com/gpu-mem", "aliyun.com/gpu-count", "ALIYUN_COM_GPU_MEM_IDX"
+HISTORY = 1000  # watch events kept; older resourceVersions are Gone
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.json_response(body, status=code)
+
+
+def matches_labels(obj: Obj, selector: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key.rstrip("=")) != value.lstrip("="):
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def matches_fields(obj: Obj, selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, value = term.split("=", 1)
+        current: Any = obj
+        for part in key.rstrip("=").split("."):
+            current = current.get(part) if isinstance(current, dict) else None
+        if str(current) != value.lstrip("="):
+            return False
+    return True
+
+
+class Store:
+    """Objects by (resource, namespace, name), one resourceVersion counter, a watch log."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], Obj] = {}
+        self.version = itertools.count(1)
+        self.current = 0
+        self.log: list[tuple[int, str, str, str, Obj]] = []  # (rv, resource, namespace, type, object)
+        self.changed = asyncio.Condition()
+        self.faults: list[dict[str, Any]] = []  # injected: {"method", "path_contains", "status", "times"}
+
+    async def put(self, resource: str, namespace: str, obj: Obj, kind: str) -> Obj:
+        meta = obj.setdefault("metadata", {})
+        self.current = next(self.version)
+        meta["resourceVersion"] = str(self.current)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now())
+        if namespace:
+            meta["namespace"] = namespace
+        self.objects[(resource, namespace, meta["name"])] = obj
+        await self._emit(resource, namespace, kind, obj)
+        return obj
+
+    async def delete(self, resource: str, namespace: str, name: str) -> Obj | None:
+        obj = self.objects.pop((resource, namespace, name), None)
+        if obj is not None:
+            self.current = next(self.version)
+            obj["metadata"]["resourceVersion"] = str(self.current)
+            await self._emit(resource, namespace, "DELETED", obj)
+        return obj
+
+    async def _emit(self, resource: str, namespace: str, kind: str, obj: Obj) -> None:
+        self.log.append((self.current, resource, namespace, kind, json.loads(json.dumps(obj))))
+        del self.log[:-HISTORY]
+        async with self.changed:
+            self.changed.notify_all()
+
+    def items(self, resource: str, namespace: str | None) -> list[Obj]:
+        return [o for (r, ns, _), o in self.objects.items() if r == resource and (namespace is None or ns == namespace)]
+
+
+class ApiServer:
+    def __init__(self, nodes: list[Obj], kubelet: bool = True) -> None:
+        self.store = Store()
+        self.initial_nodes = nodes
+        self.kubelet = kubelet
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.addresses = (f"127.0.0.{n}" for n in itertools.count(2))
+
+    # -- routing ------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.faults])
+        app.on_startup.append(self._load_nodes)
+        app.on_cleanup.append(self._stop_all)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/api/v1/nodes", self.list_or_watch)
+        app.router.add_get("/api/v1/namespaces/{namespace}/{resource}", self.list_or_watch)
+        app.router.add_post("/api/v1/namespaces/{namespace}/{resource}", self.create)
+        app.router.add_get("/api/v1/namespaces/{namespace}/{resource}/{name}", self.read)
+        app.router.add_delete("/api/v1/namespaces/{namespace}/{resource}/{name}", self.remove)
+        app.router.add_post("/_test/faults", self.add_fault)
+        app.router.add_post("/_test/evict/{namespace}/{name}", self.evict)
+        return app
+
+    @web.middleware
+    async def faults(self, request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+        for fault in self.store.faults:
+            if fault["times"] > 0 and request.method == fault["method"] and fault["path_contains"] in request.path:
+                fault["times"] -= 1
+                if fault["status"] == "timeout":
+                    await asyncio.sleep(3600)
+                return status(int(fault["status"]), "InternalError", "injected fault")
+        return await handler(request)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"major": "1", "minor": "30", "gitVersion": "v1.30.0-gpuslice-double"})
+
+    async def _load_nodes(self, app: web.Application) -> None:
+        for node in self.initial_nodes:
+            await self.store.put("nodes", "", node, "ADDED")
+
+    # -- list and watch -----------------------------------------------------------------
+
+    async def list_or_watch(self, request: web.Request) -> web.StreamResponse:
+        resource = request.match_info.get("resource", "nodes")
+        if resource not in KINDS:
+            return status(404, "NotFound", f"the server could not find the requested resource ({resource})")
+        namespace = request.match_info.get("namespace", "") if resource != "nodes" else ""
+        labels = request.query.get("labelSelector", "")
+        fields = request.query.get("fieldSelector", "")
+
+        def wanted(obj: Obj) -> bool:
+            return matches_labels(obj, labels) and matches_fields(obj, fields)
+
+        if request.query.get("watch") in ("1", "true", "True"):
+            return await self._watch(request, resource, namespace, wanted)
+        items = [o for o in self.store.items(resource, namespace if resource != "nodes" else None) if wanted(o)]
+        return web.json_response(
+            {
+                "kind": f"{KINDS[resource]}List",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.store.current)},
+                "items": items,
+            }
+        )
+
+    async def _watch(
+        self, request: web.Request, resource: str, namespace: str, wanted: Callable[[Obj], bool]
+    ) -> web.StreamResponse:
+        since = int(request.query.get("resourceVersion") or self.store.current)
+        oldest = self.store.log[0][0] if self.store.log else self.store.current + 1
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if since and since < oldest - 1:
+            gone = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "Expired",
+                "code": 410,
+                "message": f"too old resource version: {since} ({oldest - 1})",
+            }
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
+        deadline = asyncio.get_running_loop().time() + float(request.query.get("timeoutSeconds") or 300)
+        sent = since
+        while asyncio.get_running_loop().time() < deadline:
+            for rv, res, ns, kind, obj in list(self.store.log):
+                if rv > sent and res == resource and (resource == "nodes" or ns == namespace) and wanted(obj):
+                    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            sent = self.store.current
+            async with self.store.changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.store.changed.wait(), timeout=1)
+        return response
+
+    # -- create, read, delete -----------------------------------------------------------
+
+    async def create(self, request: web.Request) -> web.Response:
+        resource, namespace = request.match_info["resource"], request.match_info["namespace"]
+        if resource not in KINDS or resource == "nodes":
+            return status(404, "NotFound", f"the server could not find the requested resource ({resource})")
+        obj = await request.json()
+        name = obj.get("metadata", {}).get("name")
+        if not name:
+            return status(422, "Invalid", f"{KINDS[resource]} is invalid: metadata.name: Required value")
+        if (resource, namespace, name) in self.store.objects:
+            return status(409, "AlreadyExists", f'{resource} "{name}" already exists')
+        obj.setdefault("kind", KINDS[resource])
+        obj.setdefault("apiVersion", "v1")
+        if resource == "pods":
+            obj["status"] = {"phase": "Pending", "conditions": []}
+        await self.store.put(resource, namespace, obj, "ADDED")
+        if resource == "pods":
+            asyncio.get_running_loop().create_task(self._schedule(namespace, name))
+        return web.json_response(obj, status=201)
+
+    async def read(self, request: web.Request) -> web.Response:
+        key = (request.match_info["resource"], request.match_info["namespace"], request.match_info["name"])
+        obj = self.store.objects.get(key)
+        if obj is None:
+            return status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
+        return web.json_response(obj)
+
+    async def remove(self, request: web.Request) -> web.Response:
+        resource, namespace, name = (request.match_info[k] for k in ("resource", "namespace", "name"))
+        obj = self.store.objects.get((resource, namespace, name))
+        if obj is None:
+            return status(404, "NotFound", f'{resource} "{name}" not found')
+        if resource == "pods":
+            self._kill(namespace, name)
+        await self.store.delete(resource, namespace, name)
+        return web.json_response(obj)
+
+    # -- scheduler and kubelet ----------------------------------------------------------
+
+    def _free(self, node: Obj) -> dict[str, int]:
+        free = {k: _quantity(v) for k, v in (node.get("status", {}).get("allocatable") or {}).items()}
+        for pod in self.store.items("pods", None):
+            if pod["spec"].get("nodeName") == node["metadata"]["name"]:
+                for resource, amount in _limits(pod).items():
+                    free[resource] = free.get(resource, 0) - amount
+        return free
+
+    async def _schedule(self, namespace: str, name: str) -> None:
+        pod = self.store.objects.get(("pods", namespace, name))
+        if pod is None:
+            return
+        asked = {k: v for k, v in _limits(pod).items() if "/" in k}  # extended resources decide here
+        nodes = self.store.items("nodes", None)
+        short: dict[str, int] = defaultdict(int)
+        for node in nodes:
+            free = self._free(node)
+            lacking = [r for r, amount in asked.items() if free.get(r, 0) < amount]
+            card = self._gpushare_card(node, asked.get(GPUSHARE_MEM, 0)) if not lacking else None
+            if card == -1:
+                lacking = [GPUSHARE_MEM]  # room on the node, but not on any one card
+            if not lacking:
+                if card is not None:
+                    pod["metadata"].setdefault("annotations", {}).update(self._gpushare_annotations(node, card, asked))
+                pod["spec"]["nodeName"] = node["metadata"]["name"]
+                await self.store.put("pods", namespace, pod, "MODIFIED")
+                await self._event(
+                    pod,
+                    "Normal",
+                    "Scheduled",
+                    f"Successfully assigned {namespace}/{name} to {node['metadata']['name']}",
+                )
+                if self.kubelet:
+                    await self._run(pod)
+                return
+            for resource in lacking:
+                short[resource] += 1
+        parts = ", ".join(f"{n} Insufficient {r}" for r, n in sorted(short.items()))
+        message = (
+            f"0/{len(nodes)} nodes are available: {parts}. preemption: 0/{len(nodes)} nodes are available: "
+            f"{len(nodes)} No preemption victims found for incoming pod."
+        )
+        pod["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": now(),
+            }
+        ]
+        await self.store.put("pods", namespace, pod, "MODIFIED")
+        await self._event(pod, "Warning", "FailedScheduling", message)
+
+    def _gpushare_card(self, node: Obj, gib: int) -> int | None:
+        """What gpushare's scheduler extender does: the first card with room (-1: none; None: not gpushare)."""
+        allocatable = node.get("status", {}).get("allocatable") or {}
+        cards = int(allocatable.get(GPUSHARE_COUNT, 0) or 0)
+        if not gib or not cards:
+            return None
+        per_card = int(allocatable.get(GPUSHARE_MEM, 0)) // cards
+        used = [0] * cards
+        for other in self.store.items("pods", None):
+            annotations = other["metadata"].get("annotations") or {}
+            if other["spec"].get("nodeName") == node["metadata"]["name"] and GPUSHARE_IDX in annotations:
+                used[int(annotations[GPUSHARE_IDX])] += int(annotations.get("ALIYUN_COM_GPU_MEM_POD", 0))
+        return next((i for i in range(cards) if used[i] + gib <= per_card), -1)
+
+    @staticmethod
+    def _gpushare_annotations(node: Obj, card: int, asked: dict[str, int]) -> dict[str, str]:
+        allocatable = node["status"]["allocatable"]
+        per_card = int(allocatable[GPUSHARE_MEM]) // int(allocatable[GPUSHARE_COUNT])
+        return {
+            GPUSHARE_IDX: str(card),
+            "ALIYUN_COM_GPU_MEM_POD": str(asked[GPUSHARE_MEM]),
+            "ALIYUN_COM_GPU_MEM_DEV": str(per_card),
+            "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+            "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(int(datetime.now(UTC).timestamp() * 1e9)),
+        }
+
+    async def _run(self, pod: Obj) -> None:
+        container = pod["spec"]["containers"][0]
+        address = next(self.addresses)
+        env = dict(os.environ)
+        env.update({e["name"]: e.get("value", "") for e in container.get("env") or []})
+        port = int((container.get("ports") or [{"containerPort": 8888}])[0]["containerPort"])
+        env["JUPYTERHUB_SERVICE_URL"] = f"http://{address}:{port}{env.get('JUPYTERHUB_SERVICE_PREFIX', '/')}"
+        command = [*(container.get("command") or []), *(container.get("args") or [])]
+        command = [
+            str(Path(sys.executable).with_name(command[0])) if not os.path.isabs(command[0]) else command[0],
+            *(a for a in command[1:] if not a.startswith("--ip")),
+            f"--ip={address}",
+        ]
+        if os.geteuid() == 0:
+            command.append("--allow-root")  # a real image runs as uid 1000; the double runs as the test's user
+        workdir = Path(env.get("GPUSLICE_DOUBLE_ROOT", "/tmp")) / pod["metadata"]["name"]
+        workdir.mkdir(parents=True, exist_ok=True)
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        log = (workdir / "container.log").open("ab")
+        self.processes[key] = subprocess.Popen(
+            command, env=env, cwd=workdir, stdout=log, stderr=log, start_new_session=True
+        )
+        pod["status"] = {
+            "phase": "Running",
+            "podIP": address,
+            "podIPs": [{"ip": address}],
+            "hostIP": "127.0.0.1",
+            "startTime": now(),
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now()}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "started": True,
+                    "state": {"running": {"startedAt": now()}},
+                }
+            ],
+        }
+        await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
+        await self._event(pod, "Normal", "Started", f"Started container {container['name']}")
+        asyncio.get_running_loop().create_task(self._watch_container(key, self.processes[key]))
+
+    async def _watch_container(self, key: str, process: subprocess.Popen[bytes]) -> None:
+        """A container that exits on its own leaves its pod Failed (restartPolicy Never, as KubeSpawner sets)."""
+        while process.poll() is None:
+            await asyncio.sleep(0.5)
+        namespace, name = key.split("/", 1)
+        pod = self.store.objects.get(("pods", namespace, name))
+        if pod is None or self.processes.get(key) is not process:
+            return  # deleted, or replaced
+        status = pod["status"]
+        status["phase"] = "Failed" if process.returncode else "Succeeded"
+        status["containerStatuses"][0].update(
+            ready=False, state={"terminated": {"exitCode": process.returncode, "finishedAt": now()}}
+        )
+        await self.store.put("pods", namespace, pod, "MODIFIED")
+
+    def _kill(self, namespace: str, name: str) -> None:
+        process = self.processes.pop(f"{namespace}/{name}", None)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    async def evict(self, request: web.Request) -> web.Response:
+        """What an eviction does: the container is killed, the pod Failed with reason Evicted."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = self.store.objects.get(("pods", namespace, name))
+        if pod is None:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        self._kill(namespace, name)
+        pod["status"].update(
+            {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
+        )
+        await self.store.put("pods", namespace, pod, "MODIFIED")
+        await self._event(pod, "Warning", "Evicted", "The node was low on resource: memory.")
+        return web.json_response(pod)
+
+    async def add_fault(self, request: web.Request) -> web.Response:
+        self.store.faults.append(await request.json())
+        return web.json_response({"ok": True})
+
+    async def _event(self, pod: Obj, kind: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        name = f"{meta['name']}.{uuid.uuid4().hex[:12]}"
+        event = {
+            "kind": "Event",
+            "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": meta["namespace"]},
+            "involvedObject": {
+                "kind": "Pod",
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "apiVersion": "v1",
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "count": 1,
+            "firstTimestamp": now(),
+            "lastTimestamp": now(),
+            "eventTime": None,
+            "source": {"component": "default-scheduler" if reason == "FailedScheduling" else "kubelet"},
+        }
+        await self.store.put("events", meta["namespace"], event, "ADDED")
+
+    async def _stop_all(self, app: web.Application) -> None:
+        for key in list(self.processes):
+            self._kill(*key.split("/", 1))
+
+
+def _limits(pod: Obj) -> dict[str, int]:
+    total: dict[str, int] = defaultdict(int)
+    for container in pod.get("spec", {}).get("containers") or []:
+        for resource, value in ((container.get("resources") or {}).get("limits") or {}).items():
+            total[resource] += _quantity(value)
+    return total
+
+
+def _quantity(value: Any) -> int:
+    text = str(value)
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "m": 0}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return 0 if factor == 0 else int(float(text[: -len(suffix)]) * factor)
+    return int(float(text))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--nodes", type=Path, required=True)
+    parser.add_argument("--no-kubelet", action="store_true")
+    args = parser.parse_args()
+    server = ApiServer(json.loads(args.nodes.read_text()), kubelet=not args.no_kubelet)
+    web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""JupyterHub with KubeGpuSpawner against the Kubernetes API test double (tests/kube/apiserver.py).
+
+Environment: GPUSLICE_TEST_DIR (a scratch folder), GPUSLICE_TEST_PORT, GPUSLICE_TEST_HUB_PORT,
+GPUSLICE_TEST_PROXY_PORT, GPUSLICE_TEST_TOKEN (an admin service token), KUBECONFIG.
+"""
+# ruff: noqa: F821  (`c` is provided by JupyterHub)
+
+import os
+from pathlib import Path
+
+root = Path(os.environ["GPUSLICE_TEST_DIR"])
+repo = Path(__file__).resolve().parents[2]
+c = get_config()  # type: ignore[name-defined]
+
+c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ['GPUSLICE_TEST_PORT']}"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(os.environ["GPUSLICE_TEST_HUB_PORT"])
+c.JupyterHub.hub_connect_ip = "127.0.0.1"  # the fake kubelet's pods live on 127.0.0.N
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ['GPUSLICE_TEST_PROXY_PORT']}"
+c.ConfigurableHTTPProxy.command = [str(repo / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.JupyterHub.db_url = f"sqlite:///{root / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(root / "cookie_secret")
+c.JupyterHub.pid_file = str(root / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.pid_file = str(root / "proxy.pid")
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.JupyterHub.load_groups = {"ml101": {"users": ["gina"]}}
+c.JupyterHub.services = [{"name": "test-admin", "api_token": os.environ["GPUSLICE_TEST_TOKEN"]}]
+c.JupyterHub.load_roles = [
+    {
+        "name": "test-admin",
+        "scopes": ["admin:users", "admin:servers", "access:servers", "read:metrics"],
+        "services": ["test-admin"],
+    }
+]
+
+c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
+c.KubeGpuSpawner.namespace = "gpuslice"
+c.KubeGpuSpawner.gpu_backend = "gpushare"
+c.KubeGpuSpawner.gpu_inventory_ttl = 1.0
+c.KubeGpuSpawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB"}]
+c.KubeGpuSpawner.gpu_images = {"default": {"container": "ghcr.io/gpuslice/notebook-base:1.0", "description": "base"}}
+c.KubeGpuSpawner.image = "ghcr.io/gpuslice/notebook-base:1.0"
+c.KubeGpuSpawner.cmd = ["jupyterhub-singleuser"]
+c.KubeGpuSpawner.start_timeout = 60
+c.KubeGpuSpawner.http_timeout = 60
+c.KubeGpuSpawner.environment = {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}

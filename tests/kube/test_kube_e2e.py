@@ -1,0 +1,80 @@
+"""End to end: a real JupyterHub spawns through KubeGpuSpawner into the Kubernetes API double."""
+
+import json
+import time
+
+import requests
+
+from tests.kube.conftest import KubeHub
+
+
+def test_spawn_reach_refuse_and_stop(kube_hub: KubeHub) -> None:
+    assert kube_hub.api("POST", "/users", json={"usernames": ["ann", "bob", "cy"]}).status_code == 201
+    assert kube_hub.api("POST", "/users/ann/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("ann")
+
+    pod = kube_hub.k8s("/api/v1/namespaces/gpuslice/pods/jupyter-ann")
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
+    assert pod["metadata"]["annotations"]["gpuslice.io/sharing-backend"] == "gpushare"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GPUSLICE_GPU_MEMORY_BYTES"] == str(4 * 2**30)
+    assert container["image"] == "ghcr.io/gpuslice/notebook-base:1.0"
+
+    # Through the proxy to the server the fake kubelet runs at the pod's IP.
+    api = requests.get(
+        f"{kube_hub.url}/user/ann/api/status", headers={"Authorization": f"token {kube_hub.token}"}, timeout=30
+    )
+    assert api.status_code == 200, api.text
+
+    assert kube_hub.api("POST", "/users/bob/server", json={"gpu_memory": "12GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("bob")
+    refused = kube_hub.api("POST", "/users/cy/server", json={"gpu_memory": "12GiB"})
+    assert refused.status_code == 409, refused.text
+    message = refused.json()["message"]
+    assert "Nothing can hold 12 GiB of one GPU right now." in message
+    assert "The largest free slice is 11 GiB on gpu-a GPU 0" in message
+    pods = kube_hub.k8s("/api/v1/namespaces/gpuslice/pods")["items"]
+    assert sorted(p["metadata"]["name"] for p in pods) == ["jupyter-ann", "jupyter-bob"]  # nothing created for cy
+
+    assert kube_hub.api("DELETE", "/users/ann/server").status_code in (202, 204)
+    deadline = time.monotonic() + 60
+    while any(
+        p["metadata"]["name"] == "jupyter-ann" for p in kube_hub.k8s("/api/v1/namespaces/gpuslice/pods")["items"]
+    ):
+        assert time.monotonic() < deadline, "ann's pod was not deleted"
+        time.sleep(0.5)
+
+
+def test_a_pod_the_scheduler_cannot_place_is_explained_in_the_progress(kube_hub: KubeHub) -> None:
+    # Someone outside the hub's namespace holds every card: the hub's own view (its
+    # namespace) says there is room, the scheduler says there is not.
+    for node in ("gpu-a", "gpu-b"):
+        outsider = {
+            "metadata": {"name": f"batch-{node}", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0"}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "job", "image": "job", "resources": {"limits": {"aliyun.com/gpu-mem": "15"}}}],
+            },
+        }
+        created = kube_hub.k8s_post("/api/v1/namespaces/batch/pods", outsider)
+        assert created.status_code == 201, created.text
+    assert kube_hub.api("POST", "/users", json={"usernames": ["dee"]}).status_code == 201
+    assert kube_hub.api("POST", "/users/dee/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+
+    messages = []
+    with requests.get(
+        f"{kube_hub.url}/hub/api/users/dee/server/progress",
+        headers={"Authorization": f"token {kube_hub.token}"},
+        stream=True,
+        timeout=60,
+    ) as stream:
+        for line in stream.iter_lines(decode_unicode=True):
+            if line.startswith("data:"):
+                messages.append(json.loads(line[5:])["message"])
+                if "Waiting for a GPU" in messages[-1]:
+                    break
+    waiting = messages[-1]
+    assert "Waiting for a GPU: the hub's namespace leaves room for 2 GiB of one GPU, but workloads outside" in waiting
+    assert "0/2 nodes are available: 2 Insufficient aliyun.com/gpu-mem" in waiting
+    assert kube_hub.api("DELETE", "/users/dee/server").status_code in (202, 204)

@@ -1,0 +1,186 @@
+"""KubeGpuSpawner's pod manifests and decisions, without an API server (KubeSpawner's _mock mode)."""
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from jupyterhub.objects import Hub
+from kubernetes_asyncio.client import ApiClient
+
+from spawner.inventory import build_kube
+from spawner.kube import KubeGpuSpawner, scheduling_message, usage_from_pods
+from spawner.mixin import GpuRefused
+from spawner.shares import parse_request
+from tests.kube.conftest import gpushare_node
+
+GiB = 2**30
+
+
+class StubUser:
+    """What KubeSpawner reads of JupyterHub's User."""
+
+    def __init__(self, name: str, groups: tuple[str, ...] = (), admin: bool = False) -> None:
+        self.name, self.id, self.admin = name, 1, admin
+        self.url, self.escaped_name = f"/user/{name}/", name
+        self.groups = [SimpleNamespace(name=g) for g in groups]
+        self.spawners: dict[str, Any] = {}
+        self.settings: dict[str, Any] = {}
+
+
+def make(backend: str, user: StubUser | None = None, **options: Any) -> KubeGpuSpawner:
+    spawner: KubeGpuSpawner = in_loop(
+        lambda: KubeGpuSpawner(
+            hub=Hub(), user=user or StubUser("ann"), api_token="t", oauth_client_id="jupyterhub-user-ann", _mock=True
+        )
+    )
+    spawner.gpu_backend = backend
+    spawner.user_options = options
+    spawner.gpu_images = {"default": {"container": "ghcr.io/gpuslice/notebook-base:1.0"}}
+    return spawner
+
+
+def manifest(spawner: KubeGpuSpawner, gpu_memory: str, gpus: int = 0) -> dict[str, Any]:
+    request = parse_request(gpu_memory, gpus, largest_card_bytes=40 * GiB, most_cards=8)
+    spawner._apply(request, "ghcr.io/gpuslice/notebook-base:1.0", "ml101", [])
+    return pod_of(spawner)
+
+
+def pod_of(spawner: KubeGpuSpawner) -> dict[str, Any]:
+    async def render() -> dict[str, Any]:
+        pod = await spawner.get_pod_manifest()
+        async with ApiClient() as client:
+            return dict(client.sanitize_for_serialization(pod))
+
+    return LOOP.run_until_complete(render())
+
+
+LOOP = asyncio.new_event_loop()
+
+
+def in_loop(build: Any) -> Any:
+    """KubeSpawner must be built inside a running event loop."""
+
+    async def inside() -> Any:
+        return build()
+
+    return LOOP.run_until_complete(inside())
+
+
+@pytest.mark.parametrize(
+    ("backend", "gpu_memory", "gpus", "limits"),
+    [
+        ("gpushare", "4GiB", 0, {"aliyun.com/gpu-mem": "4"}),
+        ("hami", "4GiB", 0, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}),
+        ("timeslicing", "4GiB", 0, {"nvidia.com/gpu.shared": "1"}),
+        ("mig", "4GiB", 0, {"nvidia.com/mig-1g.5gb": "1"}),
+        ("whole", "0", 2, {"nvidia.com/gpu": "2"}),
+    ],
+)
+def test_pod_manifests_for_every_backend_are_valid_kubernetes(
+    backend: str, gpu_memory: str, gpus: int, limits: dict[str, str]
+) -> None:
+    pod = manifest(make(backend), gpu_memory, gpus)
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    container = pod["spec"]["containers"][0]
+    for resource, amount in limits.items():
+        assert container["resources"]["limits"][resource] == amount, container["resources"]
+    assert pod["metadata"]["annotations"]["gpuslice.io/sharing-backend"] == backend
+    assert pod["metadata"]["annotations"]["gpuslice.io/group"] == "ml101"
+    assert container["image"] == "ghcr.io/gpuslice/notebook-base:1.0"
+
+
+def test_a_cpu_only_server_sees_no_gpu() -> None:
+    pod = manifest(make("hami"), "0")
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert not any("gpu" in r for r in (container.get("resources") or {}).get("limits") or {})
+
+
+def test_a_second_spawn_starts_from_the_configured_settings_not_the_last_pod() -> None:
+    spawner = make("gpushare")
+    manifest(spawner, "8GiB")
+    pod = manifest(spawner, "0")
+    assert "aliyun.com/gpu-mem" not in (pod["spec"]["containers"][0]["resources"].get("limits") or {})
+
+
+def test_models_are_read_only_volume_mounts() -> None:
+    spawner = make("gpushare")
+    spawner.gpu_models_volume = {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}}
+    request = parse_request("1GiB", 0, largest_card_bytes=16 * GiB, most_cards=1)
+    mounts = [{"name": "gpuslice-models", "mountPath": "/models/langid-97", "subPath": "langid-97", "readOnly": True}]
+    spawner._apply(request, "img:1", None, mounts)
+    pod = pod_of(spawner)
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    container = pod["spec"]["containers"][0]
+    assert {"name": "gpuslice-models", "mountPath": "/models/langid-97", "subPath": "langid-97", "readOnly": True} in [
+        dict(m) for m in container["volumeMounts"]
+    ]
+    assert {"name": "gpuslice-models", "persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}} in [
+        dict(v) for v in pod["spec"]["volumes"]
+    ]
+
+
+def test_profiles_are_limited_to_their_groups_on_the_server_side() -> None:
+    spawner = make("gpushare", StubUser("ann", groups=("ml101",)), profile="a100")
+    spawner.gpu_profile_groups = {"a100": ["research"]}
+    with pytest.raises(GpuRefused) as refused:
+        spawner._check_profile()
+    assert refused.value.status_code == 403 and "only for the groups research" in refused.value.jupyterhub_message
+    make("gpushare", StubUser("ann", groups=("research",)), profile="a100")._check_profile()
+    make("gpushare", StubUser("root", admin=True), profile="a100")._check_profile()
+
+
+def test_usage_comes_from_the_pods_annotations() -> None:
+    def pod(name: str, user: str, group: str, gib: int, phase: str = "Running") -> dict[str, Any]:
+        annotations = {
+            "hub.jupyter.org/username": user,
+            "gpuslice.io/group": group,
+            "gpuslice.io/gpu-memory-bytes": str(gib * GiB),
+        }
+        return {"metadata": {"name": name, "annotations": annotations}, "status": {"phase": phase}}
+
+    pods = [
+        pod("jupyter-ann", "ann", "ml101", 4),
+        pod("jupyter-bob", "bob", "ml101", 2),
+        pod("old", "ann", "ml101", 8, "Succeeded"),
+    ]
+    usage = usage_from_pods(pods, "ann", except_pod="jupyter-ann--lab")
+    assert usage.user_servers == 1 and usage.group_bytes == {"ml101": 6 * GiB}
+    assert usage_from_pods(pods, "ann", except_pod="jupyter-ann").user_servers == 0
+
+
+def test_scheduling_explanations() -> None:
+    spawner = make("gpushare")
+    spawner._gpu_request = parse_request("8GiB", 0, largest_card_bytes=15 * GiB, most_cards=2)
+    full = {
+        "metadata": {"name": "x", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0"}},
+        "spec": {
+            "nodeName": "gpu-a",
+            "containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": "10"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    nodes = [gpushare_node("gpu-a", 1, 15)]
+
+    async def cluster(pods: list[dict[str, Any]]) -> Any:
+        return build_kube(nodes, pods, spawner_backend()), pods
+
+    def spawner_backend() -> Any:
+        from spawner.backends import Backend
+
+        return Backend.GPUSHARE
+
+    spawner.cluster = lambda: cluster([full])  # type: ignore[method-assign]
+    text = LOOP.run_until_complete(
+        spawner._scheduling_explanation("0/1 nodes are available: 1 Insufficient aliyun.com/gpu-mem.")
+    )
+    assert text.startswith("Waiting for a GPU: Nothing can hold 8 GiB of one GPU right now.")
+    assert "The largest free slice is 5 GiB on gpu-a GPU 0" in text and text.endswith("gpu-mem.)")
+    spawner.cluster = lambda: cluster([])  # type: ignore[method-assign]
+    text = LOOP.run_until_complete(spawner._scheduling_explanation("0/1 nodes are available"))
+    assert "workloads outside it hold the GPUs" in text
+    assert scheduling_message("m", "e") == "Waiting for a GPU: e (scheduler: m)"
