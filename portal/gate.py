@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
@@ -174,14 +175,14 @@ def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[b
 
 def main() -> None:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/portal/")
-    listen = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8502")
-    port = int(listen.rsplit(":", 1)[1].split("/")[0])
+    listen = urlsplit(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8502"))
+    host, port = listen.hostname or "127.0.0.1", listen.port or 8502
     streamlit_port = int(os.environ.get("GPUSLICE_STREAMLIT_PORT", "0")) or _free_port()
     secret = secrets.token_bytes(32)  # lives only in this process and its Streamlit child
     child = start_streamlit(streamlit_port, prefix, secret)
     app = make_app(prefix, Upstream(streamlit_port, secret), secrets.token_bytes(32))
     try:
-        asyncio.run(_serve(app, port))
+        asyncio.run(_serve(app, host, port))
     finally:
         child.terminate()
         try:
@@ -190,8 +191,9 @@ def main() -> None:
             child.kill()
 
 
-async def _serve(app: web.Application, port: int) -> None:
-    app.listen(port, address="127.0.0.1")  # binds to the running loop
+async def _serve(app: web.Application, host: str, port: int) -> None:
+    # Loopback on one machine; the pod's address in Kubernetes (JUPYTERHUB_SERVICE_URL says which).
+    app.listen(port, address=host)  # binds to the running loop
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,98 @@
+"""JupyterHub configuration in Kubernetes (the Helm chart's hub; images/hub copies it in).
+
+Reads the chart's values (GPUSLICE_KUBE_VALUES, a ConfigMap) and its secrets (env vars
+from the hub Secret). The same spawner rules as the single-machine platform, with
+KubeGpuSpawner instead of the ledger.
+"""
+# ruff: noqa: F821  (`c` is provided by JupyterHub when it loads this file)
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from hub.settings import GROUP_KEYS
+
+values = yaml.safe_load(Path(os.environ.get("GPUSLICE_KUBE_VALUES", "/etc/gpuslice/values.yaml")).read_text())
+data = Path("/srv/gpuslice/data")
+c = get_config()  # type: ignore[name-defined]
+
+c.JupyterHub.hub_ip = "0.0.0.0"
+c.JupyterHub.hub_connect_url = os.environ["GPUSLICE_HUB_URL"]  # the hub's Service, as notebooks reach it
+c.JupyterHub.db_url = os.environ.get("GPUSLICE_DB_URL") or f"sqlite:///{data / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own Deployment
+c.ConfigurableHTTPProxy.api_url = values["proxyApiUrl"]
+c.JupyterHub.cleanup_servers = False  # a hub restart must not stop anyone's notebook
+
+c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
+c.FirstUseAuthenticator.dbm_path = str(data / "passwords.dbm")
+c.Authenticator.admin_users = set(values.get("adminUsers") or [])
+c.Authenticator.allow_all = True
+groups = values.get("groups") or {}
+c.JupyterHub.load_groups = {name: {"users": list(g.get("members") or [])} for name, g in groups.items()}
+
+_KEYS = {"maxSlice": "max_slice", "maxGpus": "max_gpus", "serversPerUser": "servers_per_user"}
+c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
+c.KubeGpuSpawner.namespace = os.environ.get("POD_NAMESPACE", "default")
+c.KubeGpuSpawner.gpu_backend = values["backend"]
+c.KubeGpuSpawner.gpu_policy = values["policy"]
+c.KubeGpuSpawner.gpu_groups = [
+    {"name": name, **{_KEYS.get(k, k): v for k, v in rules.items() if _KEYS.get(k, k) in GROUP_KEYS - {"members"}}}
+    for name, rules in groups.items()
+]
+c.KubeGpuSpawner.gpu_profile_groups = {
+    profile: [name for name, rules in groups.items() if profile in (rules.get("profiles") or [])]
+    for profile in {p for rules in groups.values() for p in rules.get("profiles") or []}
+}
+c.KubeGpuSpawner.image = values["notebookImage"]
+c.KubeGpuSpawner.gpu_images = {"default": {"container": values["notebookImage"], "description": "CUDA notebook base"}}
+c.KubeGpuSpawner.gpu_market_url = os.environ.get("GPUSLICE_MARKET_URL") or f"sqlite:///{data / 'market.sqlite'}"
+if values.get("modelsClaim"):
+    c.KubeGpuSpawner.gpu_models_volume = {
+        "persistentVolumeClaim": {"claimName": values["modelsClaim"], "readOnly": True}
+    }
+singleuser = values.get("singleuser") or {}
+c.KubeGpuSpawner.cpu_guarantee = singleuser.get("cpuGuarantee")
+c.KubeGpuSpawner.mem_guarantee = singleuser.get("memoryGuarantee")
+c.KubeGpuSpawner.mem_limit = singleuser.get("memoryLimit")
+c.KubeGpuSpawner.start_timeout = singleuser.get("startTimeout", 300)
+c.KubeGpuSpawner.uid = 1000
+c.KubeGpuSpawner.fs_gid = 1000
+c.KubeGpuSpawner.allow_privilege_escalation = False
+c.KubeGpuSpawner.container_security_context = {"capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
+
+c.JupyterHub.services = [
+    {
+        "name": "idle-culler",
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={values.get('idleTimeout', 3600)}"],
+    },
+    {"name": "prometheus", "api_token": os.environ["GPUSLICE_METRICS_TOKEN"]},
+]
+c.JupyterHub.load_roles = [
+    {
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["idle-culler"],
+    },
+    {"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]},
+]
+if values.get("portalEnabled"):
+    c.JupyterHub.services.append(
+        {
+            "name": "portal",
+            "url": values["portalUrl"],
+            "api_token": os.environ["GPUSLICE_PORTAL_TOKEN"],
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],
+        }
+    )
+    c.JupyterHub.load_roles += [
+        {"name": "user", "scopes": ["self", "access:services!service=portal"]},
+        {
+            "name": "portal",
+            "scopes": ["list:users", "read:users", "servers", "list:groups", "read:groups"],
+            "services": ["portal"],
+        },
+    ]

