@@ -62,17 +62,42 @@ def _ledger_path() -> Path:
     return Path(os.environ.get("GPUSLICE_DATA_DIR") or settings().data_dir) / "ledger.sqlite"
 
 
+def _kubernetes() -> bool:
+    """In the Helm chart the portal reads the Kubernetes API instead of a local ledger."""
+    return os.environ.get("GPUSLICE_BACKEND") == "kubernetes"
+
+
+@st.cache_resource
+def kube_client() -> cluster.KubeClient:
+    return cluster.KubeClient.in_cluster()
+
+
+def _namespace() -> str:
+    return os.environ.get("POD_NAMESPACE", "default")
+
+
 @st.cache_data(ttl=5)
 def inventory() -> tuple[Inventory, list[Held]]:
+    if _kubernetes():
+        return cluster.kube_inventory(
+            kube_client(), _namespace(), os.environ.get("GPUSLICE_SHARING_BACKEND", "gpushare")
+        )
     return cluster.local_inventory(_ledger_path(), settings().simulate)
 
 
 @st.cache_data(ttl=5)
 def server_events(identity: Identity) -> dict[str, ServerEvent]:
+    if _kubernetes():
+        return cluster.kube_server_events(kube_client(), _namespace(), identity)
     return cluster.latest_events(_ledger_path(), identity)
 
 
 def server_history(identity: Identity, user: str, server: str) -> list[ServerEvent]:
+    if _kubernetes():  # Kubernetes keeps a pod's events, not a history after it is gone: show the latest
+        if not identity.admin and identity.name != user:
+            raise PermissionError(f"{identity.name} may not read {user}'s server history: only admins can")
+        latest = server_events(identity).get(f"{user}/{server}")
+        return [latest] if latest else []
     return cluster.server_history(_ledger_path(), identity, user, server)
 
 

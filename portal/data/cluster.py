@@ -1,13 +1,21 @@
-"""The local cluster: this machine's GPUs, the slices in the ledger and each server's events."""
+"""The cluster: this machine's GPUs and ledger, or Kubernetes nodes and pods; each server's events."""
 
 from __future__ import annotations
 
+import os
+from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+import requests
 
 from portal.identity import Identity
-from spawner.inventory import Inventory, build_local
+from spawner.backends import Backend
+from spawner.inventory import Inventory, build_kube, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
 from spawner.mixin import machine
+
+GROUP_ANNOTATION = "gpuslice.io/group"  # spawner.kube writes it (that module needs KubeSpawner)
 
 
 def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[Held]]:
@@ -30,3 +38,84 @@ def server_history(ledger_path: Path, identity: Identity, user: str, server: str
     if not identity.admin and identity.name != user:
         raise PermissionError(f"{identity.name} may not read {user}'s server history: only admins can")
     return Ledger(ledger_path).history(server_key(user, server)) if ledger_path.exists() else []
+
+
+class KubeClient:
+    """The Kubernetes API over HTTP with the pod's service account (read-only use)."""
+
+    def __init__(self, api_url: str, token: str, ca_file: str | bool = True, timeout_s: float = 5) -> None:
+        self.api_url, self.timeout_s = api_url.rstrip("/"), timeout_s
+        self.session = requests.Session()
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+        self.session.verify = ca_file
+
+    @classmethod
+    def in_cluster(cls) -> KubeClient:
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+        account = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+        return cls(f"https://{host}:{port}", (account / "token").read_text(), str(account / "ca.crt"))
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        response = self.session.get(f"{self.api_url}{path}", timeout=self.timeout_s)
+        response.raise_for_status()
+        return list(response.json().get("items") or [])
+
+
+def kube_inventory(client: KubeClient, namespace: str, backend: str) -> tuple[Inventory, list[Held]]:
+    """Nodes and the namespace's pods as the core's inventory; holds from the pods' annotations."""
+    pods = client.items(f"/api/v1/namespaces/{namespace}/pods")
+    inventory = build_kube(client.items("/api/v1/nodes"), pods, Backend(backend))
+    groups = {
+        str(p["metadata"].get("name")): (p["metadata"].get("annotations") or {}).get(GROUP_ANNOTATION) for p in pods
+    }
+    holds = [
+        Held(server_key(a.user, a.server), gpu.index, a.user, a.server, a.memory_bytes, a.whole, groups.get(a.owner))
+        for gpu, a in inventory.allocations()
+    ]
+    return inventory, holds
+
+
+def kube_server_events(client: KubeClient, namespace: str, identity: Identity) -> dict[str, ServerEvent]:
+    """Why each notebook pod waits or failed, from its status and latest event (own pods only, unless admin)."""
+    pods = client.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector=component%3Dsingleuser-server")
+    events = client.items(f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind%3DPod")
+    return {
+        key: event
+        for key, event in server_events_from_pods(pods, events).items()
+        if identity.admin or key.split("/", 1)[0] == identity.name
+    }
+
+
+def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, ServerEvent]:
+    """Pure: a pending pod's latest event says why it waits; a failed pod's reason says why it failed."""
+    latest: dict[str, dict[str, Any]] = {}
+    for item in events:
+        name = item.get("involvedObject", {}).get("name", "")
+        if name not in latest or _when(item) >= _when(latest[name]):
+            latest[name] = item
+    found: dict[str, ServerEvent] = {}
+    for pod in pods:
+        meta, status = pod.get("metadata", {}), pod.get("status", {})
+        annotations = meta.get("annotations") or {}
+        user = annotations.get("hub.jupyter.org/username") or (meta.get("labels") or {}).get("hub.jupyter.org/username")
+        if not user:
+            continue
+        key = server_key(user, annotations.get("hub.jupyter.org/servername", ""))
+        event: dict[str, Any] | None = latest.get(meta.get("name", ""))
+        created = _timestamp(_when(event) if event else meta.get("creationTimestamp", ""))
+        if status.get("phase") == "Failed":
+            why = status.get("message") or (event or {}).get("message") or "the pod failed"
+            found[key] = ServerEvent(key, "died", 100, f"{status.get('reason') or 'Failed'}: {why}", created)
+        elif status.get("phase") == "Pending" and event is not None:
+            progress = 20 if event.get("reason") == "FailedScheduling" else 50
+            found[key] = ServerEvent(key, "placed", progress, f"{event.get('reason')}: {event.get('message')}", created)
+    return found
+
+
+def _when(event: dict[str, Any]) -> str:
+    return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
+
+
+def _timestamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0

@@ -131,11 +131,13 @@ def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
 
 def test_rbac_is_minimal() -> None:
     docs = render()
-    role = next(d for d in docs if d["kind"] == "Role")
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-hub")
     resources = {r for rule in role["rules"] for r in rule["resources"]}
     assert resources == {"pods", "events", "persistentvolumeclaims", "secrets", "services"}
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "list"]}]
+    portal = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-portal")
+    assert portal["rules"] == [{"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "watch", "list"]}]
 
 
 def test_z2jh_values_plug_gpuslice_into_zero_to_jupyterhub() -> None:

@@ -104,19 +104,26 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
     raise AssertionError(f"{url} did not answer:\n{log.read_text()[-3000:]}")
 
 
+def start_api_double(
+    root: Path, nodes: list[dict[str, Any]], kubelet: bool = True
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The Kubernetes API double in its own process; returns it and its port."""
+    nodes_file = root / "nodes.json"
+    nodes_file.write_text(json.dumps(nodes))
+    api_port = free_port()
+    api_log = (root / "apiserver.log").open("wb")
+    command = [sys.executable, "-m", "tests.kube.apiserver", "--port", str(api_port), "--nodes", str(nodes_file)]
+    apiserver = subprocess.Popen(
+        [*command, *([] if kubelet else ["--no-kubelet"])], stdout=api_log, stderr=api_log, cwd=HERE.parents[1]
+    )
+    _wait_http(f"http://127.0.0.1:{api_port}/version", apiserver, root / "apiserver.log")
+    return apiserver, api_port
+
+
 @pytest.fixture
 def kube_hub(tmp_path: Path) -> Iterator[KubeHub]:
-    nodes = tmp_path / "nodes.json"
-    nodes.write_text(json.dumps([gpushare_node("gpu-a", 1, 15), gpushare_node("gpu-b", 1, 15)]))
-    api_port, port = free_port(), free_port()
-    api_log = (tmp_path / "apiserver.log").open("wb")
-    apiserver = subprocess.Popen(
-        [sys.executable, "-m", "tests.kube.apiserver", "--port", str(api_port), "--nodes", str(nodes)],
-        stdout=api_log,
-        stderr=api_log,
-        cwd=HERE.parents[1],
-    )
-    _wait_http(f"http://127.0.0.1:{api_port}/version", apiserver, tmp_path / "apiserver.log")
+    apiserver, api_port = start_api_double(tmp_path, [gpushare_node("gpu-a", 1, 15), gpushare_node("gpu-b", 1, 15)])
+    port = free_port()
     kubeconfig = tmp_path / "kubeconfig"
     write_kubeconfig(kubeconfig, api_port)
     token = secrets.token_hex(16)
