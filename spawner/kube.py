@@ -21,7 +21,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
+from tornado import web
 from traitlets import Dict, Float, Unicode, default, validate
 
 from hub.market.catalog import check_relative
@@ -33,6 +35,17 @@ from spawner.quotas import Usage
 from spawner.shares import GpuRequest, RequestKind
 
 GROUP_ANNOTATION = "gpuslice.io/group"
+TRANSIENT_STATUSES = {429, 500, 502, 503, 504}
+
+
+class ApiUnavailableError(web.HTTPError):
+    """The Kubernetes API kept failing; the message is for the user."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, log_message=message, reason="Service Unavailable")
+        self.jupyterhub_message = message
+
+
 MODELS_VOLUME = "gpuslice-models"
 MODELS_DIR = "/models"
 
@@ -127,6 +140,7 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models", "profile"})
     _gpu_cluster: Inventory | None = None
     _gpu_request: GpuRequest | None = None
+    _gpu_api_error = ""
     _gpu_base: tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[Any], list[Any]] | None = None
 
     @validate("gpu_backend")
@@ -216,7 +230,27 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         self._apply(request, self.images()[image].target, group, mounts)
         self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
         CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
-        return await super()._start()
+        self._gpu_api_error = ""
+        try:
+            return await super()._start()
+        except TimeoutError as exc:
+            if not self._gpu_api_error:
+                raise
+            raise ApiUnavailableError(
+                f"The Kubernetes API did not create your server's pod ({self._gpu_api_error}); nothing was "
+                "started and no GPU is held. Try again in a minute; if it keeps failing, tell an admin."
+            ) from exc
+
+    async def _make_create_pod_request(self, pod: Any, request_timeout: int) -> bool:
+        """KubeSpawner's create, with server-side errors retried (it retries timeouts and 409 only)."""
+        try:
+            return bool(await super()._make_create_pod_request(pod, request_timeout))
+        except ApiException as exc:
+            if exc.status not in TRANSIENT_STATUSES:
+                raise
+            self._gpu_api_error = f"HTTP {exc.status} {exc.reason}"
+            self.log.warning("gpuslice: creating %s: %s; retrying", self.pod_name, self._gpu_api_error)
+            return False  # exponential_backoff tries again until k8s_api_request_retry_timeout
 
     def _check_profile(self) -> None:
         profile = (self.user_options or {}).get("profile")

@@ -437,6 +437,10 @@ class ApiServer:
         pod["status"].update(
             {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
         )
+        for container in pod["status"].get("containerStatuses") or []:
+            container.update(
+                ready=False, state={"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now()}}
+            )
         await self.store.put("pods", namespace, pod, "MODIFIED")
         await self._event(pod, "Warning", "Evicted", "The node was low on resource: memory.")
         return web.json_response(pod)

@@ -44,4 +44,6 @@ c.KubeGpuSpawner.image = "ghcr.io/gpuslice/notebook-base:1.0"
 c.KubeGpuSpawner.cmd = ["jupyterhub-singleuser"]
 c.KubeGpuSpawner.start_timeout = 60
 c.KubeGpuSpawner.http_timeout = 60
+c.KubeGpuSpawner.poll_interval = 2  # notice an evicted pod quickly (the fault tests)
+c.KubeGpuSpawner.k8s_api_request_retry_timeout = 20
 c.KubeGpuSpawner.environment = {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}

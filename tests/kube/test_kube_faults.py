@@ -1,0 +1,48 @@
+"""Faults in the Kubernetes API double: errors, evictions; the spawner retries or fails clearly and holds nothing."""
+
+import time
+
+from tests.kube.conftest import KubeHub
+
+
+def _pods(kube_hub: KubeHub) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in kube_hub.k8s("/api/v1/namespaces/gpuslice/pods")["items"])
+
+
+def test_a_failing_pod_create_is_retried(kube_hub: KubeHub) -> None:
+    fault = {"method": "POST", "path_contains": "/namespaces/gpuslice/pods", "status": 500, "times": 1}
+    assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200
+    assert kube_hub.api("POST", "/users", json={"usernames": ["eve"]}).status_code == 201
+    assert kube_hub.api("POST", "/users/eve/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("eve")
+    assert _pods(kube_hub) == ["jupyter-eve"]
+
+
+def test_a_pod_create_that_keeps_failing_fails_the_spawn_and_leaves_nothing(kube_hub: KubeHub) -> None:
+    fault = {"method": "POST", "path_contains": "/namespaces/gpuslice/pods", "status": 500, "times": 1000}
+    assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200
+    assert kube_hub.api("POST", "/users", json={"usernames": ["fay"]}).status_code == 201
+    kube_hub.api("POST", "/users/fay/server", json={"gpu_memory": "2GiB"})
+    deadline = time.monotonic() + 90
+    while True:
+        server = kube_hub.api("GET", "/users/fay").json()["servers"].get("")
+        if not server or not server.get("pending"):
+            break
+        assert time.monotonic() < deadline, "the spawn neither failed nor started"
+        time.sleep(1)
+    assert not server or not server.get("ready")
+    assert _pods(kube_hub) == []  # nothing holds a GPU
+
+
+def test_an_evicted_pod_ends_the_server_and_its_slice(kube_hub: KubeHub) -> None:
+    assert kube_hub.api("POST", "/users", json={"usernames": ["gus"]}).status_code == 201
+    assert kube_hub.api("POST", "/users/gus/server", json={"gpu_memory": "15GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("gus")
+    assert kube_hub.k8s_post("/_test/evict/gpuslice/jupyter-gus", {}).status_code == 200
+    deadline = time.monotonic() + 60
+    while kube_hub.api("GET", "/users/gus").json()["servers"].get(""):
+        assert time.monotonic() < deadline, "the hub did not notice the eviction"
+        time.sleep(1)
+    # The card is free again: a new 15 GiB server fits on gpu-a or gpu-b.
+    assert kube_hub.api("POST", "/users/gus/server", json={"gpu_memory": "15GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("gus")
