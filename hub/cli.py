@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     placement.add_argument("--json", action="store_true", help="print JSON (the only format for now)")
     spawn = benches.add_parser("spawn", help="spawn-to-ready time, gpuslice vs plain JupyterHub")
     spawn.add_argument("--runs", type=int, default=5, help="timed spawns per hub (default 5)")
+    klass = benches.add_parser("class", help="N users start servers at once, gpuslice vs plain JupyterHub")
+    klass.add_argument("--users", type=int, default=50, help="students pressing Start together (default 50)")
     return parser
 
 
@@ -68,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hub.bench_spawn import run
 
         print(json.dumps(run(args.runs), indent=2))
+        return 0
+    if args.bench == "class":
+        from hub.bench_class import run as run_class
+
+        print(json.dumps(run_class(args.users), indent=2))
         return 0
     return _bench_placement(args)
 

@@ -1,0 +1,221 @@
+"""`gpuslice bench class --users N`: a class pressing Start at 9:00, gpuslice vs plain JupyterHub.
+
+N users log in over HTTP at the same moment, each starts a server (gpuslice: a GPU slice
+on simulated GPUs), runs one cell in a kernel of it, and stops it. The same is done
+against plain JupyterHub with its local process spawner. Printed: time to ready (p50,
+p95, max), time to the cell's result, failures by cause, hub CPU seconds and peak
+memory, over-commit (cards holding more than their memory; must be 0) and leaked
+allocations after the stops (must be 0), and gpuslice / plain ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import requests
+from tornado import httpclient, websocket
+
+from hub.bench_spawn import Hub, hubs
+from spawner.ledger import Ledger
+
+SLICE = "512MiB"  # 50 of them fit on the two simulated 16 GiB cards with room to spare
+
+
+@dataclass
+class Outcome:
+    ready_s: float | None = None
+    cell_s: float | None = None
+    failure: str = ""
+
+
+@dataclass
+class Sampler:
+    """Samples the hub process's CPU time and memory while the class runs."""
+
+    pid: int
+    peak_rss: int = 0
+    cpu_s: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Sampler:
+        self._process = psutil.Process(self.pid)
+        self._cpu0 = sum(self._process.cpu_times()[:2])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak_rss = max(self.peak_rss, self._process.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.cpu_s = sum(self._process.cpu_times()[:2]) - self._cpu0
+
+
+def _login(base: str, user: str) -> requests.Session:
+    session = requests.Session()
+    session.get(f"{base}/hub/login", timeout=60)
+    xsrf = _xsrf(session)
+    response = session.post(
+        f"{base}/hub/login", data={"username": user, "password": "pw", "_xsrf": xsrf}, allow_redirects=False, timeout=60
+    )
+    if response.status_code != 302:
+        raise RuntimeError(f"login: HTTP {response.status_code}")
+    session.get(f"{base}/hub/home", timeout=60)  # the signed-in page sets the user's own XSRF cookie
+    session.headers["X-XSRFToken"] = _xsrf(session)
+    return session
+
+
+def _xsrf(session: requests.Session) -> str:
+    """The hub's XSRF cookie (a user's server sets its own under /user/)."""
+    cookies = [c for c in session.cookies if c.name == "_xsrf" and not (c.path or "/").startswith("/user")]
+    return str(cookies[-1].value) if cookies else ""
+
+
+def _run_cell(base: str, user: str, token: str) -> None:
+    """Start a kernel in the user's server and run `1 + 1` over the kernel websocket."""
+    headers = {"Authorization": f"token {token}"}
+    kernel = requests.post(f"{base}/user/{user}/api/kernels", json={}, headers=headers, timeout=120)
+    if kernel.status_code != 201:
+        raise RuntimeError(f"kernel start: HTTP {kernel.status_code}")
+    url = f"{base.replace('http', 'ws', 1)}/user/{user}/api/kernels/{kernel.json()['id']}/channels"
+    asyncio.run(_execute(url, headers))
+
+
+async def _execute(url: str, headers: dict[str, str]) -> None:
+    connection = await websocket.websocket_connect(httpclient.HTTPRequest(url, headers=headers, request_timeout=120))
+    msg_id = uuid.uuid4().hex
+    header = {
+        "msg_id": msg_id,
+        "username": "bench",
+        "session": uuid.uuid4().hex,
+        "msg_type": "execute_request",
+        "version": "5.3",
+        "date": "",
+    }
+    content = {"code": "1 + 1", "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False}
+    await connection.write_message(
+        json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell"})
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            raw = await asyncio.wait_for(connection.read_message(), timeout=120)
+            if raw is None:
+                raise RuntimeError("kernel websocket closed")
+            message = json.loads(raw)
+            if message.get("msg_type") == "execute_reply" and message["parent_header"].get("msg_id") == msg_id:
+                if message["content"]["status"] != "ok":
+                    raise RuntimeError(f"cell failed: {message['content']}")
+                return
+        raise RuntimeError("no execute_reply in 120 s")
+    finally:
+        connection.close()
+
+
+def _student(hub: Hub, base: str, user: str, options: dict[str, Any], start: threading.Event) -> Outcome:
+    outcome = Outcome()
+    step = "login"
+    try:
+        session = _login(base, user)
+        made = session.post(f"{base}/hub/api/users/{user}/tokens", json={"note": "bench"}, timeout=60)
+        if made.status_code != 201:
+            raise RuntimeError(f"token: HTTP {made.status_code}: {made.text[:120]}")
+        token = made.json()["token"]
+        start.wait()
+        step = "spawn"
+        began = time.perf_counter()
+        response = session.post(f"{base}/hub/api/users/{user}/server", json=options, timeout=300)
+        if response.status_code not in (201, 202):
+            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:120]}")
+        step = "ready"
+        while True:
+            server = session.get(f"{base}/hub/api/users/{user}", timeout=60).json()["servers"].get("")
+            if server and server.get("ready"):
+                break
+            if not server or not server.get("pending") or time.perf_counter() - began > 600:
+                raise RuntimeError("server stopped or not ready in 600 s")
+            time.sleep(0.25)
+        outcome.ready_s = time.perf_counter() - began
+        step = "cell"
+        _run_cell(base, user, token)
+        outcome.cell_s = time.perf_counter() - began
+    except Exception as exc:  # every failure is counted by cause, none stops the class
+        outcome.failure = f"{step}: {type(exc).__name__}: {str(exc)[:100]}"
+    return outcome
+
+
+def _stop_all(hub: Hub, users: list[str]) -> None:
+    for user in users:
+        hub.api("DELETE", f"/users/{user}/server")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if all(not hub.api("GET", f"/users/{u}")[1]["servers"] for u in users):
+            return
+        time.sleep(0.5)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_class(hub: Hub, users: int, options: dict[str, Any], over_commit: Callable[[], int]) -> dict[str, Any]:
+    base = hub.url.removesuffix("/hub/api")
+    names = [f"{hub.kind}-s{i:03d}" for i in range(users)]
+    start = threading.Event()
+    with Sampler(hub.proc.pid) as sampler, ThreadPoolExecutor(max_workers=users) as pool:
+        futures = [pool.submit(_student, hub, base, name, options, start) for name in names]
+        time.sleep(1.0)  # everyone logged in and waiting
+        start.set()
+        outcomes = [f.result() for f in futures]
+        overcommitted = over_commit()
+    _stop_all(hub, names)
+    ready = [o.ready_s for o in outcomes if o.ready_s is not None]
+    cells = [o.cell_s for o in outcomes if o.cell_s is not None]
+    return {
+        "users": users,
+        "ready_s": {"p50": statistics.median(ready), "p95": _percentile(ready, 0.95), "max": max(ready)}
+        if ready
+        else None,
+        "cell_s": {"p50": statistics.median(cells), "p95": _percentile(cells, 0.95)} if cells else None,
+        "failures": dict(Counter(o.failure.split(":")[0] for o in outcomes if o.failure)),
+        "failure_examples": sorted({o.failure for o in outcomes if o.failure})[:5],
+        "hub_cpu_s": round(sampler.cpu_s, 2),
+        "hub_peak_rss_mib": round(sampler.peak_rss / 2**20, 1),
+        "over_commit": overcommitted,
+    }
+
+
+def _over_commit(ours: Hub) -> int:
+    """Cards whose slices add up to more than their memory (from the ledger)."""
+    holds = Ledger(ours.data / "ledger.sqlite").holdings()
+    per_card: dict[int, int] = {}
+    for hold in holds:
+        per_card[hold.gpu_index] = per_card.get(hold.gpu_index, 0) + hold.memory_bytes
+    return sum(1 for used in per_card.values() if used > 16 * 2**30)
+
+
+def run(users: int) -> dict[str, Any]:
+    with hubs() as (plain, ours):
+        baseline = run_class(plain, users, {}, lambda: 0)
+        result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))
+        leaked = len(Ledger(ours.data / "ledger.sqlite").holdings())
+    result["leaked_allocations"] = leaked
+    ratio = None
+    if result["ready_s"] and baseline["ready_s"]:
+        ratio = {k: result["ready_s"][k] / baseline["ready_s"][k] for k in ("p50", "p95", "max")}
+    return {"gpuslice": result, "plain_jupyterhub": baseline, "ready_ratio": ratio, "slice": SLICE}

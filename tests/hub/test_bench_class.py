@@ -1,0 +1,13 @@
+"""`gpuslice bench class` with a small class (the figures for 50 are in docs/load.md)."""
+
+from hub.bench_class import run
+
+
+def test_a_small_class_starts_runs_a_cell_and_leaves_nothing() -> None:
+    result = run(users=3)
+    ours, plain = result["gpuslice"], result["plain_jupyterhub"]
+    for side in (ours, plain):
+        assert side["failures"] == {}, side["failure_examples"]
+        assert side["ready_s"]["max"] > 0 and side["cell_s"]["p95"] >= side["ready_s"]["p50"]
+    assert ours["over_commit"] == 0 and ours["leaked_allocations"] == 0
+    assert result["ready_ratio"]["p95"] > 0
