@@ -228,3 +228,44 @@ def test_the_spawn_benchmark_runs_both_hubs() -> None:
     result = run(runs=1)
     assert set(result["spawn_to_ready_s"]) == {"plain", "gpuslice"}
     assert result["ratio_p50"] > 0
+
+
+def test_hub_kill_9_during_twenty_pending_spawns(make_platform: object) -> None:
+    platform: Platform = make_platform()  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    users = [f"k{i:02d}" for i in range(20)]
+    assert admin_api(platform, token, "POST", "/users", json={"usernames": users}).status_code == 201
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        list(
+            pool.map(
+                lambda u: admin_api(platform, token, "POST", f"/users/{u}/server", json={"gpu_memory": "1GiB"}), users
+            )
+        )
+    time.sleep(1.0)  # some servers are up, some are starting
+    platform.kill_hub()
+    platform.start()
+    token = platform.token("admin")
+
+    def settled() -> bool:
+        servers = [admin_api(platform, token, "GET", f"/users/{u}").json()["servers"].get("") for u in users]
+        return all(not s or not s.get("pending") for s in servers)
+
+    _wait(settled, "every spawn to finish or be dropped after the restart", timeout_s=180)
+    running = {
+        u for u in users if admin_api(platform, token, "GET", f"/users/{u}").json()["servers"].get("", {}).get("ready")
+    }
+    held = [key for key, _, _ in platform.ledger()]
+    assert len(held) == len(set(held)), held  # no double allocation
+    assert set(held) == {f"{u}/" for u in running}  # no leaked slice, none missing
+    for gpu in (0, 1):
+        assert sum(m for _, g, m in platform.ledger() if g == gpu) <= 16 * GiB
+    for user in sorted(running)[:3]:  # reachable again through the restarted hub's proxy
+        response = requests.get(
+            f"{platform.url}/user/{user}/api/status", headers={"Authorization": f"token {token}"}, timeout=30
+        )
+        assert response.status_code == 200, (user, response.status_code)
+    for user in running:
+        admin_api(platform, token, "DELETE", f"/users/{user}/server")
+    _wait(lambda: platform.ledger() == [], "every slice to be released", timeout_s=120)
+    platform.stop()
