@@ -148,3 +148,68 @@ def test_z2jh_values_plug_gpuslice_into_zero_to_jupyterhub() -> None:
     assert values["hub"]["services"]["portal"]["url"].endswith(":8502")
     assert "apiToken" not in values["hub"]["services"]["portal"]  # z2jh generates it
     assert values["hub"]["image"]["name"].endswith("/hub")
+
+
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+# Components allowed to need more than "restricted", and why (docs/kubernetes.md says the same).
+EXCEPTIONS = {("gs-gpuslice-exporter", "hostPID"): "per-process GPU attribution reads other processes' environment"}
+
+
+def restricted_violations(doc: dict[str, Any]) -> list[str]:
+    """The Kubernetes pod security "restricted" profile, as the admission controller checks it."""
+    pod = doc["spec"]["template"]["spec"]
+    found = []
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(host):
+            found.append(host)
+    for volume in pod.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            found.append(f"volume {volume['name']}: {sorted(kinds)}")
+    pod_security = pod.get("securityContext") or {}
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        security = container.get("securityContext") or {}
+        if security.get("privileged"):
+            found.append(f"{container['name']}: privileged")
+        if security.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{container['name']}: allowPrivilegeEscalation")
+        if "ALL" not in (security.get("capabilities") or {}).get("drop", []):
+            found.append(f"{container['name']}: capabilities not dropped")
+        if set((security.get("capabilities") or {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{container['name']}: capabilities added")
+        if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")):
+            found.append(f"{container['name']}: runAsNonRoot")
+        if 0 in (security.get("runAsUser"), pod_security.get("runAsUser")):
+            found.append(f"{container['name']}: runs as root")
+        seccomp = (security.get("seccompProfile") or pod_security.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{container['name']}: seccomp")
+        if any(port.get("hostPort") for port in container.get("ports") or []):
+            found.append(f"{container['name']}: hostPort")
+    return found
+
+
+@pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
+def test_every_component_meets_the_restricted_pod_security_profile(values: tuple[Path, ...]) -> None:
+    for doc in render(*values):
+        if doc["kind"] in LONG_RUNNING:
+            name = doc["metadata"]["name"]
+            unexplained = [v for v in restricted_violations(doc) if (name, v) not in EXCEPTIONS]
+            assert unexplained == [], (name, unexplained)
+
+
+def test_the_restricted_check_catches_a_privileged_pod() -> None:
+    hub = next(d for d in render() if d["kind"] == "Deployment" and d["metadata"]["name"] == "gs-gpuslice-hub")
+    hub["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = True
+    hub["spec"]["template"]["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+    violations = restricted_violations(hub)
+    assert "hub: privileged" in violations and any(v.startswith("volume root") for v in violations)

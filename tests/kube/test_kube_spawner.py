@@ -184,3 +184,19 @@ def test_scheduling_explanations() -> None:
     text = LOOP.run_until_complete(spawner._scheduling_explanation("0/1 nodes are available"))
     assert "workloads outside it hold the GPUs" in text
     assert scheduling_message("m", "e") == "Waiting for a GPU: e (scheduler: m)"
+
+
+def test_notebook_pods_meet_the_restricted_profile_with_the_charts_settings() -> None:
+    from tests.helm.test_chart import restricted_violations
+
+    spawner = make("gpushare")
+    spawner.uid, spawner.fs_gid = 1000, 1000
+    spawner.allow_privilege_escalation = False
+    spawner.pod_security_context = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    spawner.container_security_context = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+    pod = manifest(spawner, "4GiB")
+    assert restricted_violations({"spec": {"template": {"spec": pod["spec"]}}}) == []
