@@ -233,6 +233,11 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         self._gpu_api_error = ""
         try:
             return await super()._start()
+        except ApiException as exc:
+            raise ApiUnavailableError(
+                f"The Kubernetes API answered HTTP {exc.status} {exc.reason} while starting your server; nothing "
+                "was started and no GPU is held. Try again in a minute; if it keeps failing, tell an admin."
+            ) from exc
         except TimeoutError as exc:
             if not self._gpu_api_error:
                 raise

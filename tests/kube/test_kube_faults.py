@@ -46,3 +46,23 @@ def test_an_evicted_pod_ends_the_server_and_its_slice(kube_hub: KubeHub) -> None
     # The card is free again: a new 15 GiB server fits on gpu-a or gpu-b.
     assert kube_hub.api("POST", "/users/gus/server", json={"gpu_memory": "15GiB"}).status_code in (201, 202)
     kube_hub.wait_ready("gus")
+
+
+def test_watch_errors_fail_clearly_then_a_retry_and_a_hung_create_work(kube_hub: KubeHub) -> None:
+    for fault in (
+        {"method": "GET", "path_contains": "/namespaces/gpuslice/pods", "status": 410, "times": 1},
+        {"method": "GET", "path_contains": "/namespaces/gpuslice/events", "status": 500, "times": 1},
+    ):
+        assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200
+    assert kube_hub.api("POST", "/users", json={"usernames": ["hal"]}).status_code == 201
+    failed = kube_hub.api("POST", "/users/hal/server", json={"gpu_memory": "2GiB"})
+    assert failed.status_code == 503, failed.text
+    assert "The Kubernetes API answered HTTP" in failed.json()["message"]
+    assert "no GPU is held" in failed.json()["message"] and _pods(kube_hub) == []
+
+    # The user presses Start again; this time the create hangs once past its timeout and is retried.
+    hang = {"method": "POST", "path_contains": "/namespaces/gpuslice/pods", "status": "timeout", "times": 1}
+    assert kube_hub.k8s_post("/_test/faults", hang).status_code == 200
+    assert kube_hub.api("POST", "/users/hal/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("hal", timeout_s=120)
+    assert _pods(kube_hub) == ["jupyter-hal"]  # one pod, not one per attempt
