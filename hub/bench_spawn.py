@@ -45,7 +45,7 @@ c.Authenticator.allow_all = True
 """
     if kind == "gpuslice":
         return f"load_subconfig({str(CONFIG)!r})\n" + common
-    args = ["--allow-root"] if os.geteuid() == 0 else []
+    args = ["--MappingKernelManager.kernel_info_timeout=180"] + (["--allow-root"] if os.geteuid() == 0 else [])
     return (
         f"""
 c.JupyterHub.bind_url = "http://127.0.0.1:{_port()}"
@@ -61,6 +61,8 @@ c.SimpleLocalProcessSpawner.home_dir_template = "{data}/homes/{{username}}"
 c.Spawner.cmd = [{str(Path(sys.prefix) / "bin" / "jupyterhub-singleuser")!r}]
 c.Spawner.args = {args!r}
 c.Spawner.default_url = "/lab"
+c.Spawner.http_timeout = 180  # the same patience as gpuslice's configuration, for a fair baseline
+c.Spawner.start_timeout = 300
 """
         + common
     )

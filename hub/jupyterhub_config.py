@@ -52,8 +52,13 @@ c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
 c.LocalGpuSpawner.isolation = settings.isolation
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.default_url = "/lab"
-c.LocalGpuSpawner.http_timeout = 60
-c.LocalGpuSpawner.start_timeout = 120
+# A class pressing Start together on a small machine: 50 jupyterlab servers on 2 cores take
+# about 80 s to answer (gpuslice bench class); wait rather than fail them.
+c.LocalGpuSpawner.http_timeout = 180
+c.LocalGpuSpawner.start_timeout = 300
+# The same for kernels: under that load a new kernel can take over a minute to answer, and
+# jupyter_server presumes it dead after 60 s (measured: 2-4 of 50 cells lost).
+c.LocalGpuSpawner.args = ["--MappingKernelManager.kernel_info_timeout=180"]
 # The markets (gpuslice up migrates and seeds the database before the hub starts).
 c.LocalGpuSpawner.gpu_market_url = os.environ.get("GPUSLICE_MARKET_URL", "")
 c.LocalGpuSpawner.gpu_models_root = os.environ.get("GPUSLICE_MODELS_ROOT", "")
