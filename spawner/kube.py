@@ -192,24 +192,12 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         return bool(image.target)
 
     def _model_mounts(self) -> list[dict[str, Any]]:
-        options = self.user_options or {}
-        store = self._market()
-        wanted = options.get("models")
-        if wanted is None:
-            wanted = store.selected_models(self.user.name) if store else []
-        if not isinstance(wanted, list) or not all(isinstance(m, str) for m in wanted):
-            raise GpuRefused(400, 'models must be a list of model ids, for example ["langid-97"].', "invalid")
-        if wanted and (store is None or not self.gpu_models_volume):
-            raise GpuRefused(400, "This platform has no model volume; leave models out.", "invalid")
+        """Read-only subPath mounts of the models volume at /models/<id>."""
         mounts = []
-        for slug in dict.fromkeys(wanted):
-            model = store.model(slug) if store else None
-            if model is None or model.status != "approved":
-                raise GpuRefused(400, f"Model {slug!r} is not an approved model in the market.", "invalid")
+        for model in self.wanted_models(bool(self.gpu_models_volume)):
             check_relative(model.path)
-            mounts.append(
-                {"name": MODELS_VOLUME, "mountPath": f"{MODELS_DIR}/{slug}", "subPath": model.path, "readOnly": True}
-            )
+            mount = {"name": MODELS_VOLUME, "mountPath": f"{MODELS_DIR}/{model.slug}", "subPath": model.path}
+            mounts.append({**mount, "readOnly": True})
         return mounts
 
     # -- the lifecycle -------------------------------------------------------------------

@@ -226,8 +226,11 @@ class GpuShareMixin(HasTraits):
     def _market(self) -> Store | None:
         return market_store(self.gpu_market_url) if self.gpu_market_url else None
 
-    def gpu_model_folders(self) -> dict[str, Path]:
-        """The approved models to mount, from the request or the user's "Use in notebook" picks."""
+    def wanted_models(self, backend_ready: bool) -> list[Model]:
+        """The approved models to mount, from the request or the user's "Use in notebook" picks.
+
+        ``backend_ready``: whether this backend has somewhere to mount them from.
+        """
         options = self.user_options or {}  # type: ignore[attr-defined]
         store = self._market()
         wanted = options.get("models")
@@ -235,17 +238,24 @@ class GpuShareMixin(HasTraits):
             wanted = store.selected_models(self.user.name) if store else []  # type: ignore[attr-defined]
         if not isinstance(wanted, list) or not all(isinstance(m, str) for m in wanted):
             raise GpuRefused(400, 'models must be a list of model ids, for example ["langid-97"].', "invalid")
-        if wanted and (store is None or not self.gpu_models_root):
+        if wanted and (store is None or not backend_ready):
             raise GpuRefused(400, "This platform has no model market; leave models out.", "invalid")
-        folders: dict[str, Path] = {}
+        models = []
         for slug in dict.fromkeys(wanted):
             model = store.model(slug) if store else None
             if model is None or model.status != "approved":
                 raise GpuRefused(400, f"Model {slug!r} is not an approved model in the market.", "invalid")
+            models.append(model)
+        return models
+
+    def gpu_model_folders(self) -> dict[str, Path]:
+        """Each wanted model's folder under the models root (checked again: no way out of it)."""
+        folders: dict[str, Path] = {}
+        for model in self.wanted_models(bool(self.gpu_models_root)):
             try:
-                folders[slug] = inside(Path(self.gpu_models_root), model.path)
+                folders[model.slug] = inside(Path(self.gpu_models_root), model.path)
             except ModelFilesError as exc:
-                raise GpuRefused(400, f"Model {slug!r} cannot be mounted: {exc}", "invalid") from None
+                raise GpuRefused(400, f"Model {model.slug!r} cannot be mounted: {exc}", "invalid") from None
         return folders
 
     def check_and_place(
