@@ -202,6 +202,22 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
 
     # -- the lifecycle -------------------------------------------------------------------
 
+    async def _start_reflector(self, kind: str, reflector_class: Any, replace: bool = False, **kwargs: Any) -> Any:
+        """KubeSpawner's shared reflector start, made safe for the spawns that share it.
+
+        KubeSpawner registers a reflector on the class before its first list. When one spawn's
+        start fails (the events list answers 500, say) it cancels its other reflector start in
+        the middle of that list: the registered reflector's first load then never comes, and
+        every later start and stop in the hub waits on it (a stop hung past its timeout in CI).
+        A reflector whose first list failed also stays registered and is never retried. So the
+        start runs shielded from one spawn's cancellation, and a reflector that failed to load
+        is dropped, so the next spawn or stop starts a fresh one.
+        """
+        key = self._get_reflector_key(kind)
+        start = asyncio.ensure_future(super()._start_reflector(kind, reflector_class, replace=replace, **kwargs))
+        start.add_done_callback(lambda done: _forget_failed_reflector(KubeSpawner.reflectors, key, done))
+        return await asyncio.shield(start)
+
     async def _start(self) -> Any:
         inventory, pods = await self.cluster()
         try:
@@ -304,6 +320,13 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
                 "the GPUs; the server starts when one frees up.",
             )
         return scheduling_message(message, str(explain(demand, inventory, request.describe())))
+
+
+def _forget_failed_reflector(reflectors: dict[Any, Any], key: Any, start: asyncio.Future[Any]) -> None:
+    failed = start.cancelled() or start.exception() is not None  # exception() also marks it seen
+    loaded = reflectors[key].first_load_future if key in reflectors else None
+    if failed and loaded is not None and loaded.done() and (loaded.cancelled() or loaded.exception() is not None):
+        reflectors.pop(key, None)
 
 
 async def _render_form_async(spawner: KubeGpuSpawner) -> str:

@@ -105,7 +105,9 @@ class Store:
         self.current = 0
         self.log: list[tuple[int, str, str, str, Obj]] = []  # (rv, resource, namespace, type, object)
         self.changed = asyncio.Condition()
-        self.faults: list[dict[str, Any]] = []  # injected: {"method", "path_contains", "status", "times"}
+        # injected: {"method", "path_contains", "query_contains"?, "status" (HTTP code, "timeout" or
+        # "slow" with "delay_s"), "times"}
+        self.faults: list[dict[str, Any]] = []
 
     async def put(self, resource: str, namespace: str, obj: Obj, kind: str) -> Obj:
         meta = obj.setdefault("metadata", {})
@@ -164,12 +166,23 @@ class ApiServer:
     @web.middleware
     async def faults(self, request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
         for fault in self.store.faults:
-            if fault["times"] > 0 and request.method == fault["method"] and fault["path_contains"] in request.path:
+            if fault["times"] > 0 and self._matches(fault, request):
                 fault["times"] -= 1
                 if fault["status"] == "timeout":
                     await asyncio.sleep(3600)
+                if fault["status"] == "slow":  # a slow but correct answer
+                    await asyncio.sleep(float(fault["delay_s"]))
+                    break
                 return status(int(fault["status"]), "InternalError", "injected fault")
         return await handler(request)
+
+    @staticmethod
+    def _matches(fault: dict[str, Any], request: web.Request) -> bool:
+        return (
+            request.method == fault["method"]
+            and fault["path_contains"] in request.path
+            and fault.get("query_contains", "") in request.query_string
+        )
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"major": "1", "minor": "30", "gitVersion": "v1.30.0-gpuslice-double"})

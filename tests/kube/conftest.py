@@ -79,6 +79,33 @@ class KubeHub:
     def k8s_post(self, path: str, body: dict[str, Any]) -> requests.Response:
         return requests.post(f"{self.api_url}{path}", json=body, timeout=10)
 
+    def progress_until(self, user: str, text: str) -> list[str]:
+        """The spawn progress messages of user's server, read until one contains text."""
+        messages: list[str] = []
+        url = f"{self.url}/hub/api/users/{user}/server/progress"
+        with requests.get(url, headers={"Authorization": f"token {self.token}"}, stream=True, timeout=60) as stream:
+            for line in stream.iter_lines(decode_unicode=True):
+                if line.startswith("data:"):
+                    messages.append(json.loads(line[5:])["message"])
+                    if text in messages[-1]:
+                        return messages
+        raise AssertionError(f"no progress message with {text!r} for {user}: {messages}")
+
+    def hold_every_card_outside_the_hub(self, gib: int = 15) -> None:
+        """Pods in another namespace take the cards: the hub's view (its namespace) sees room, the scheduler not."""
+        for node in ("gpu-a", "gpu-b"):
+            outsider = {
+                "metadata": {"name": f"batch-{node}", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0"}},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [
+                        {"name": "job", "image": "job", "resources": {"limits": {"aliyun.com/gpu-mem": str(gib)}}}
+                    ],
+                },
+            }
+            created = self.k8s_post("/api/v1/namespaces/batch/pods", outsider)
+            assert created.status_code == 201, created.text
+
     def wait_ready(self, user: str, timeout_s: float = 90) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

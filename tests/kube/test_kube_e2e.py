@@ -1,6 +1,5 @@
 """End to end: a real JupyterHub spawns through KubeGpuSpawner into the Kubernetes API double."""
 
-import json
 import time
 
 import requests
@@ -49,31 +48,11 @@ def test_spawn_reach_refuse_and_stop(kube_hub: KubeHub) -> None:
 def test_a_pod_the_scheduler_cannot_place_is_explained_in_the_progress(kube_hub: KubeHub) -> None:
     # Someone outside the hub's namespace holds every card: the hub's own view (its
     # namespace) says there is room, the scheduler says there is not.
-    for node in ("gpu-a", "gpu-b"):
-        outsider = {
-            "metadata": {"name": f"batch-{node}", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0"}},
-            "spec": {
-                "nodeName": node,
-                "containers": [{"name": "job", "image": "job", "resources": {"limits": {"aliyun.com/gpu-mem": "15"}}}],
-            },
-        }
-        created = kube_hub.k8s_post("/api/v1/namespaces/batch/pods", outsider)
-        assert created.status_code == 201, created.text
+    kube_hub.hold_every_card_outside_the_hub()
     assert kube_hub.api("POST", "/users", json={"usernames": ["dee"]}).status_code == 201
     assert kube_hub.api("POST", "/users/dee/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
 
-    messages = []
-    with requests.get(
-        f"{kube_hub.url}/hub/api/users/dee/server/progress",
-        headers={"Authorization": f"token {kube_hub.token}"},
-        stream=True,
-        timeout=60,
-    ) as stream:
-        for line in stream.iter_lines(decode_unicode=True):
-            if line.startswith("data:"):
-                messages.append(json.loads(line[5:])["message"])
-                if "Waiting for a GPU" in messages[-1]:
-                    break
+    messages = kube_hub.progress_until("dee", "Waiting for a GPU")
     waiting = messages[-1]
     assert "Waiting for a GPU: the hub's namespace leaves room for 2 GiB of one GPU, but workloads outside" in waiting
     assert "0/2 nodes are available: 2 Insufficient aliyun.com/gpu-mem" in waiting

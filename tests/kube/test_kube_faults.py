@@ -48,16 +48,38 @@ def test_an_evicted_pod_ends_the_server_and_its_slice(kube_hub: KubeHub) -> None
     kube_hub.wait_ready("gus")
 
 
-def test_watch_errors_fail_clearly_then_a_retry_and_a_hung_create_work(kube_hub: KubeHub) -> None:
-    # A 500 on the events list as KubeSpawner starts watching. (A 410 on the pods list at that
-    # moment can leave KubeSpawner's stop waiting on a dead pod reflector: known, see docs/load.md.)
-    fault = {"method": "GET", "path_contains": "/namespaces/gpuslice/events", "status": 500, "times": 1}
-    assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200
-    assert kube_hub.api("POST", "/users", json={"usernames": ["hal"]}).status_code == 201
-    failed = kube_hub.api("POST", "/users/hal/server", json={"gpu_memory": "2GiB"})
+def _refused_for_api_error(kube_hub: KubeHub, user: str) -> None:
+    failed = kube_hub.api("POST", f"/users/{user}/server", json={"gpu_memory": "2GiB"})
     assert failed.status_code == 503, failed.text
-    assert "The Kubernetes API answered HTTP" in failed.json()["message"]
+    assert "The Kubernetes API answered HTTP 500" in failed.json()["message"]
     assert "no GPU is held" in failed.json()["message"] and _pods(kube_hub) == []
+
+
+def _wait_stopped(kube_hub: KubeHub, user: str, timeout_s: float = 30) -> None:
+    """The hub's clean-up after a failed start ends (a stop that hangs keeps the server pending)."""
+    deadline = time.monotonic() + timeout_s
+    while kube_hub.api("GET", f"/users/{user}").json()["servers"].get(""):
+        assert time.monotonic() < deadline, f"{user}'s failed server was not cleaned up in {timeout_s}s"
+        time.sleep(0.5)
+
+
+# KubeSpawner's pod reflector lists with this selector; gpuslice's own inventory lists without it.
+REFLECTOR_PODS = {"method": "GET", "path_contains": "/namespaces/gpuslice/pods", "query_contains": "labelSelector"}
+
+
+def test_an_events_list_error_while_the_pods_list_is_slow_fails_clearly_and_the_hub_recovers(
+    kube_hub: KubeHub,
+) -> None:
+    # The first Start lists pods and events together; the events list fails while the pods list is
+    # still on its way. That once left the hub's shared pod reflector half-started, and the clean-up
+    # stop of the failed server, and every spawn after it, waited on it for ever.
+    slow = {**REFLECTOR_PODS, "status": "slow", "delay_s": 3, "times": 1}
+    error = {"method": "GET", "path_contains": "/namespaces/gpuslice/events", "status": 500, "times": 1}
+    for fault in (slow, error):
+        assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200
+    assert kube_hub.api("POST", "/users", json={"usernames": ["hal"]}).status_code == 201
+    _refused_for_api_error(kube_hub, "hal")
+    _wait_stopped(kube_hub, "hal")
 
     # The user presses Start again; this time the create hangs once past its timeout and is retried.
     hang = {"method": "POST", "path_contains": "/namespaces/gpuslice/pods", "status": "timeout", "times": 1}
@@ -65,3 +87,22 @@ def test_watch_errors_fail_clearly_then_a_retry_and_a_hung_create_work(kube_hub:
     assert kube_hub.api("POST", "/users/hal/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
     kube_hub.wait_ready("hal", timeout_s=120)
     assert _pods(kube_hub) == ["jupyter-hal"]  # one pod, not one per attempt
+    # The events reflector that failed its first list was started afresh: a pod the scheduler
+    # cannot place gets its FailedScheduling event explained in the progress.
+    kube_hub.hold_every_card_outside_the_hub(gib=13)
+    assert kube_hub.api("POST", "/users", json={"usernames": ["ivy"]}).status_code == 201
+    assert kube_hub.api("POST", "/users/ivy/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    assert "Insufficient aliyun.com/gpu-mem" in kube_hub.progress_until("ivy", "Waiting for a GPU")[-1]
+
+
+def test_a_pods_list_error_fails_clearly_and_the_next_start_and_stop_work(kube_hub: KubeHub) -> None:
+    fault = {**REFLECTOR_PODS, "status": 500, "times": 1}
+    assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200
+    assert kube_hub.api("POST", "/users", json={"usernames": ["ida"]}).status_code == 201
+    _refused_for_api_error(kube_hub, "ida")
+    _wait_stopped(kube_hub, "ida")
+    assert kube_hub.api("POST", "/users/ida/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("ida")
+    assert kube_hub.api("DELETE", "/users/ida/server").status_code in (202, 204)
+    _wait_stopped(kube_hub, "ida")
+    assert _pods(kube_hub) == []
