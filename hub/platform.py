@@ -24,6 +24,7 @@ from hub import monitoring, recovery
 from hub.market import seeding
 from hub.market.store import Store
 from hub.settings import Settings, market_url, models_root
+from hub.supervise import Child, Supervisor
 from spawner.ledger import Ledger
 from spawner.mixin import machine
 from spawner.shares import format_bytes
@@ -101,8 +102,8 @@ def hub_token(data_dir: Path) -> Path:
     return path
 
 
-def start_monitoring(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
-    """Start the exporter, and Prometheus, Alertmanager and node-exporter when installed."""
+def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[Child]:
+    """The exporter, and Prometheus, Alertmanager and node-exporter when installed (not started)."""
     options = settings.monitoring
     if not options["enabled"]:
         print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
@@ -166,24 +167,21 @@ def start_monitoring(settings: Settings, data_dir: Path, env: dict[str, str]) ->
                 str(found["node_exporter"]),
                 f"--web.listen-address=127.0.0.1:{ports.node_exporter}",
             ]
-    children = []
-    for name, command in commands.items():
-        with (folder / f"{name}.log").open("ab") as log:
-            children.append(subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=log))
-    return children
+    return [Child(name, command, folder, env) for name, command in commands.items()]
 
 
 def up(settings: Settings, config_path: Path | None) -> int:
     data_dir, env = prepare(settings, config_path)
     gpus = machine(settings.simulate)
     env["GPUSLICE_PROMETHEUS_TOKEN_FILE"] = str(hub_token(data_dir))
-    children = start_monitoring(settings, data_dir, env)
+    supervisor = Supervisor(monitoring_children(settings, data_dir, env))
+    supervisor.start_all()
     proc = subprocess.Popen(hub_command(), cwd=data_dir, env=env)
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        for child in [proc, *children]:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+        supervisor.terminate_all()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
@@ -196,27 +194,19 @@ def up(settings: Settings, config_path: Path | None) -> int:
             f"  GPUs:        {', '.join(f'{g.model} {format_bytes(g.memory_bytes)}' for g in gpus.gpus)}\n"
             f"               ({gpus.source})\n"
             f"  data folder: {data_dir}\n"
-            + "".join(f"  {name}: http://127.0.0.1:{port}/\n" for name, port in _monitoring_urls(settings, children))
+            + "".join(f"  {name}: http://127.0.0.1:{port}/\n" for name, port in _monitoring_urls(settings, supervisor))
             + "Stop with Ctrl-C.",
             flush=True,
         )
-    code = proc.wait()
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-    return code
+    while proc.poll() is None:
+        supervisor.tick()
+        time.sleep(1)
+    supervisor.terminate_all()
+    supervisor.wait_all()
+    return proc.returncode
 
 
-def _monitoring_urls(settings: Settings, children: list[subprocess.Popen[bytes]]) -> list[tuple[str, int]]:
-    if not children:
-        return []
-    options = settings.monitoring
-    urls = [("GPU metrics", options["exporter_port"])]
-    if len(children) > 1:
-        urls += [("Prometheus", options["prometheus_port"]), ("Alertmanager", options["alertmanager_port"])]
-    return urls
+def _monitoring_urls(settings: Settings, supervisor: Supervisor) -> list[tuple[str, int]]:
+    names = {child.name for child in supervisor.children}
+    labels = {"exporter": "GPU metrics", "prometheus": "Prometheus", "alertmanager": "Alertmanager"}
+    return [(label, settings.monitoring[f"{name}_port"]) for name, label in labels.items() if name in names]

@@ -14,25 +14,18 @@ def test_monitoring_off_says_why_and_still_serves_gpu_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(monitoring, "binaries", lambda: dict.fromkeys(monitoring.BINARIES))
-    started: list[list[str]] = []
-
-    class FakePopen:
-        def __init__(self, command: list[str], **kwargs: object) -> None:
-            started.append(command)
-
-    monkeypatch.setattr(platform.subprocess, "Popen", FakePopen)
     s = settings(tmp_path)
     (tmp_path / "data").mkdir()
-    children = platform.start_monitoring(s, tmp_path / "data", {})  # type: ignore[arg-type]
+    children = platform.monitoring_children(s, tmp_path / "data", {})  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert "monitoring is off: prometheus and alertmanager not installed" in out
     assert "apt-get install prometheus prometheus-alertmanager" in out
-    assert len(children) == 1 and started[0][3] == "exporter"
+    assert [c.name for c in children] == ["exporter"] and children[0].command[3] == "exporter"
 
 
 def test_monitoring_disabled_in_settings_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s = settings(tmp_path, monitoring={"enabled": False})
-    assert platform.start_monitoring(s, tmp_path, {}) == []  # type: ignore[arg-type]
+    assert platform.monitoring_children(s, tmp_path, {}) == []  # type: ignore[arg-type]
     assert "monitoring is off (monitoring.enabled is false" in capsys.readouterr().out
 
 
