@@ -29,18 +29,9 @@ SUMMARY_QUERY = '{__name__=~"gpuslice:(gpu_memory_capacity_bytes|gpu_memory_allo
 
 
 def connect(url: str, timeout_s: float = 5) -> PrometheusConnect:
+    """A client that gives up after timeout_s: a hung Prometheus must not hang a page."""
     # No retries: a page shows "unavailable" at once rather than backing off for seconds.
-    client = PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0))
-    client._session.request = _with_timeout(client._session.request, timeout_s)
-    return client
-
-
-def _with_timeout(request, timeout_s: float):  # type: ignore[no-untyped-def]
-    def call(*args, **kwargs):  # type: ignore[no-untyped-def]
-        kwargs.setdefault("timeout", timeout_s)
-        return request(*args, **kwargs)
-
-    return call
+    return PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s)
 
 
 def _query(prom: PrometheusConnect, expr: str) -> list[dict]:  # type: ignore[type-arg]

@@ -1,5 +1,8 @@
 """The data layer against answers recorded from JupyterHub 5, Prometheus 2.42 and Alertmanager 0.25."""
 
+import socket
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -207,3 +210,36 @@ def test_per_gpu_trend_and_spawn_success() -> None:
     assert prometheus.spawn_success_ratio(FakePrometheus([{"metric": {}, "value": [0, "0.8"]}])) == 0.8  # type: ignore[arg-type]
     assert prometheus.spawn_success_ratio(FakePrometheus([{"metric": {}, "value": [0, "NaN"]}])) is None  # type: ignore[arg-type]
     assert prometheus.spawn_success_ratio(FakePrometheus([])) is None  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def hung_server() -> Iterator[str]:
+    """A server that accepts connections and never answers (a stopped Prometheus or Alertmanager)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def within(seconds: float, call: Callable[[], object]) -> object:
+    """call(), or a failure if it has not returned in seconds (the thread is left to die)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(call).result(timeout=seconds)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def test_a_hung_prometheus_times_out_instead_of_hanging_the_page(hung_server: str) -> None:
+    client = prometheus.connect(hung_server, timeout_s=1)
+    for query in (lambda: prometheus.summary(client), lambda: prometheus.trend(client, "up", 1)):
+        with pytest.raises(prometheus.MetricsUnavailableError, match="Prometheus did not answer"):
+            within(10, query)
+
+
+def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
+    with pytest.raises(prometheus.MetricsUnavailableError, match="Alertmanager did not answer"):
+        within(10, lambda: alerts.active_alerts(hung_server, timeout_s=1))
