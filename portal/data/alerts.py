@@ -7,7 +7,7 @@ from datetime import datetime
 
 import requests
 
-from portal.data.prometheus import MetricsUnavailableError
+from portal.data.prometheus import MetricsUnavailableError, why
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ def active_alerts(url: str, session: requests.Session | None = None, timeout_s: 
         response.raise_for_status()
         raw = response.json()
     except (requests.RequestException, ValueError) as exc:
-        raise MetricsUnavailableError(f"Alertmanager did not answer ({type(exc).__name__})") from exc
+        raise MetricsUnavailableError(f"Alertmanager did not answer ({why(exc)})") from exc
     rows = []
     for alert in raw:
         labels, annotations = alert.get("labels", {}), alert.get("annotations", {})

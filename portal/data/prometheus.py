@@ -34,11 +34,16 @@ def connect(url: str, timeout_s: float = 5) -> PrometheusConnect:
     return PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s)
 
 
+def why(exc: Exception) -> str:
+    """A failed request in a word or two: a hung server reads "timed out", not ConnectionError."""
+    return "timed out" if "timed out" in str(exc).lower() else type(exc).__name__
+
+
 def _query(prom: PrometheusConnect, expr: str) -> list[dict]:  # type: ignore[type-arg]
     try:
         return list(prom.custom_query(expr))
     except Exception as exc:  # connection refused, timeout, PromQL error
-        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
+        raise MetricsUnavailableError(f"Prometheus did not answer ({why(exc)})") from exc
 
 
 def gpu_readings(prom: PrometheusConnect) -> dict[tuple[str, str], GpuReading]:
@@ -73,7 +78,7 @@ def _range(prom: PrometheusConnect, expr: str, hours: float, points: int, now: d
             prom.custom_query_range(expr, start_time=end - timedelta(hours=hours), end_time=end, step=f"{step}s")
         )
     except Exception as exc:
-        raise MetricsUnavailableError(f"Prometheus did not answer ({type(exc).__name__})") from exc
+        raise MetricsUnavailableError(f"Prometheus did not answer ({why(exc)})") from exc
 
 
 def _points(values: list[list[str]]) -> list[tuple[datetime, float]]:

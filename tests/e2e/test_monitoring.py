@@ -1,49 +1,15 @@
 """Real Prometheus and Alertmanager, started by `gpuslice up`, scraping a real exporter and hub."""
 
 import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import requests
 from prometheus_api_client import PrometheusConnect
 
+from tests.e2e.alerting import Webhook, wait_for
 from tests.e2e.platform import Platform, free_port
 
 GiB = 2**30
-
-
-class Webhook:
-    """Alertmanager's webhook receiver: keeps every alert it is sent."""
-
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        received = self.received
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.extend(json.loads(body)["alerts"])
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def wait_for(check: Any, what: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform: Any) -> None:

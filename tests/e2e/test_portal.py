@@ -5,20 +5,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import sync_playwright
 
 from portal.identity import Identity, sign
+from tests.e2e.browser import ARGS, CHROMIUM, login
 from tests.e2e.platform import Platform, free_port
 
 ARTIFACTS = Path(__file__).parents[2] / "test-artifacts" / "portal"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture
@@ -27,14 +20,6 @@ def portal(make_platform: Any) -> Platform:
     platform: Platform = make_platform(portal_port=free_port(), streamlit_port=free_port())
     platform.start()
     return platform
-
-
-def login(page: Page, platform: Platform, user: str) -> None:
-    page.goto(f"{platform.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", "a-long-password")
-    page.click("#login_submit")
-    page.wait_for_load_state("networkidle")
 
 
 def test_every_page_through_the_gate_with_screenshots(portal: Platform) -> None:

@@ -1,0 +1,22 @@
+"""Debian's Chromium driven by Playwright, logged in through the hub's login form."""
+
+from playwright.sync_api import Page
+
+from tests.e2e.platform import Platform
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def login(page: Page, platform: Platform, user: str) -> None:
+    page.goto(f"{platform.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", "a-long-password")
+    page.click("#login_submit")
+    page.wait_for_load_state("networkidle")
