@@ -6,6 +6,11 @@ against plain JupyterHub with its local process spawner. Printed: time to ready 
 p95, max), time to the cell's result, failures by cause, hub CPU seconds and peak
 memory, over-commit (cards holding more than their memory; must be 0) and leaked
 allocations after the stops (must be 0), and gpuslice / plain ratios.
+
+With ``--portal-sessions M``, M admins keep opening the portal's pages in headless
+Chromium while gpuslice's class spawns (hub/bench_portal.py); their page times, idle and
+during the class, are printed too. The gpuslice hub runs as shipped, with its portal and
+idle culler.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import psutil
 import requests
 from tornado import httpclient, websocket
 
+from hub.bench_portal import PortalLoad
 from hub.bench_spawn import Hub, hubs
 from spawner.ledger import Ledger
 
@@ -227,13 +233,23 @@ def _over_commit(ours: Hub) -> int:
     return sum(1 for used in per_card.values() if used > 16 * 2**30)
 
 
-def run(users: int) -> dict[str, Any]:
-    with hubs() as (plain, ours):
+def run(users: int, portal_sessions: int = 0) -> dict[str, Any]:
+    watchers = [f"watcher-{i:02d}" for i in range(portal_sessions)]
+    with hubs(admins=watchers) as (plain, ours):
         baseline = run_class(plain, users, {}, lambda: 0)
-        result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))
+        portal: dict[str, Any] | None = None
+        if watchers:
+            with PortalLoad(ours.url.removesuffix("/hub/api"), watchers) as load:
+                result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))
+            portal = load.summary()
+        else:
+            result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))
         leaked = len(Ledger(ours.data / "ledger.sqlite").holdings())
     result["leaked_allocations"] = leaked
     ratio = None
     if result["ready_s"] and baseline["ready_s"]:
         ratio = {k: result["ready_s"][k] / baseline["ready_s"][k] for k in ("p50", "p95", "max")}
-    return {"gpuslice": result, "plain_jupyterhub": baseline, "ready_ratio": ratio, "slice": SLICE}
+    report = {"gpuslice": result, "plain_jupyterhub": baseline, "ready_ratio": ratio, "slice": SLICE}
+    if portal is not None:
+        report["portal"] = portal  # the class above ran with these sessions refreshing the portal
+    return report

@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,14 +37,18 @@ def _port() -> int:
 
 
 def _config(kind: str, data: Path, token: str) -> str:
-    common = f"""
-c.JupyterHub.services = [{{"name": "bench", "api_token": {token!r}}}]
-c.JupyterHub.load_roles = [{{"name": "bench", "scopes": {ADMIN_SCOPES!r}, "services": ["bench"]}}]
+    service = {"name": "bench", "api_token": token}
+    role = {"name": "bench", "scopes": ADMIN_SCOPES, "services": ["bench"]}
+    common = """
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allow_all = True
 """
-    if kind == "gpuslice":
-        return f"load_subconfig({str(CONFIG)!r})\n" + common
+    if kind == "gpuslice":  # as shipped: with its portal and idle culler beside the bench's service
+        return (
+            f"load_subconfig({str(CONFIG)!r})\n"
+            f"c.JupyterHub.services.append({service!r})\nc.JupyterHub.load_roles.append({role!r})\n" + common
+        )
+    common += f"c.JupyterHub.services = [{service!r}]\nc.JupyterHub.load_roles = [{role!r}]\n"
     args = ["--MappingKernelManager.kernel_info_timeout=180"] + (["--allow-root"] if os.geteuid() == 0 else [])
     return (
         f"""
@@ -69,7 +73,7 @@ c.Spawner.start_timeout = 300
 
 
 class Hub:
-    def __init__(self, kind: str, root: Path) -> None:
+    def __init__(self, kind: str, root: Path, admins: Sequence[str] = ()) -> None:
         self.kind, self.data = kind, root / kind
         self.data.mkdir(parents=True)
         self.token = secrets.token_hex(16)
@@ -80,6 +84,7 @@ class Hub:
         settings.write_text(
             f"port: {self.port}\nhub_port: {_port()}\nproxy_api_port: {_port()}\nportal_port: {_port()}\n"
             f"data_dir: {self.data}\ngpus: {{simulate: 2x16GiB:T4}}\nmonitoring: {{enabled: false}}\n"
+            f"admin_users: {json.dumps(list(admins))}\n"
         )
         env = dict(os.environ, GPUSLICE_SETTINGS=str(settings), GPUSLICE_DATA_DIR=str(self.data))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
@@ -153,11 +158,12 @@ class Hub:
 
 
 @contextmanager
-def hubs() -> Iterator[tuple[Hub, Hub]]:
+def hubs(admins: Sequence[str] = ()) -> Iterator[tuple[Hub, Hub]]:
+    """A plain JupyterHub and gpuslice's (admins: gpuslice's admin users, for portal sessions)."""
     with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as root:
         plain = Hub("plain", Path(root))
         try:
-            ours = Hub("gpuslice", Path(root))
+            ours = Hub("gpuslice", Path(root), admins)
             try:
                 yield plain, ours
             finally:

@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     spawn.add_argument("--runs", type=int, default=5, help="timed spawns per hub (default 5)")
     klass = benches.add_parser("class", help="N users start servers at once, gpuslice vs plain JupyterHub")
     klass.add_argument("--users", type=int, default=50, help="students pressing Start together (default 50)")
+    klass.add_argument(
+        "--portal-sessions",
+        type=int,
+        default=0,
+        help="browser sessions (headless Chromium) refreshing the portal while gpuslice's class spawns (default 0)",
+    )
     return parser
 
 
@@ -74,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.bench == "class":
         from hub.bench_class import run as run_class
 
-        print(json.dumps(run_class(args.users), indent=2))
+        print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
         return 0
     return _bench_placement(args)
 

@@ -11,3 +11,13 @@ def test_a_small_class_starts_runs_a_cell_and_leaves_nothing() -> None:
         assert side["ready_s"]["max"] > 0 and side["cell_s"]["p95"] >= side["ready_s"]["p50"]
     assert ours["over_commit"] == 0 and ours["leaked_allocations"] == 0
     assert result["ready_ratio"]["p95"] > 0
+
+
+def test_portal_sessions_keep_answering_while_a_small_class_spawns() -> None:
+    result = run(users=3, portal_sessions=2)
+    assert result["gpuslice"]["failures"] == {}, result["gpuslice"]["failure_examples"]
+    portal = result["portal"]
+    assert portal["sessions"] == 2
+    assert portal["idle"]["pages"] == 2 * 2 * 4 and portal["idle"]["failures"] == {}  # 2 rounds of 4 pages each
+    assert portal["during_class"]["pages"] > 0 and portal["during_class"]["failures"] == {}, portal
+    assert 0 < portal["during_class"]["p50_s"] <= portal["during_class"]["max_s"]
