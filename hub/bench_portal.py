@@ -3,7 +3,7 @@
 Each session is a Chromium tab (Debian's ``chromium``, driven by Playwright) logged in
 through the hub as an admin (who sees every server: the heaviest pages). A page counts
 as answered when its title is shown and Streamlit reports the script run finished; one
-that takes over a minute, or errors, is a failure. Timings are kept apart for the idle
+that takes over a minute, or shows a traceback or an error message, is a failure. Timings are kept apart for the idle
 portal (before the class) and for the portal while the class spawns, so the figure
 that matters is their ratio on the same machine.
 """
@@ -24,6 +24,10 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 PAGES = {"": "Overview", "jobs": "Jobs", "gpus": "GPUs", "classes": "Classes"}
 PAGE_TIMEOUT_MS = 60_000
 DONE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+
+
+class PageError(RuntimeError):
+    """The page answered with a traceback or an error instead of its content."""
 
 
 @dataclass
@@ -120,7 +124,12 @@ class PortalLoad:
             await page.wait_for_selector(f"h1:has-text('{title}')", timeout=PAGE_TIMEOUT_MS)
             await page.wait_for_selector(DONE, state="attached", timeout=PAGE_TIMEOUT_MS)
             if await page.locator("[data-testid='stException']").count():
-                raise RuntimeError("the page shows a traceback")
+                raise PageError("a traceback")
+            if await page.locator("[data-testid='stAlertContentError']").count():
+                raise PageError("an error message")  # e.g. the hub did not answer in time
+        except PageError as exc:
+            phase.failures[f"{title}: {exc}"] += 1
+            return
         except Exception as exc:  # every failure counted by page and cause; the session goes on
             phase.failures[f"{title}: {type(exc).__name__}"] += 1
             return

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from portal.auth import require_identity
+from portal.data.prometheus import SourceUnavailableError
 
 st.set_page_config(page_title="gpuslice", page_icon=":material/memory:", layout="wide")
 identity = require_identity()
@@ -18,4 +19,7 @@ pages = [
     st.Page("screens/models.py", title="Models", icon=":material/model_training:"),
 ]
 st.sidebar.caption(f"Signed in as **{identity.name}**{' (admin)' if identity.admin else ''}")
-st.navigation(pages).run()
+try:
+    st.navigation(pages).run()
+except SourceUnavailableError as exc:  # a busy or restarting hub: say so, never a traceback
+    st.error(f"{exc}. This page needs it; reload in a moment.")

@@ -9,6 +9,7 @@ from typing import Any
 
 import requests
 
+from portal.data.prometheus import SourceUnavailableError, why
 from portal.identity import Identity
 from spawner.backends import Backend
 from spawner.inventory import Inventory, build_kube, build_local
@@ -57,7 +58,12 @@ class KubeClient:
         return cls(f"https://{host}:{port}", (account / "token").read_text(), str(account / "ca.crt"))
 
     def items(self, path: str) -> list[dict[str, Any]]:
-        response = self.session.get(f"{self.api_url}{path}", timeout=self.timeout_s)
+        try:
+            response = self.session.get(f"{self.api_url}{path}", timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise SourceUnavailableError(f"The Kubernetes API did not answer ({why(exc)})") from exc
+        if response.status_code >= 500:
+            raise SourceUnavailableError(f"The Kubernetes API answered HTTP {response.status_code}")
         response.raise_for_status()
         return list(response.json().get("items") or [])
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import requests
 
+from portal.data.prometheus import SourceUnavailableError, why
 from portal.identity import Identity
 
 
@@ -25,24 +26,36 @@ class ServerRow:
 
 
 class HubClient:
-    def __init__(self, api_url: str, token: str, session: requests.Session | None = None, timeout_s: float = 5) -> None:
+    # A hub busy with a class starting at once can take several seconds to list fifty users.
+    def __init__(
+        self, api_url: str, token: str, session: requests.Session | None = None, timeout_s: float = 15
+    ) -> None:
         self.api_url, self.timeout_s = api_url.rstrip("/"), timeout_s
         self.session = session or requests.Session()
         self.session.headers["Authorization"] = f"token {token}"
 
     def get(self, path: str) -> Any:
-        response = self.session.get(f"{self.api_url}{path}", timeout=self.timeout_s)
+        response = self._send("GET", path)
         response.raise_for_status()
         return response.json()
 
     def post(self, path: str, body: dict[str, Any]) -> requests.Response:
         """POST JSON; the response is returned whatever its status (callers read the hub's message)."""
-        return self.session.post(f"{self.api_url}{path}", json=body, timeout=self.timeout_s)
+        return self._send("POST", path, json=body)
 
     def delete(self, path: str) -> int:
-        response = self.session.delete(f"{self.api_url}{path}", timeout=self.timeout_s)
+        response = self._send("DELETE", path)
         response.raise_for_status()
         return response.status_code
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        try:
+            response = self.session.request(method, f"{self.api_url}{path}", timeout=self.timeout_s, **kwargs)
+        except requests.RequestException as exc:
+            raise SourceUnavailableError(f"JupyterHub did not answer ({why(exc)})") from exc
+        if response.status_code in (502, 503, 504):
+            raise SourceUnavailableError(f"JupyterHub answered HTTP {response.status_code}")
+        return response
 
 
 def _time(value: str | None) -> datetime | None:

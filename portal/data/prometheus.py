@@ -15,6 +15,10 @@ class MetricsUnavailableError(RuntimeError):
     """Prometheus is down, slow or returned an error; pages show a banner and go on."""
 
 
+class SourceUnavailableError(RuntimeError):
+    """The hub or the Kubernetes API, which every page needs, did not answer; the page says so."""
+
+
 @dataclass(frozen=True)
 class GpuReading:
     utilization_pct: float = 0.0

@@ -243,3 +243,23 @@ def test_a_hung_prometheus_times_out_instead_of_hanging_the_page(hung_server: st
 def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
     with pytest.raises(prometheus.MetricsUnavailableError, match=r"Alertmanager did not answer \(timed out\)"):
         within(10, lambda: alerts.active_alerts(hung_server, timeout_s=1))
+
+
+def test_a_hung_hub_is_reported_as_unavailable(hung_server: str) -> None:
+    client = hub.HubClient(f"{hung_server}/hub/api", "token", timeout_s=1)
+    with pytest.raises(prometheus.SourceUnavailableError, match=r"JupyterHub did not answer \(timed out\)"):
+        within(10, lambda: hub.list_servers(client, Identity("admin", admin=True)))
+
+
+def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server: str) -> None:
+    class Gateway(requests.Session):
+        def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
+            response = requests.Response()
+            response.status_code = 503
+            return response
+
+    with pytest.raises(prometheus.SourceUnavailableError, match="HTTP 503"):
+        hub.HubClient("http://hub/hub/api", "t", session=Gateway()).get("/users")
+    gone = hub.HubClient(hung_server.rsplit(":", 1)[0] + ":1/hub/api", "t", timeout_s=1)
+    with pytest.raises(prometheus.SourceUnavailableError, match="ConnectionError"):
+        gone.get("/users")

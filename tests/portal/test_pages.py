@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from portal import auth, sources
 from portal.data.alerts import AlertRow
 from portal.data.hub import ServerRow
-from portal.data.prometheus import GpuReading, MetricsUnavailableError
+from portal.data.prometheus import GpuReading, MetricsUnavailableError, SourceUnavailableError
 from portal.identity import Identity
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
@@ -130,6 +130,19 @@ def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, o
     at = run()
     assert "Metrics are unavailable right now" in at.warning[0].value
     assert {m.label for m in at.metric} >= {"GPUs", "Allocated", "Running servers"}
+
+
+@pytest.mark.parametrize("page", [None, "screens/jobs.py", "screens/classes.py"])  # GPUs reads no hub
+def test_a_hub_that_does_not_answer_gets_a_message_not_a_traceback(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, page: str | None
+) -> None:
+    def busy(*args: object) -> object:
+        raise SourceUnavailableError("JupyterHub did not answer (timed out)")
+
+    monkeypatch.setattr(sources, "servers", busy)
+    monkeypatch.setattr(sources, "groups", busy)
+    at = run(page)  # run() asserts no exception reached the page
+    assert "JupyterHub did not answer (timed out). This page needs it; reload in a moment." in texts(at)
 
 
 def test_gpus_page(fakes: dict[str, object]) -> None:
