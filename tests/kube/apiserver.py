@@ -105,8 +105,8 @@ class Store:
         self.current = 0
         self.log: list[tuple[int, str, str, str, Obj]] = []  # (rv, resource, namespace, type, object)
         self.changed = asyncio.Condition()
-        # injected: {"method", "path_contains", "query_contains"?, "status" (HTTP code, "timeout" or
-        # "slow" with "delay_s"), "times"}
+        # injected: {"method", "path_contains", "query_contains"?, "status" (HTTP code, "timeout",
+        # "slow" with "delay_s", or "gone": a 410 ERROR event on a watch), "times"}
         self.faults: list[dict[str, Any]] = []
 
     async def put(self, resource: str, namespace: str, obj: Obj, kind: str) -> Obj:
@@ -160,6 +160,7 @@ class ApiServer:
         app.router.add_get("/api/v1/namespaces/{namespace}/{resource}/{name}", self.read)
         app.router.add_delete("/api/v1/namespaces/{namespace}/{resource}/{name}", self.remove)
         app.router.add_post("/_test/faults", self.add_fault)
+        app.router.add_get("/_test/faults", self.list_faults)
         app.router.add_post("/_test/evict/{namespace}/{name}", self.evict)
         return app
 
@@ -173,6 +174,8 @@ class ApiServer:
                 if fault["status"] == "slow":  # a slow but correct answer
                     await asyncio.sleep(float(fault["delay_s"]))
                     break
+                if fault["status"] == "gone":  # a watch whose resourceVersion was compacted away
+                    return await self._gone(request, "too old resource version (injected)")
                 return status(int(fault["status"]), "InternalError", "injected fault")
         return await handler(request)
 
@@ -221,19 +224,10 @@ class ApiServer:
     ) -> web.StreamResponse:
         since = int(request.query.get("resourceVersion") or self.store.current)
         oldest = self.store.log[0][0] if self.store.log else self.store.current + 1
+        if since and since < oldest - 1:
+            return await self._gone(request, f"too old resource version: {since} ({oldest - 1})")
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
-        if since and since < oldest - 1:
-            gone = {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "status": "Failure",
-                "reason": "Expired",
-                "code": 410,
-                "message": f"too old resource version: {since} ({oldest - 1})",
-            }
-            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
-            return response
         deadline = asyncio.get_running_loop().time() + float(request.query.get("timeoutSeconds") or 300)
         sent = since
         while asyncio.get_running_loop().time() < deadline:
@@ -244,6 +238,15 @@ class ApiServer:
             async with self.store.changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.store.changed.wait(), timeout=1)
+        return response
+
+    @staticmethod
+    async def _gone(request: web.Request, message: str) -> web.StreamResponse:
+        """A watch the API server cannot serve from its history: one ERROR event, 410 Expired."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410}
+        await response.write(json.dumps({"type": "ERROR", "object": {**gone, "message": message}}).encode() + b"\n")
         return response
 
     # -- create, read, delete -----------------------------------------------------------
@@ -457,6 +460,10 @@ class ApiServer:
         await self.store.put("pods", namespace, pod, "MODIFIED")
         await self._event(pod, "Warning", "Evicted", "The node was low on resource: memory.")
         return web.json_response(pod)
+
+    async def list_faults(self, request: web.Request) -> web.Response:
+        """The injected faults with the times each has left (0: all used)."""
+        return web.json_response(self.store.faults)
 
     async def add_fault(self, request: web.Request) -> web.Response:
         self.store.faults.append(await request.json())

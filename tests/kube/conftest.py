@@ -71,10 +71,10 @@ class KubeHub:
         headers = {"Authorization": f"token {self.token}"}
         return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, timeout=60, **kwargs)
 
-    def k8s(self, path: str) -> dict[str, Any]:
+    def k8s(self, path: str) -> Any:
         response = requests.get(f"{self.api_url}{path}", timeout=10)
         response.raise_for_status()
-        return dict(response.json())
+        return response.json()
 
     def k8s_post(self, path: str, body: dict[str, Any]) -> requests.Response:
         return requests.post(f"{self.api_url}{path}", json=body, timeout=10)

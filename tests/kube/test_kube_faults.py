@@ -106,3 +106,39 @@ def test_a_pods_list_error_fails_clearly_and_the_next_start_and_stop_work(kube_h
     assert kube_hub.api("DELETE", "/users/ida/server").status_code in (202, 204)
     _wait_stopped(kube_hub, "ida")
     assert _pods(kube_hub) == []
+
+
+def test_a_410_gone_on_the_pods_watch_is_survived(kube_hub: KubeHub) -> None:
+    # The API server compacted its history: the watch answers with a 410 ERROR event. KubeSpawner's
+    # pod reflector must list again and go on watching, or stops and readiness are never seen.
+    assert kube_hub.api("POST", "/users", json={"usernames": ["jo"]}).status_code == 201
+    assert kube_hub.api("POST", "/users/jo/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("jo")
+    gone = {**REFLECTOR_PODS, "query_contains": "watch", "status": "gone", "times": 1}
+    assert kube_hub.k8s_post("/_test/faults", gone).status_code == 200
+    deadline = time.monotonic() + 30  # the reflector re-watches at least every 10 s
+    while [f for f in kube_hub.k8s("/_test/faults") if f["status"] == "gone" and f["times"]]:
+        assert time.monotonic() < deadline, "the pod reflector never watched again"
+        time.sleep(0.5)
+    # The reflector still follows the pods: a stop is seen, and a new server becomes ready.
+    assert kube_hub.api("DELETE", "/users/jo/server").status_code in (202, 204)
+    _wait_stopped(kube_hub, "jo")
+    assert kube_hub.api("POST", "/users/jo/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("jo")
+    assert _pods(kube_hub) == ["jupyter-jo"]
+
+
+def test_a_pod_left_from_before_is_replaced_on_409(kube_hub: KubeHub) -> None:
+    # A pod of the same name survives from an earlier hub (a 409 AlreadyExists on create):
+    # KubeSpawner deletes it and creates the user's pod, with the GPU resources of this request.
+    leftover = {
+        "metadata": {"name": "jupyter-kim", "labels": {"component": "singleuser-server"}},
+        "spec": {"containers": [{"name": "notebook", "image": "old", "command": ["sleep", "3600"]}]},
+    }
+    assert kube_hub.k8s_post("/api/v1/namespaces/gpuslice/pods", leftover).status_code == 201
+    assert kube_hub.api("POST", "/users", json={"usernames": ["kim"]}).status_code == 201
+    assert kube_hub.api("POST", "/users/kim/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("kim", timeout_s=120)
+    pod = kube_hub.k8s("/api/v1/namespaces/gpuslice/pods/jupyter-kim")
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
+    assert _pods(kube_hub) == ["jupyter-kim"]
