@@ -113,7 +113,7 @@ def _run_cell_once(base: str, user: str, token: str) -> None:
     headers = {"Authorization": f"token {token}"}
     kernel = requests.post(f"{base}/user/{user}/api/kernels", json={}, headers=headers, timeout=120)
     if kernel.status_code != 201:
-        raise RuntimeError(f"kernel start: HTTP {kernel.status_code}")
+        raise RuntimeError(f"kernel start: HTTP {kernel.status_code}: {kernel.text[:200]!r}")
     url = f"{base.replace('http', 'ws', 1)}/user/{user}/api/kernels/{kernel.json()['id']}/channels"
     asyncio.run(_execute(url, headers))
 
@@ -177,7 +177,7 @@ def _student(hub: Hub, base: str, user: str, options: dict[str, Any], start: thr
         outcome.retried = _run_cell(base, user, token)
         outcome.cell_s = time.perf_counter() - began
     except Exception as exc:  # every failure is counted by cause, none stops the class
-        outcome.failure = f"{step}: {type(exc).__name__}: {str(exc)[:100]}"
+        outcome.failure = f"{step}: {type(exc).__name__}: {str(exc)[:300]}"
     return outcome
 
 
