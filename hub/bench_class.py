@@ -16,6 +16,7 @@ idle culler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import threading
@@ -237,12 +238,8 @@ def run(users: int, portal_sessions: int = 0) -> dict[str, Any]:
     watchers = [f"watcher-{i:02d}" for i in range(portal_sessions)]
     with hubs(admins=watchers) as (plain, ours):
         baseline = run_class(plain, users, {}, lambda: 0)
-        portal: dict[str, Any] | None = None
-        if watchers:
-            with PortalLoad(ours.url.removesuffix("/hub/api"), watchers) as load:
-                result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))
-            portal = load.summary()
-        else:
+        load = PortalLoad(ours.url.removesuffix("/hub/api"), watchers) if watchers else None
+        with load or contextlib.nullcontext():
             result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))
         leaked = len(Ledger(ours.data / "ledger.sqlite").holdings())
     result["leaked_allocations"] = leaked
@@ -250,6 +247,6 @@ def run(users: int, portal_sessions: int = 0) -> dict[str, Any]:
     if result["ready_s"] and baseline["ready_s"]:
         ratio = {k: result["ready_s"][k] / baseline["ready_s"][k] for k in ("p50", "p95", "max")}
     report = {"gpuslice": result, "plain_jupyterhub": baseline, "ready_ratio": ratio, "slice": SLICE}
-    if portal is not None:
-        report["portal"] = portal  # the class above ran with these sessions refreshing the portal
+    if load is not None:
+        report["portal"] = load.summary()  # the class above ran with these sessions refreshing the portal
     return report

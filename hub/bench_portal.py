@@ -3,9 +3,9 @@
 Each session is a Chromium tab (Debian's ``chromium``, driven by Playwright) logged in
 through the hub as an admin (who sees every server: the heaviest pages). A page counts
 as answered when its title is shown and Streamlit reports the script run finished; one
-that takes over a minute, or shows a traceback or an error message, is a failure. Timings are kept apart for the idle
-portal (before the class) and for the portal while the class spawns, so the figure
-that matters is their ratio on the same machine.
+that takes over a minute, or shows a traceback or an error message, is a failure.
+Timings are kept apart for the idle portal (before the class) and for the portal while
+the class spawns, so the figure that matters is their ratio on the same machine.
 """
 
 from __future__ import annotations

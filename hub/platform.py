@@ -1,8 +1,9 @@
 """`gpuslice up`: run the single-machine platform in the foreground.
 
 Starts JupyterHub (which starts configurable-http-proxy, the idle culler and the
-notebook servers) with hub/jupyterhub_config.py, prints the URLs once the hub
-answers, and on SIGINT/SIGTERM stops it, and with it every child.
+notebook servers) with hub/jupyterhub_config.py and the monitoring processes (kept
+running by hub/supervise.py), prints the URLs once the hub answers, and on
+SIGINT/SIGTERM stops it, and with it every child.
 """
 
 from __future__ import annotations
