@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PAGES = {"": "Overview", "jobs": "Jobs", "gpus": "GPUs", "classes": "Classes"}
 PAGE_TIMEOUT_MS = 60_000
 DONE = "[data-testid='stApp'][data-test-script-state='notRunning']"

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from portal.auth import require_identity
-from portal.data.prometheus import SourceUnavailableError
+from portal.data.errors import SourceUnavailableError
 
 st.set_page_config(page_title="gpuslice", page_icon=":material/memory:", layout="wide")
 identity = require_identity()

@@ -7,7 +7,8 @@ from datetime import datetime
 
 import requests
 
-from portal.data.prometheus import MetricsUnavailableError, why
+from portal.data.errors import why
+from portal.data.prometheus import MetricsUnavailableError
 
 
 @dataclass(frozen=True)

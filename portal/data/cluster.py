@@ -9,7 +9,7 @@ from typing import Any
 
 import requests
 
-from portal.data.prometheus import SourceUnavailableError, why
+from portal.data.errors import SourceUnavailableError, why
 from portal.identity import Identity
 from spawner.backends import Backend
 from spawner.inventory import Inventory, build_kube, build_local

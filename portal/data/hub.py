@@ -8,7 +8,7 @@ from typing import Any
 
 import requests
 
-from portal.data.prometheus import SourceUnavailableError, why
+from portal.data.errors import SourceUnavailableError, why
 from portal.identity import Identity
 
 

@@ -8,15 +8,13 @@ from datetime import datetime, timedelta
 from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
+from portal.data.errors import why
+
 MiB = 1024 * 1024
 
 
 class MetricsUnavailableError(RuntimeError):
     """Prometheus is down, slow or returned an error; pages show a banner and go on."""
-
-
-class SourceUnavailableError(RuntimeError):
-    """The hub or the Kubernetes API, which every page needs, did not answer; the page says so."""
 
 
 @dataclass(frozen=True)
@@ -36,11 +34,6 @@ def connect(url: str, timeout_s: float = 5) -> PrometheusConnect:
     """A client that gives up after timeout_s: a hung Prometheus must not hang a page."""
     # No retries: a page shows "unavailable" at once rather than backing off for seconds.
     return PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s)
-
-
-def why(exc: Exception) -> str:
-    """A failed request in a word or two: a hung server reads "timed out", not ConnectionError."""
-    return "timed out" if "timed out" in str(exc).lower() else type(exc).__name__
 
 
 def _query(prom: PrometheusConnect, expr: str) -> list[dict]:  # type: ignore[type-arg]

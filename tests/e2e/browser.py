@@ -2,16 +2,10 @@
 
 from playwright.sync_api import Page
 
+from hub.bench_portal import ARGS, CHROMIUM
 from tests.e2e.platform import Platform
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+__all__ = ["ARGS", "CHROMIUM", "login"]
 
 
 def login(page: Page, platform: Platform, user: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import requests
 
-from portal.data import alerts, hub, prometheus
+from portal.data import alerts, errors, hub, prometheus
 from portal.identity import Identity
 
 ALICE = {
@@ -247,7 +247,7 @@ def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
 
 def test_a_hung_hub_is_reported_as_unavailable(hung_server: str) -> None:
     client = hub.HubClient(f"{hung_server}/hub/api", "token", timeout_s=1)
-    with pytest.raises(prometheus.SourceUnavailableError, match=r"JupyterHub did not answer \(timed out\)"):
+    with pytest.raises(errors.SourceUnavailableError, match=r"JupyterHub did not answer \(timed out\)"):
         within(10, lambda: hub.list_servers(client, Identity("admin", admin=True)))
 
 
@@ -258,8 +258,8 @@ def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server
             response.status_code = 503
             return response
 
-    with pytest.raises(prometheus.SourceUnavailableError, match="HTTP 503"):
+    with pytest.raises(errors.SourceUnavailableError, match="HTTP 503"):
         hub.HubClient("http://hub/hub/api", "t", session=Gateway()).get("/users")
     gone = hub.HubClient(hung_server.rsplit(":", 1)[0] + ":1/hub/api", "t", timeout_s=1)
-    with pytest.raises(prometheus.SourceUnavailableError, match="ConnectionError"):
+    with pytest.raises(errors.SourceUnavailableError, match="ConnectionError"):
         gone.get("/users")

@@ -9,8 +9,9 @@ from streamlit.testing.v1 import AppTest
 
 from portal import auth, sources
 from portal.data.alerts import AlertRow
+from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ServerRow
-from portal.data.prometheus import GpuReading, MetricsUnavailableError, SourceUnavailableError
+from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
