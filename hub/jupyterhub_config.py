@@ -68,11 +68,13 @@ if settings.images:
         **settings.images,
     }
 
+# Managed services end with the hub even when it is killed (hub/with_hub.py says why).
+with_hub = [sys.executable, "-m", "hub.with_hub"]
 # Idle servers give their slice back.
 c.JupyterHub.services = [
     {
         "name": "idle-culler",
-        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={settings.idle_timeout}"],
+        "command": [*with_hub, "jupyterhub_idle_culler", f"--timeout={settings.idle_timeout}"],
     }
 ]
 c.JupyterHub.load_roles = [
@@ -88,7 +90,7 @@ c.JupyterHub.services.append(
         "name": "portal",
         "display": True,
         "url": f"http://127.0.0.1:{settings.portal_port}",
-        "command": [sys.executable, "-m", "portal.gate"],
+        "command": [*with_hub, "portal.gate"],
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],
         "environment": {

@@ -21,6 +21,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web, websocket
 
+from hub.with_hub import die_with_parent
 from portal.identity import HEADER, Identity, sign
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
@@ -170,6 +171,7 @@ def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[b
             "--client.toolbarMode=minimal",
         ],
         env=env,
+        preexec_fn=die_with_parent,  # a gate that is killed does not leave Streamlit behind
     )
 
 

@@ -8,14 +8,17 @@ Kubernetes one.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from tornado import web
 from traitlets import Dict, HasTraits, Integer, List, Unicode, default
 
@@ -336,6 +339,9 @@ class LedgerGpuMixin(GpuShareMixin):
     gpu_ledger_path = Unicode(
         "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
     ).tag(config=True)
+    # False on a spawner the hub loaded from its database: its first poll checks the server.
+    _gpu_checked_since_restart = False
+    _gpu_silent_after_restart = False
 
     @property
     def _ledger(self) -> Ledger:
@@ -404,6 +410,7 @@ class LedgerGpuMixin(GpuShareMixin):
         self.log.info("gpuslice: %s gets %s: %s", self._key, request.describe(), placed)  # type: ignore[attr-defined]
         self._record("placed", 20, f"placed: {placed}; starting the server")
         self._gpu_starting = True
+        self._gpu_checked_since_restart = True  # this hub process watches the start itself
         try:
             self.prepare_server()
             result = await super().start()  # type: ignore[misc]
@@ -425,10 +432,14 @@ class LedgerGpuMixin(GpuShareMixin):
 
     async def poll(self) -> int | None:
         status: int | None = await super().poll()  # type: ignore[misc]
+        if status is None and not self._gpu_checked_since_restart:
+            # The hub's first look at a server it did not start (it restarted meanwhile).
+            self._gpu_checked_since_restart = True
+            status = await self._answer_or_exit()
         if status is None and self._gpu_holds:
             # Running: make sure the ledger still holds the slice (it may have been lost).
             self._ledger.restore(self._gpu_holds)
-        if status is not None and self._last_event_kind() == "started":
+        if status is not None and not self._gpu_silent_after_restart and self._last_event_kind() == "started":
             # Nobody stopped it (stop() records "stopped"): it crashed, exited or was killed.
             self._record("died", 100, _died_message(status))
         return status
@@ -437,8 +448,36 @@ class LedgerGpuMixin(GpuShareMixin):
         self._record(*self._stop_reason())
         await super().stop(now=now)  # type: ignore[misc]
 
+    async def _answer_or_exit(self) -> int | None:
+        """After a hub restart: wait until the server answers HTTP, exits, or ``http_timeout`` passes.
+
+        JupyterHub itself only waits for an answer (up to ``http_timeout``), without
+        looking at the process. A server that was starting while the hub was down gives
+        up on reaching the hub after about 45 s and exits; without this check it stays
+        "pending" and holds its slice for the whole ``http_timeout``.
+        """
+        timeout = self.http_timeout  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        url = f"{self.server.url}api"  # type: ignore[attr-defined]
+        while True:
+            if await _answers_http(url):
+                return None
+            status: int | None = await super().poll()  # type: ignore[misc]
+            if status is not None:
+                return status
+            if time.monotonic() > deadline:
+                # Alive but silent: JupyterHub stops it on a non-None status (stop() says why).
+                message = "gpuslice: %s did not answer at %s within %s s after the hub restarted"
+                self.log.warning(message, self._key, url, timeout)  # type: ignore[attr-defined]
+                self._gpu_silent_after_restart = True
+                return -1
+            await asyncio.sleep(1.0)
+
     def _stop_reason(self) -> tuple[str, int, str]:
         # JupyterHub stops a server it gave up on from inside start or the wait for it to answer.
+        if self._gpu_silent_after_restart:
+            timeout = self.http_timeout  # type: ignore[attr-defined]
+            return "failed", 100, f"gave up: the server did not answer within {timeout} s after the hub restarted"
         if self._gpu_starting:
             timeout = self.start_timeout  # type: ignore[attr-defined]
             return "failed", 100, f"gave up: the server did not start within {timeout} s"
@@ -525,6 +564,18 @@ def market_store(url: str) -> Store:
     if url not in _STORES:
         _STORES[url] = Store(url)
     return _STORES[url]
+
+
+async def _answers_http(url: str) -> bool:
+    """Whether a server answers at ``url`` as JupyterHub counts it: any status below 500."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session,
+            session.get(url, allow_redirects=False) as response,
+        ):
+            return response.status < 500
+    except (TimeoutError, aiohttp.ClientError):
+        return False
 
 
 def _died_message(status: int) -> str:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import requests
 
 from tests.e2e.platform import free_port
@@ -15,7 +16,8 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_stopping_the_gate_stops_its_streamlit() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
+def test_stopping_or_killing_the_gate_stops_its_streamlit(signum: int) -> None:
     gate_port, streamlit_port = free_port(), free_port()
     env = dict(
         os.environ,
@@ -38,7 +40,7 @@ def test_stopping_the_gate_stops_its_streamlit() -> None:
                 pass
             time.sleep(0.3)
         assert listening(streamlit_port), "Streamlit did not start behind the gate"
-        gate.send_signal(signal.SIGTERM)
+        gate.send_signal(signum)
         assert gate.wait(timeout=20) is not None
         deadline = time.monotonic() + 15
         while listening(streamlit_port) and time.monotonic() < deadline:

@@ -1,0 +1,55 @@
+"""hub.with_hub: a managed service ends when the hub that started it is killed."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# A stand-in for the hub: starts the service, says its pid, then waits to be killed.
+_HUB = "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:]); print(p.pid, flush=True); time.sleep(300)"
+_SERVICE = ["http.server", "--bind", "127.0.0.1", "0"]
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its new parent to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(") ", 1)[1][0] != "Z"
+
+
+def _start_under_hub(service: list[str]) -> tuple[subprocess.Popen[str], int]:
+    hub = subprocess.Popen([sys.executable, "-c", _HUB, *service], stdout=subprocess.PIPE, text=True)
+    assert hub.stdout is not None
+    pid = int(hub.stdout.readline())
+    # The service shares the hub's stdout: its banner says that it runs the module.
+    assert "Serving HTTP" in hub.stdout.readline()
+    return hub, pid
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+@pytest.mark.parametrize(
+    ("launcher", "ends_with_hub"),
+    [(["-m", "hub.with_hub"], True), (["-m"], False)],
+    ids=["with_hub", "plain (what a killed hub leaves behind)"],
+)
+def test_a_service_ends_when_its_hub_is_killed(launcher: list[str], ends_with_hub: bool) -> None:
+    hub, service = _start_under_hub([sys.executable, "-u", *launcher, *_SERVICE])
+    try:
+        hub.send_signal(signal.SIGKILL)
+        hub.wait(timeout=10)
+        assert _gone_within(service, 10) is ends_with_hub
+    finally:
+        hub.kill()
+        if _alive(service):
+            subprocess.run(["kill", "-9", str(service)], check=False)
