@@ -411,6 +411,7 @@ class LedgerGpuMixin(GpuShareMixin):
         self._record("placed", 20, f"placed: {placed}; starting the server")
         self._gpu_starting = True
         self._gpu_checked_since_restart = True  # this hub process watches the start itself
+        self._gpu_silent_after_restart = False
         try:
             self.prepare_server()
             result = await super().start()  # type: ignore[misc]
