@@ -131,12 +131,7 @@ def test_fifty_spawns_at_once_never_overcommit_two_cards(platform: Platform) -> 
 
 
 def test_hub_kill_9_and_restart_keeps_running_servers_and_their_slices(make_platform: object) -> None:
-    platform: Platform = make_platform()  # type: ignore[operator]
-    platform.start()
-    carol = platform.login("carol")
-    assert carol.api("POST", "/users/carol/server", json={"gpu_memory": "8GiB"}).status_code in (201, 202)
-    carol.wait_ready("carol")
-    pid = _server_pid(platform, "carol")
+    platform, pid = _platform_with_a_server(make_platform, "carol", "8GiB")
     before = platform.ledger()
 
     platform.kill_hub()
@@ -185,12 +180,7 @@ def test_group_quota_refuses_with_the_rule(make_platform: object) -> None:
 
 def test_a_server_that_dies_while_the_hub_restarts_gives_its_slice_back_at_once(make_platform: object) -> None:
     """JupyterHub alone would wait http_timeout (180 s) for it to answer, pending and holding its slice."""
-    platform: Platform = make_platform()  # type: ignore[operator]
-    platform.start()
-    ivy = platform.login("ivy")
-    assert ivy.api("POST", "/users/ivy/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
-    ivy.wait_ready("ivy")
-    pid = _server_pid(platform, "ivy")
+    platform, pid = _platform_with_a_server(make_platform, "ivy", "2GiB")
     platform.kill_hub()
     os.killpg(pid, signal.SIGSTOP)  # alive but silent when the restarted hub first looks at it
     try:
@@ -207,6 +197,16 @@ def test_a_server_that_dies_while_the_hub_restarts_gives_its_slice_back_at_once(
         "the server process ended without being stopped through the hub (killed, crashed or out of memory)",
     )
     platform.stop()
+
+
+def _platform_with_a_server(make_platform: object, user: str, memory: str) -> tuple[Platform, int]:
+    """A platform of its own (the test kills its hub) with one ready server, and the server's pid."""
+    platform: Platform = make_platform()  # type: ignore[operator]
+    platform.start()
+    session = platform.login(user)
+    assert session.api("POST", f"/users/{user}/server", json={"gpu_memory": memory}).status_code in (201, 202)
+    session.wait_ready(user)
+    return platform, _server_pid(platform, user)
 
 
 def _server_pid(platform: Platform, user: str) -> int:
