@@ -69,7 +69,7 @@ if settings.images:
     }
 
 # Managed services end with the hub even when it is killed (hub/with_hub.py says why).
-with_hub = [sys.executable, "-m", "hub.with_hub"]
+with_hub = [sys.executable, "-m", "hub.with_hub", f"--hub-pid={os.getpid()}"]  # this config runs in the hub
 # Idle servers give their slice back.
 c.JupyterHub.services = [
     {

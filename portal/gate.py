@@ -13,6 +13,7 @@ import secrets
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -171,7 +172,7 @@ def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[b
             "--client.toolbarMode=minimal",
         ],
         env=env,
-        preexec_fn=die_with_parent,  # a gate that is killed does not leave Streamlit behind
+        preexec_fn=partial(die_with_parent, os.getpid()),  # a killed gate does not leave Streamlit behind
     )
 
 

@@ -1,5 +1,6 @@
 """hub.with_hub: a managed service ends when the hub that started it is killed."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -8,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-# A stand-in for the hub: starts the service, says its pid, then waits to be killed.
-_HUB = "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:]); print(p.pid, flush=True); time.sleep(300)"
+# A stand-in for the hub: starts the service (with its own pid for {hub_pid}), says the
+# service's pid, then waits to be killed.
+_HUB = """
+import os, subprocess, sys, time
+p = subprocess.Popen([a.replace("{hub_pid}", str(os.getpid())) for a in sys.argv[1:]])
+print(p.pid, flush=True)
+time.sleep(300)
+"""
 _SERVICE = ["http.server", "--bind", "127.0.0.1", "0"]
 
 
@@ -40,7 +47,7 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 @pytest.mark.parametrize(
     ("launcher", "ends_with_hub"),
-    [(["-m", "hub.with_hub"], True), (["-m"], False)],
+    [(["-m", "hub.with_hub", "--hub-pid={hub_pid}"], True), (["-m"], False)],
     ids=["with_hub", "plain (what a killed hub leaves behind)"],
 )
 def test_a_service_ends_when_its_hub_is_killed(launcher: list[str], ends_with_hub: bool) -> None:
@@ -53,3 +60,17 @@ def test_a_service_ends_when_its_hub_is_killed(launcher: list[str], ends_with_hu
         hub.kill()
         if _alive(service):
             subprocess.run(["kill", "-9", str(service)], check=False)
+
+
+def test_a_service_whose_hub_died_before_it_started_ends_at_once() -> None:
+    # This test's process is the parent, so any other --hub-pid means the hub is gone.
+    late = subprocess.Popen([sys.executable, "-m", "hub.with_hub", f"--hub-pid={os.getpid() + 1}", *_SERVICE])
+    try:
+        assert late.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        late.kill()
+
+
+def test_a_service_needs_a_module() -> None:
+    run = subprocess.run([sys.executable, "-m", "hub.with_hub", "--hub-pid=1"], capture_output=True, text=True)
+    assert run.returncode != 0 and "usage: python -m hub.with_hub" in run.stderr
