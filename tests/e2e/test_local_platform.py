@@ -156,7 +156,7 @@ def test_a_dead_server_gives_its_slice_back(platform: Platform) -> None:
     assert frank.api("POST", "/users/frank/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
     frank.wait_ready("frank")
     os.killpg(_server_pid(platform, "frank"), signal.SIGKILL)
-    _wait(lambda: platform.ledger() == [], "the dead server's slice to be released", timeout_s=90)
+    _wait(lambda: _released_and_recorded(platform, "frank/"), "the dead server's slice and event", timeout_s=90)
     kind, message = platform.last_event("frank/") or ("", "")
     assert (kind, message) == ("died", "the server was killed by signal 9 (not stopped through the hub)")
 
@@ -187,7 +187,7 @@ def test_a_server_that_dies_while_the_hub_restarts_gives_its_slice_back_at_once(
         platform.start()
     finally:
         os.killpg(pid, signal.SIGKILL)
-    _wait(lambda: platform.ledger() == [], "the dead server's slice to be released", timeout_s=45, log=platform.log)
+    _wait(lambda: _released_and_recorded(platform, "ivy/"), "the slice and the event", timeout_s=45, log=platform.log)
     token = platform.token("admin")
     assert admin_api(platform, token, "GET", "/users/ivy").json()["servers"] == {}
     kind, message = platform.last_event("ivy/") or ("", "")
@@ -207,6 +207,12 @@ def _platform_with_a_server(make_platform: object, user: str, memory: str) -> tu
     assert session.api("POST", f"/users/{user}/server", json={"gpu_memory": memory}).status_code in (201, 202)
     session.wait_ready(user)
     return platform, _server_pid(platform, user)
+
+
+def _released_and_recorded(platform: Platform, key: str) -> bool:
+    """The slice is free and the server's end recorded (the release comes a moment before the event)."""
+    event = platform.last_event(key)
+    return platform.ledger() == [] and event is not None and event[0] != "started"
 
 
 def _server_pid(platform: Platform, user: str) -> int:
