@@ -568,7 +568,11 @@ def market_store(url: str) -> Store:
 
 
 async def _answers_http(url: str) -> bool:
-    """Whether a server answers at ``url`` as JupyterHub counts it: any status below 500."""
+    """Whether a server answers at ``url`` as JupyterHub counts it: any status below 500.
+
+    Not ``jupyterhub.utils.wait_for_http_server``: its attempts have no short timeout (a
+    stopped server would hold one for minutes), and the caller watches the process between tries.
+    """
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session,

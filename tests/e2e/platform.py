@@ -37,6 +37,15 @@ def free_port() -> int:
             return port
 
 
+def process_alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie that its (new) parent has yet to reap."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(") ", 1)[1][0] != "Z"
+
+
 @dataclass
 class Platform:
     root: Path

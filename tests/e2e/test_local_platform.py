@@ -9,7 +9,7 @@ from pathlib import Path
 
 import requests
 
-from tests.e2e.platform import Platform, admin_api
+from tests.e2e.platform import Platform, admin_api, process_alive
 
 GiB = 2**30
 
@@ -135,7 +135,7 @@ def test_hub_kill_9_and_restart_keeps_running_servers_and_their_slices(make_plat
     before = platform.ledger()
 
     platform.kill_hub()
-    assert _alive(pid), "the notebook server must outlive the hub"
+    assert process_alive(pid), "the notebook server must outlive the hub"
     platform.start()
     assert platform.ledger() == before  # no leak, no double allocation
     carol = platform.login("carol")
@@ -148,7 +148,7 @@ def test_hub_kill_9_and_restart_keeps_running_servers_and_their_slices(make_plat
     refused = erin.api("POST", "/users/erin/server", json={"gpu_memory": "9GiB"})
     assert refused.status_code == 409, refused.text
     platform.stop()
-    assert not _alive(pid)
+    assert not process_alive(pid)
 
 
 def test_a_dead_server_gives_its_slice_back(platform: Platform) -> None:
@@ -231,15 +231,6 @@ def _server_pid(platform: Platform, user: str) -> int:
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.split(") ")[1][0] != "Z"
 
 
 def _wait(check: object, what: str, timeout_s: float = 60, log: Path | None = None) -> None:

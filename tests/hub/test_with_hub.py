@@ -5,9 +5,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from tests.e2e.platform import process_alive
 
 # A stand-in for the hub: starts the service (with its own pid for {hub_pid}), says the
 # service's pid, then waits to be killed.
@@ -18,15 +19,6 @@ print(p.pid, flush=True)
 time.sleep(300)
 """
 _SERVICE = ["http.server", "--bind", "127.0.0.1", "0"]
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting for its new parent to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(") ", 1)[1][0] != "Z"
 
 
 def _start_under_hub(service: list[str]) -> tuple[subprocess.Popen[str], int]:
@@ -40,9 +32,9 @@ def _start_under_hub(service: list[str]) -> tuple[subprocess.Popen[str], int]:
 
 def _gone_within(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return not _alive(pid)
+    return not process_alive(pid)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +50,7 @@ def test_a_service_ends_when_its_hub_is_killed(launcher: list[str], ends_with_hu
         assert _gone_within(service, 10) is ends_with_hub
     finally:
         hub.kill()
-        if _alive(service):
+        if process_alive(service):
             subprocess.run(["kill", "-9", str(service)], check=False)
 
 
