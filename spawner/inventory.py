@@ -24,8 +24,9 @@ from spawner.backends import (
     TIMESLICING_RESOURCE,
     Backend,
     MigProfile,
+    gpushare_unit_bytes,
 )
-from spawner.shares import GiB, MiB, ShareError, parse_quantity
+from spawner.shares import MiB, ShareError, parse_quantity
 
 # Annotations and labels other tools write (docs/kubernetes.md names the sources read).
 GPUSHARE_IDX = "ALIYUN_COM_GPU_MEM_IDX"
@@ -34,7 +35,6 @@ GPUSHARE_ALLOCATION = "scheduler.framework.gpushare.allocation"
 GPUSHARE_COUNT = "aliyun.com/gpu-count"
 # gpushare's scheduler extender reads the cards it must skip from this ConfigMap in kube-system.
 GPUSHARE_UNHEALTHY_CONFIGMAP = "unhealthy-gpu-{node}"
-GPUSHARE_UNITS = {"GiB": GiB, "MiB": MiB}  # the device plugin's --memory-unit
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 HAMI_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 HAMI_NODE = "hami.io/vgpu-node"
@@ -236,16 +236,6 @@ def build_kube(
         except ValueError as exc:
             inventory.warnings.append(f"pod {_pod_key(pod)}: {exc}; its GPUs are not counted")
     return inventory
-
-
-def gpushare_unit_bytes(memory_unit: str) -> int:
-    """Bytes in one ``aliyun.com/gpu-mem`` unit for gpushare's device plugin ``--memory-unit``."""
-    if memory_unit not in GPUSHARE_UNITS:
-        raise ValueError(
-            f"gpushare memory unit must be one of {', '.join(GPUSHARE_UNITS)} (the device plugin's "
-            f"--memory-unit), not {memory_unit!r}"
-        )
-    return GPUSHARE_UNITS[memory_unit]
 
 
 def holds_resources(pod: Obj) -> bool:
