@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -172,7 +173,11 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         cache = CACHES.setdefault(self.namespace, ClusterCache())
         snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
         inventory = build_kube(
-            snapshot.nodes, snapshot.pods, Backend(self.gpu_backend), gpushare_memory_unit=self.gpushare_memory_unit
+            snapshot.nodes,
+            snapshot.pods,
+            Backend(self.gpu_backend),
+            gpushare_memory_unit=self.gpushare_memory_unit,
+            now=datetime.now(UTC),
         )
         for warning in inventory.warnings:
             self.log.warning("gpuslice inventory: %s", warning)
