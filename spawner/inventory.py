@@ -559,7 +559,8 @@ def _gpushare_placement(pod: Obj, annotations: Obj) -> list[tuple[int, int]]:
     (pkg/utils/pod.go GetGPUIDFromAnnotation, GetGPUMemoryFromPodAnnotation).
     """
     if annotations.get(GPUSHARE_ALLOCATION):
-        # The newer scheduler-framework plugin: {"container index": {"card": units}}.
+        # Written by neither the extender nor the device plugin read here; kept for builds
+        # that write it: {"container index": {"card": units}}.
         try:
             allocation = json.loads(annotations[GPUSHARE_ALLOCATION])
             return [(int(i), int(u)) for c in allocation.values() for i, u in c.items()]
