@@ -37,6 +37,7 @@ _KEYS = {"maxSlice": "max_slice", "maxGpus": "max_gpus", "serversPerUser": "serv
 c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = os.environ.get("POD_NAMESPACE", "default")
 c.KubeGpuSpawner.gpu_backend = values["backend"]
+c.KubeGpuSpawner.gpushare_memory_unit = values.get("gpushareMemoryUnit", "GiB")
 c.KubeGpuSpawner.gpu_policy = values["policy"]
 c.KubeGpuSpawner.gpu_groups = [
     {"name": name, **{_KEYS.get(k, k): v for k, v in rules.items() if _KEYS.get(k, k) in GROUP_KEYS - {"members"}}}

@@ -80,7 +80,10 @@ def _namespace() -> str:
 def inventory() -> tuple[Inventory, list[Held]]:
     if _kubernetes():
         return cluster.kube_inventory(
-            kube_client(), _namespace(), os.environ.get("GPUSLICE_SHARING_BACKEND", "gpushare")
+            kube_client(),
+            _namespace(),
+            os.environ.get("GPUSLICE_SHARING_BACKEND", "gpushare"),
+            gpushare_memory_unit=os.environ.get("GPUSLICE_GPUSHARE_MEMORY_UNIT", "GiB"),
         )
     return cluster.local_inventory(_ledger_path(), settings().simulate)
 

@@ -28,6 +28,8 @@ ANNOTATION_MEMORY = "gpuslice.io/gpu-memory-bytes"
 ANNOTATION_BACKEND = "gpuslice.io/sharing-backend"
 
 GPUSHARE_RESOURCE = "aliyun.com/gpu-mem"
+# gpushare's device plugin counts aliyun.com/gpu-mem in its --memory-unit (GiB by default).
+GPUSHARE_UNITS = {"GiB": GiB, "MiB": MiB}
 HAMI_GPU = "nvidia.com/gpu"
 HAMI_MEMORY = "nvidia.com/gpumem"
 HAMI_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
@@ -133,6 +135,7 @@ def render(
     mig_profiles: tuple[MigProfile, ...] = MIG_PROFILES["A100-40GB"],
     hami_cores_percent: int | None = None,
     timeslicing_resource: str = TIMESLICING_RESOURCE,
+    gpushare_memory_unit: str = "GiB",
 ) -> ServerGpuSpec:
     """The limits, annotations, env and warnings for ``request`` on ``backend``.
 
@@ -143,7 +146,7 @@ def render(
     if request.kind is RequestKind.CPU:
         return _cpu_only()
     builders: dict[Backend, Callable[[GpuRequest, int | None], ServerGpuSpec]] = {
-        Backend.GPUSHARE: _gpushare,
+        Backend.GPUSHARE: lambda r, c: _gpushare(r, c, gpushare_memory_unit),
         Backend.HAMI: lambda r, c: _hami(r, c, hami_cores_percent),
         Backend.TIMESLICING: lambda r, c: _timeslicing(r, c, timeslicing_resource),
         Backend.MIG: lambda r, c: _mig(r, c, mig_profiles),
@@ -184,26 +187,37 @@ def _needs_card(request: GpuRequest, backend: Backend) -> ShareError:
     )
 
 
-def gpushare_card_gib(card_bytes: int) -> int:
-    """gpushare's unit count for a card: floor of MiB/1024 (a 16 GB card is 15 GiB)."""
-    return (card_bytes // MiB) // 1024
+def gpushare_unit_bytes(memory_unit: str) -> int:
+    """Bytes in one aliyun.com/gpu-mem unit for gpushare's device plugin ``--memory-unit``."""
+    if memory_unit not in GPUSHARE_UNITS:
+        raise ValueError(
+            f"gpushare memory unit must be one of {', '.join(GPUSHARE_UNITS)} (the device plugin's "
+            f"--memory-unit), not {memory_unit!r}"
+        )
+    return GPUSHARE_UNITS[memory_unit]
 
 
-def _gpushare(request: GpuRequest, card_bytes: int | None) -> ServerGpuSpec:
+def gpushare_card_units(card_bytes: int, memory_unit: str = "GiB") -> int:
+    """gpushare's unit count for a card: its MiB, floored to whole GiB with GiB (a 16 GB card is 15)."""
+    return (card_bytes // MiB) // (gpushare_unit_bytes(memory_unit) // MiB)
+
+
+def _gpushare(request: GpuRequest, card_bytes: int | None, memory_unit: str) -> ServerGpuSpec:
     if request.kind is RequestKind.WHOLE:
         return _whole(request, card_bytes)
+    unit = gpushare_unit_bytes(memory_unit)
     if request.memory_bytes is not None:
         # Round up: the slice must hold what was asked for.
-        gib = max(1, math.ceil(request.memory_bytes / GiB))
+        units = max(1, math.ceil(request.memory_bytes / unit))
     else:
         assert request.fraction is not None
         if card_bytes is None:
             raise _needs_card(request, Backend.GPUSHARE)
         # Round down: four quarters must fit on the card as gpushare counts it.
-        gib = max(1, math.floor(request.fraction * gpushare_card_gib(card_bytes)))
-    slice_bytes = gib * GiB
+        units = max(1, math.floor(request.fraction * gpushare_card_units(card_bytes, memory_unit)))
+    slice_bytes = units * unit
     return ServerGpuSpec(
-        limits={GPUSHARE_RESOURCE: str(gib)},
+        limits={GPUSHARE_RESOURCE: str(units)},
         annotations={ANNOTATION_MEMORY: str(slice_bytes), ANNOTATION_BACKEND: Backend.GPUSHARE.value},
         env=slice_env(slice_bytes, card_bytes, Isolation.NONE),
         warnings=(NO_ISOLATION_WARNING,),

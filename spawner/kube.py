@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -27,7 +28,7 @@ from tornado import web
 from traitlets import Dict, Float, Unicode, default, validate
 
 from hub.market.catalog import check_relative
-from spawner.backends import Backend, render
+from spawner.backends import Backend, gpushare_unit_bytes, render
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
 from spawner.mixin import GpuRefused, GpuShareMixin, Machine, SpawnImage
 from spawner.placement import ClusterState, Demand, explain, make_policy
@@ -121,6 +122,11 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     gpu_backend = Unicode("gpushare", help="How the cluster shares GPUs: gpushare, hami, timeslicing, mig, whole.").tag(
         config=True
     )
+    gpushare_memory_unit = Unicode(
+        "GiB",
+        help="""gpushare's device plugin --memory-unit (GiB or MiB): the unit of aliyun.com/gpu-mem
+        in node capacity, pod limits and ALIYUN_COM_GPU_MEM_POD.""",
+    ).tag(config=True)
     gpu_inventory_ttl = Float(5.0, help="Seconds a listing of nodes and pods is reused across spawns.").tag(config=True)
     gpu_profile_groups = Dict(
         help="Profile slug -> groups allowed to choose it (a profile not listed is open to everyone)."
@@ -151,6 +157,12 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             raise ValueError(f"gpu_backend must be one of {', '.join(allowed)}, not {value!r}")
         return value
 
+    @validate("gpushare_memory_unit")
+    def _check_gpushare_unit(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        gpushare_unit_bytes(value)  # raises with the allowed units
+        return value
+
     @default("options_form")
     def _default_options_form(self) -> Any:
         return _render_form_async
@@ -160,7 +172,15 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     async def cluster(self) -> tuple[Inventory, list[dict[str, Any]]]:
         cache = CACHES.setdefault(self.namespace, ClusterCache())
         snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
-        inventory = build_kube(snapshot.nodes, snapshot.pods, Backend(self.gpu_backend))
+        inventory = build_kube(
+            snapshot.nodes,
+            snapshot.pods,
+            Backend(self.gpu_backend),
+            gpushare_memory_unit=self.gpushare_memory_unit,
+            now=datetime.now(UTC),
+        )
+        for warning in inventory.warnings:
+            self.log.warning("gpuslice inventory: %s", warning)
         self._gpu_cluster = inventory
         return inventory, snapshot.pods
 
@@ -282,7 +302,12 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             )
         limits, annotations, environment, volumes, volume_mounts = self._gpu_base
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
-        spec = render(request, Backend(self.gpu_backend), card_bytes=card or None)
+        spec = render(
+            request,
+            Backend(self.gpu_backend),
+            card_bytes=card or None,
+            gpushare_memory_unit=self.gpushare_memory_unit,
+        )
         self._gpu_request = request
         self.extra_resource_limits = {**limits, **spec.limits}
         self.extra_annotations = {**annotations, **spec.annotations, **({GROUP_ANNOTATION: group} if group else {})}

@@ -68,10 +68,14 @@ class KubeClient:
         return list(response.json().get("items") or [])
 
 
-def kube_inventory(client: KubeClient, namespace: str, backend: str) -> tuple[Inventory, list[Held]]:
+def kube_inventory(
+    client: KubeClient, namespace: str, backend: str, *, gpushare_memory_unit: str = "GiB"
+) -> tuple[Inventory, list[Held]]:
     """Nodes and the namespace's pods as the core's inventory; holds from the pods' annotations."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods")
-    inventory = build_kube(client.items("/api/v1/nodes"), pods, Backend(backend))
+    inventory = build_kube(
+        client.items("/api/v1/nodes"), pods, Backend(backend), gpushare_memory_unit=gpushare_memory_unit
+    )
     groups = {
         str(p["metadata"].get("name")): (p["metadata"].get("annotations") or {}).get(GROUP_ANNOTATION) for p in pods
     }

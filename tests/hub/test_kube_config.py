@@ -13,6 +13,7 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     values = {
         "backend": "hami",
         "policy": "fgd",
+        "gpushareMemoryUnit": "MiB",
         "adminUsers": ["teacher"],
         "groups": {"ml101": {"members": ["alice"], "maxSlice": "4GiB", "serversPerUser": 1, "profiles": ["t4"]}},
         "idleTimeout": 1800,
@@ -38,6 +39,7 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     spawner = config.KubeGpuSpawner
     assert config.JupyterHub.spawner_class == "spawner.kube.KubeGpuSpawner"
     assert (spawner.gpu_backend, spawner.gpu_policy, spawner.namespace) == ("hami", "fgd", "jupyter")
+    assert spawner.gpushare_memory_unit == "MiB"
     assert spawner.gpu_groups == [{"name": "ml101", "max_slice": "4GiB", "servers_per_user": 1}]
     assert spawner.gpu_profile_groups == {"t4": ["ml101"]}
     assert spawner.gpu_models_volume == {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}}

@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -46,6 +47,8 @@ KINDS = {
     "nodes": "Node",
 }
 GPUSHARE_MEM, GPUSHARE_COUNT, GPUSHARE_IDX = "aliyun.com/gpu-mem", "aliyun.com/gpu-count", "ALIYUN_COM_GPU_MEM_IDX"
+GPUSHARE_POD, GPUSHARE_ASSIGNED = "ALIYUN_COM_GPU_MEM_POD", "ALIYUN_COM_GPU_MEM_ASSIGNED"
+GPUSHARE_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
 HISTORY = 1000  # watch events kept; older resourceVersions are Gone
 
 
@@ -343,33 +346,48 @@ class ApiServer:
         await self.store.put("pods", namespace, pod, "MODIFIED")
         await self._event(pod, "Warning", "FailedScheduling", message)
 
-    def _gpushare_card(self, node: Obj, gib: int) -> int | None:
-        """What gpushare's scheduler extender does: the first card with room (-1: none; None: not gpushare)."""
-        allocatable = node.get("status", {}).get("allocatable") or {}
-        cards = int(allocatable.get(GPUSHARE_COUNT, 0) or 0)
-        if not gib or not cards:
+    def _gpushare_card(self, node: Obj, units: int) -> int | None:
+        """What gpushare's scheduler extender does (-1: no card has room; None: not gpushare).
+
+        As its pkg/cache: cards are capacity/count units each; a card's use is the
+        ALIYUN_COM_GPU_MEM_POD of its bound pods that are not complete (deleting,
+        Succeeded or Failed); the pod goes to the card with the least room that fits.
+        """
+        per_card, cards = _gpushare_cards(node)
+        if not units or not cards:
             return None
-        per_card = int(allocatable.get(GPUSHARE_MEM, 0)) // cards
         used = [0] * cards
         for other in self.store.items("pods", None):
             annotations = other["metadata"].get("annotations") or {}
-            if other["spec"].get("nodeName") == node["metadata"]["name"] and GPUSHARE_IDX in annotations:
-                used[int(annotations[GPUSHARE_IDX])] += int(annotations.get("ALIYUN_COM_GPU_MEM_POD", 0))
-        return next((i for i in range(cards) if used[i] + gib <= per_card), -1)
+            if other["spec"].get("nodeName") != node["metadata"]["name"] or _gpushare_complete(other):
+                continue
+            index = _atoi(annotations.get(GPUSHARE_IDX, ""), -1)
+            if 0 <= index < cards and _limits(other).get(GPUSHARE_MEM, 0) > 0:
+                used[index] += max(0, _atoi(annotations.get(GPUSHARE_POD, ""), 0))
+        fitting = [i for i in range(cards) if per_card - used[i] >= units]
+        return min(fitting, key=lambda i: (per_card - used[i], i)) if fitting else -1
 
     @staticmethod
     def _gpushare_annotations(node: Obj, card: int, asked: dict[str, int]) -> dict[str, str]:
-        allocatable = node["status"]["allocatable"]
-        per_card = int(allocatable[GPUSHARE_MEM]) // int(allocatable[GPUSHARE_COUNT])
+        """utils.PatchPodAnnotationSpec's annotations, written before the extender binds."""
+        per_card, _ = _gpushare_cards(node)
         return {
             GPUSHARE_IDX: str(card),
-            "ALIYUN_COM_GPU_MEM_POD": str(asked[GPUSHARE_MEM]),
+            GPUSHARE_POD: str(asked[GPUSHARE_MEM]),
             "ALIYUN_COM_GPU_MEM_DEV": str(per_card),
-            "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
-            "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(int(datetime.now(UTC).timestamp() * 1e9)),
+            GPUSHARE_ASSIGNED: "false",
+            GPUSHARE_ASSUME_TIME: str(time.time_ns()),
         }
 
+    @staticmethod
+    def _gpushare_assign(pod: Obj) -> None:
+        """The device plugin's Allocate: the container starts, the pod is marked assigned."""
+        annotations = pod["metadata"].get("annotations") or {}
+        if annotations.get(GPUSHARE_ASSIGNED) == "false":
+            annotations.update({GPUSHARE_ASSIGNED: "true", GPUSHARE_ASSUME_TIME: str(time.time_ns())})
+
     async def _run(self, pod: Obj) -> None:
+        self._gpushare_assign(pod)
         container = pod["spec"]["containers"][0]
         address = next(self.addresses)
         env = dict(os.environ)
@@ -505,6 +523,29 @@ def _limits(pod: Obj) -> dict[str, int]:
         for resource, value in ((container.get("resources") or {}).get("limits") or {}).items():
             total[resource] += _quantity(value)
     return total
+
+
+def _gpushare_cards(node: Obj) -> tuple[int, int]:
+    """(units per card, cards) as the extender reads them: from capacity (pkg/utils/node.go)."""
+    status = node.get("status", {})
+    capacity = status.get("capacity") or status.get("allocatable") or {}
+    cards = int(capacity.get(GPUSHARE_COUNT, 0) or 0)
+    return (int(capacity.get(GPUSHARE_MEM, 0) or 0) // cards if cards else 0), cards
+
+
+def _gpushare_complete(pod: Obj) -> bool:
+    """gpushare's utils.IsCompletePod."""
+    return bool(pod["metadata"].get("deletionTimestamp")) or pod.get("status", {}).get("phase") in {
+        "Succeeded",
+        "Failed",
+    }
+
+
+def _atoi(text: str, default: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
 
 
 def _quantity(value: Any) -> int:

@@ -6,7 +6,7 @@ from spawner.backends import (
     Backend,
     Isolation,
     MigProfile,
-    gpushare_card_gib,
+    gpushare_card_units,
     render,
     smallest_mig_profile,
 )
@@ -38,9 +38,21 @@ def test_gpushare_memory_rounds_up_to_whole_gib() -> None:
 
 
 def test_gpushare_counts_a_16gb_card_as_15_gib() -> None:
-    assert gpushare_card_gib(V100_16) == 15
+    assert gpushare_card_units(V100_16) == 15
     # A quarter of 15 GiB rounds down so that four quarters fit on the card.
     assert render(QUARTER, Backend.GPUSHARE, card_bytes=V100_16).limits == {"aliyun.com/gpu-mem": "3"}
+
+
+def test_gpushare_with_memory_unit_mib_asks_in_mib() -> None:
+    """gpushare's device plugin with --memory-unit=MiB offers one aliyun.com/gpu-mem per MiB."""
+    spec = render(GpuRequest(memory_bytes=4 * GiB + 1), Backend.GPUSHARE, gpushare_memory_unit="MiB")
+    assert spec.limits == {"aliyun.com/gpu-mem": "4097"}
+    assert spec.annotations["gpuslice.io/gpu-memory-bytes"] == str(4097 * 2**20)
+    assert gpushare_card_units(V100_16, "MiB") == V100_16 // 2**20
+    quarter = render(QUARTER, Backend.GPUSHARE, card_bytes=V100_16, gpushare_memory_unit="MiB")
+    assert quarter.limits == {"aliyun.com/gpu-mem": str(V100_16 // 2**20 // 4)}
+    with pytest.raises(ValueError, match="--memory-unit"):
+        render(FOUR_GIB, Backend.GPUSHARE, gpushare_memory_unit="GB")
 
 
 def test_gpushare_share_without_a_card_size_asks_for_memory() -> None:

@@ -11,7 +11,7 @@ from spawner.inventory import (
     build_local,
     cpu_milli,
     holds_resources,
-    parse_hami_allocated,
+    parse_hami_pod_devices,
     parse_hami_register,
 )
 from spawner.shares import GiB, MiB
@@ -123,11 +123,11 @@ def test_hami_register_in_both_formats(register: str) -> None:
 
 
 def test_hami_allocations_by_uuid() -> None:
-    assert parse_hami_allocated("GPU-aaa,NVIDIA,3000,30:;") == [("GPU-aaa", 3000)]
-    assert parse_hami_allocated("GPU-aaa,NVIDIA,1000,0:GPU-bbb,NVIDIA,2000,0:;GPU-aaa,NVIDIA,500,0:;") == [
-        ("GPU-aaa", 1000),
-        ("GPU-bbb", 2000),
-        ("GPU-aaa", 500),
+    assert parse_hami_pod_devices("GPU-aaa,NVIDIA,3000,30:;") == [[("GPU-aaa", 3000)], []]
+    assert parse_hami_pod_devices("GPU-aaa,NVIDIA,1000,0:GPU-bbb,NVIDIA,2000,0:;GPU-aaa,NVIDIA,500,0:;") == [
+        [("GPU-aaa", 1000), ("GPU-bbb", 2000)],
+        [("GPU-aaa", 500)],
+        [],
     ]
     nodes = [node("n1", {"nvidia.com/gpu": "20"}, annotations={"hami.io/node-nvidia-register": HAMI_JSON})]
     pods = [
@@ -135,7 +135,7 @@ def test_hami_allocations_by_uuid() -> None:
             "a",
             "n1",
             {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"},
-            {"hami.io/vgpu-devices-allocated": "GPU-aaa,NVIDIA,3000,30:;"},
+            {"hami.io/vgpu-devices-allocated": "GPU-aaa,NVIDIA,3000,30:;", "hami.io/vgpu-node": "n1"},
         )
     ]
     inv = build_kube(nodes, pods, Backend.HAMI)
@@ -147,7 +147,7 @@ def test_hami_allocations_by_uuid() -> None:
 
 def test_hami_bad_annotation_is_reported() -> None:
     with pytest.raises(ValueError, match=r"bad hami\.io/vgpu-devices-allocated entry"):
-        parse_hami_allocated("GPU-aaa:;")
+        parse_hami_pod_devices("GPU-aaa,NVIDIA:;")
 
 
 def test_whole_gpus_take_the_first_free_cards() -> None:
