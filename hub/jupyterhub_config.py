@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hub import metrics
 from hub.settings import load
+from spawner.gpus import machine
 from spawner.ledger import Ledger
-from spawner.mixin import machine
 
 settings = load(Path(os.environ["GPUSLICE_SETTINGS"]) if os.environ.get("GPUSLICE_SETTINGS") else None)
 data_dir = Path(os.environ.get("GPUSLICE_DATA_DIR") or settings.data_dir).absolute()

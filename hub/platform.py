@@ -22,12 +22,12 @@ from types import FrameType
 import yaml
 
 from hub import monitoring, recovery
-from hub.market import seeding
-from hub.market.store import Store
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
+from market import seeding
+from market.store import Store
+from spawner.gpus import machine
 from spawner.ledger import Ledger
-from spawner.mixin import machine
 from spawner.shares import format_bytes
 
 REPO = Path(__file__).resolve().parents[1]

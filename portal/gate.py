@@ -22,8 +22,8 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web, websocket
 
-from hub.with_hub import die_with_parent
 from portal.identity import HEADER, Identity, sign
+from spawner.lifetime import die_with_parent
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
 

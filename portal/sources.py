@@ -8,15 +8,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from hub.market.store import Store
 from hub.settings import Settings, load, market_url
 from hub.settings import models_root as settings_models_root
+from market.store import Store, market_store
 from portal.data import alerts, cluster, hub, prometheus
 from portal.data.hub import HubClient, ServerRow
 from portal.identity import Identity
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
-from spawner.mixin import market_store
 
 
 @st.cache_resource

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from hub.market.store import Image, Model
+from market.store import Image, Model
 from portal.data.hub import ServerRow
 from portal.data.prometheus import GpuReading
 from spawner.inventory import Inventory

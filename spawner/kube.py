@@ -26,10 +26,12 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Dict, Float, Unicode, default, validate
 
-from hub.market.catalog import check_relative
+from market.catalog import check_relative
+from spawner import metrics
 from spawner.backends import Backend, render
+from spawner.gpus import Machine
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
-from spawner.mixin import GpuRefused, GpuShareMixin, Machine, SpawnImage
+from spawner.mixin import GpuRefused, GpuShareMixin, SpawnImage
 from spawner.placement import ClusterState, Demand, explain, make_policy
 from spawner.quotas import Usage
 from spawner.shares import GpuRequest, RequestKind
@@ -227,8 +229,6 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             usage = usage_from_pods(pods, self.user.name, self.pod_name)
             group, _ = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
         except GpuRefused as refusal:
-            from hub import metrics
-
             metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
             raise
         self._apply(request, self.images()[image].target, group, mounts)

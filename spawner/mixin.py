@@ -22,17 +22,17 @@ import aiohttp
 from tornado import web
 from traitlets import Dict, HasTraits, Integer, List, Unicode, default
 
-from hub import metrics
-from hub.market.files import ModelFilesError, inside
-from hub.market.rules import installed, launch_blocker, local_prefix
-from hub.market.store import Model, Store
+from market.files import ModelFilesError, inside
+from market.rules import installed, launch_blocker, local_prefix
+from market.store import Model, Store, market_store
+from spawner import metrics
 from spawner.backends import Backend, ServerGpuSpec, render
-from spawner.gpus import detect
-from spawner.inventory import Gpu, Inventory, build_local
+from spawner.gpus import Machine, machine
+from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, Ledger, LedgerError, server_key
 from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
-from spawner.quotas import GroupQuota, Usage, check, largest_slice
-from spawner.shares import GiB, GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity, parse_request
+from spawner.quotas import GroupQuota, Usage, check, group_quota, largest_slice
+from spawner.shares import GiB, GpuRequest, RequestKind, ShareError, format_bytes, parse_request
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 
@@ -48,45 +48,6 @@ class GpuRefused(web.HTTPError):
 
 def _http_reason(status: int) -> str:
     return {400: "Bad Request", 403: "Forbidden", 409: "Conflict"}.get(status, "Error")
-
-
-@dataclass(frozen=True)
-class Machine:
-    """This machine's GPUs, detected once per hub process."""
-
-    gpus: tuple[Gpu, ...]
-    source: str  # "NVML" or "simulated (...)"
-
-    @property
-    def simulated(self) -> bool:
-        return self.source.startswith("simulated")
-
-
-_MACHINES: dict[str, Machine] = {}
-
-
-def machine(simulate: str) -> Machine:
-    if simulate not in _MACHINES:
-        gpus, source = detect(simulate)
-        _MACHINES[simulate] = Machine(tuple(gpus), source)
-    return _MACHINES[simulate]
-
-
-def group_quota(raw: dict[str, Any]) -> GroupQuota:
-    """A group's rules from settings: sizes as text ("4GiB"), lists of images."""
-
-    def size(key: str) -> int | None:
-        return None if raw.get(key) is None else parse_quantity(str(raw[key]))
-
-    images = raw.get("images")
-    return GroupQuota(
-        name=str(raw["name"]),
-        max_slice_bytes=size("max_slice"),
-        max_gpus=None if raw.get("max_gpus") is None else int(raw["max_gpus"]),
-        budget_bytes=size("budget"),
-        servers_per_user=None if raw.get("servers_per_user") is None else int(raw["servers_per_user"]),
-        allowed_images=None if images is None else frozenset(str(i) for i in images),
-    )
 
 
 class GpuShareMixin(HasTraits):
@@ -555,16 +516,6 @@ class SpawnImage:
     target: str
     deprecated: bool = False
     groups: frozenset[str] = frozenset()
-
-
-_STORES: dict[str, Store] = {}
-
-
-def market_store(url: str) -> Store:
-    """One Store (engine and pool) per URL per process."""
-    if url not in _STORES:
-        _STORES[url] = Store(url)
-    return _STORES[url]
 
 
 async def _answers_http(url: str) -> bool:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.shares import GpuRequest, RequestKind, format_bytes, parse_quantity
 
 
 @dataclass(frozen=True)
@@ -127,3 +128,20 @@ def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -
             limit = 0
         best = max(best, limit)
     return best
+
+
+def group_quota(raw: dict[str, Any]) -> GroupQuota:
+    """A group's rules from settings: sizes as text ("4GiB"), lists of images."""
+
+    def size(key: str) -> int | None:
+        return None if raw.get(key) is None else parse_quantity(str(raw[key]))
+
+    images = raw.get("images")
+    return GroupQuota(
+        name=str(raw["name"]),
+        max_slice_bytes=size("max_slice"),
+        max_gpus=None if raw.get("max_gpus") is None else int(raw["max_gpus"]),
+        budget_bytes=size("budget"),
+        servers_per_user=None if raw.get("servers_per_user") is None else int(raw["servers_per_user"]),
+        allowed_images=None if images is None else frozenset(str(i) for i in images),
+    )

@@ -9,8 +9,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hub.market.catalog import load_images, load_models
 from hub.settings import SettingsError, from_mapping
+from market.catalog import load_images, load_models
 from spawner.ledger import Ledger
 from spawner.mixin import GpuRefused, LedgerGpuMixin
 

@@ -1,10 +1,10 @@
 from types import SimpleNamespace
 
-from hub.market.store import Model
-from spawner.gpus import simulated_gpus
+from market.store import Model
+from spawner.gpus import Machine, simulated_gpus
 from spawner.inventory import build_local
-from spawner.mixin import Machine, SpawnImage, _form_html, _slice_choices, group_quota
-from spawner.quotas import GroupQuota, Usage
+from spawner.mixin import SpawnImage, _form_html, _slice_choices
+from spawner.quotas import GroupQuota, Usage, group_quota
 
 GiB = 2**30
 
