@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hub import settings as settings_mod
+from spawner import environ
 from spawner.placement import POLICIES
 from spawner.simulate import TraceError, bench, read_nodes, read_tasks
 
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--simulate", help="GPU spec to simulate when NVML finds no GPU, e.g. 2x16GiB:T4")
     exporter.add_argument("--ledger", type=Path, help="the hub's ledger: simulated GPUs follow its slices")
     exporter.add_argument("--faults", type=Path, help="JSON list of faults to inject into simulated GPUs")
-    exporter.add_argument("--hostname", help="the Hostname label (default: $GPUSLICE_NODE_NAME or localhost)")
+    exporter.add_argument("--hostname", help=f"the Hostname label (default: ${environ.NODE_NAME.name} or localhost)")
 
     bench_parser = commands.add_parser("bench", help="benchmarks")
     benches = bench_parser.add_subparsers(dest="bench", required=True)

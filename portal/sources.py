@@ -14,13 +14,14 @@ from market.store import Store, market_store
 from portal.data import alerts, cluster, hub, prometheus
 from portal.data.hub import HubClient, ServerRow
 from portal.identity import Identity
+from spawner import environ
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
 
 
 @st.cache_resource
 def settings() -> Settings:
-    path = os.environ.get("GPUSLICE_SETTINGS")
+    path = environ.SETTINGS.get()
     return load(Path(path) if path else None)
 
 
@@ -39,12 +40,12 @@ def _monitoring_on() -> None:
 
 def prometheus_url() -> str:
     _monitoring_on()
-    return os.environ.get("GPUSLICE_PROMETHEUS_URL", f"http://127.0.0.1:{settings().monitoring['prometheus_port']}")
+    return environ.PROMETHEUS_URL.get() or f"http://127.0.0.1:{settings().monitoring['prometheus_port']}"
 
 
 def alertmanager_url() -> str:
     _monitoring_on()
-    return os.environ.get("GPUSLICE_ALERTMANAGER_URL", f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}")
+    return environ.ALERTMANAGER_URL.get() or f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}"
 
 
 @st.cache_data(ttl=5)
@@ -58,12 +59,12 @@ def groups() -> dict[str, list[str]]:
 
 
 def _ledger_path() -> Path:
-    return Path(os.environ.get("GPUSLICE_DATA_DIR") or settings().data_dir) / "ledger.sqlite"
+    return Path(environ.DATA_DIR.get() or settings().data_dir) / "ledger.sqlite"
 
 
 def _kubernetes() -> bool:
     """In the Helm chart the portal reads the Kubernetes API instead of a local ledger."""
-    return os.environ.get("GPUSLICE_BACKEND") == "kubernetes"
+    return environ.BACKEND.get() == "kubernetes"
 
 
 @st.cache_resource
@@ -78,9 +79,7 @@ def _namespace() -> str:
 @st.cache_data(ttl=5)
 def inventory() -> tuple[Inventory, list[Held]]:
     if _kubernetes():
-        return cluster.kube_inventory(
-            kube_client(), _namespace(), os.environ.get("GPUSLICE_SHARING_BACKEND", "gpushare")
-        )
+        return cluster.kube_inventory(kube_client(), _namespace(), environ.SHARING_BACKEND.get())
     return cluster.local_inventory(_ledger_path(), settings().simulate)
 
 
@@ -138,11 +137,11 @@ def spawn_success() -> float | None:
 
 @st.cache_resource
 def market() -> Store:
-    return market_store(os.environ.get("GPUSLICE_MARKET_URL") or market_url(settings()))
+    return market_store(environ.MARKET_URL.get() or market_url(settings()))
 
 
 def models_root() -> Path:
-    return Path(os.environ.get("GPUSLICE_MODELS_ROOT") or settings_models_root(settings()))
+    return Path(environ.MODELS_ROOT.get() or settings_models_root(settings()))
 
 
 @st.cache_data(ttl=10)

@@ -27,7 +27,7 @@ from tornado import web
 from traitlets import Dict, Float, Unicode, default, validate
 
 from market.catalog import check_relative
-from spawner import metrics
+from spawner import environ, metrics
 from spawner.backends import Backend, render
 from spawner.gpus import Machine
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
@@ -286,12 +286,12 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         self._gpu_request = request
         self.extra_resource_limits = {**limits, **spec.limits}
         self.extra_annotations = {**annotations, **spec.annotations, **({GROUP_ANNOTATION: group} if group else {})}
-        self.environment = {**environment, **spec.env, "GPUSLICE_MODELS_DIR": MODELS_DIR}
+        self.environment = {**environment, **spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         self.image = container
         if mounts:
             self.volumes = [*volumes, {"name": MODELS_VOLUME, **self.gpu_models_volume}]
             self.volume_mounts = [*volume_mounts, *mounts]
-            self.environment["GPUSLICE_MODELS"] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
+            self.environment[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
         else:
             self.volumes, self.volume_mounts = volumes, volume_mounts
         for warning in spec.warnings:

@@ -26,7 +26,7 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Unicode, validate
 
-from spawner import mounts
+from spawner import environ, mounts
 from spawner.mixin import LedgerGpuMixin
 
 SYSTEM_PREFIX = "jupyter-"
@@ -111,7 +111,7 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
-        env["GPUSLICE_MODELS_DIR"] = str(self.home_dir / mounts.MODELS_DIRNAME)
+        env[environ.MODELS_DIR.name] = str(self.home_dir / mounts.MODELS_DIRNAME)
         return env
 
 

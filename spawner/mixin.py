@@ -25,7 +25,7 @@ from traitlets import Dict, HasTraits, Integer, List, Unicode, default
 from market.files import ModelFilesError, inside
 from market.rules import installed, launch_blocker, local_prefix
 from market.store import Model, Store, market_store
-from spawner import metrics
+from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.gpus import Machine, machine
 from spawner.inventory import Inventory, build_local
@@ -465,9 +465,9 @@ class LedgerGpuMixin(GpuShareMixin):
             env.update(self._gpu_spec.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH", "")]))
         if self._machine.simulated and self._gpu_holds:
-            env["GPUSLICE_SIMULATED"] = "1"
+            env[environ.SIMULATED.name] = "1"
         if self._gpu_models:
-            env["GPUSLICE_MODELS"] = ",".join(self._gpu_models)
+            env[environ.MODELS.name] = ",".join(self._gpu_models)
         return env
 
     def get_state(self) -> dict[str, Any]:
