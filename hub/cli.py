@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hub import settings as settings_mod
@@ -74,16 +75,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "exporter":
         return _exporter(args)
     if args.bench == "spawn":
-        from hub.bench_spawn import run
+        with _bench_extra():
+            from bench.spawn import run
 
         print(json.dumps(run(args.runs), indent=2))
         return 0
     if args.bench == "class":
-        from hub.bench_class import run as run_class
+        with _bench_extra():
+            from bench.classroom import run as run_class
 
         print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
         return 0
     return _bench_placement(args)
+
+
+BENCH_EXTRA = "pip install -e '.[bench]'"
+
+
+@contextlib.contextmanager
+def _bench_extra() -> Iterator[None]:
+    """The benchmarks' own dependencies (psutil, playwright) come with the bench extra: say so."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("bench", "psutil", "playwright"):
+            raise SystemExit(f"gpuslice bench needs the bench extra ({exc.name} is missing): {BENCH_EXTRA}") from None
+        raise
 
 
 def _class_add(args: argparse.Namespace) -> int:
