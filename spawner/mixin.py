@@ -9,7 +9,6 @@ Kubernetes one.
 from __future__ import annotations
 
 import asyncio
-import html
 import os
 import sys
 import time
@@ -27,12 +26,13 @@ from market.rules import installed, launch_blocker, local_prefix
 from market.store import Model, Store, market_store
 from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
+from spawner.form import render_spawn_form
 from spawner.gpus import Machine, machine
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, Ledger, LedgerError, server_key
 from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
 from spawner.quotas import GroupQuota, Usage, check, group_quota, largest_slice
-from spawner.shares import GiB, GpuRequest, RequestKind, ShareError, format_bytes, parse_request
+from spawner.shares import GpuRequest, RequestKind, ShareError, format_bytes, parse_request
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 
@@ -257,7 +257,9 @@ class GpuShareMixin(HasTraits):
         groups = self._quota_groups()
         largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
         ceiling = largest_slice(groups, usage, largest_card)
-        return _form_html(self, inventory, groups, usage, ceiling, self._machine)
+        machine_ = self._machine
+        simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
+        return render_spawn_form(self, inventory, groups, usage, ceiling, len(machine_.gpus), simulated)
 
     def form_state(self) -> tuple[Inventory, Usage]:
         """Every GPU with what others hold, and what this user's groups have used."""
@@ -557,85 +559,3 @@ def _group_bytes(holds: list[Held]) -> dict[str, int]:
 
 def _demand_of(hold: Held) -> Demand:
     return Demand(gpus=1) if hold.whole else Demand(slice_units=float(hold.memory_bytes))
-
-
-def _slice_choices(ceiling: int) -> list[int]:
-    choices, size = [], GiB // 2
-    while size <= ceiling:
-        choices.append(size)
-        size *= 2
-    if ceiling and (not choices or choices[-1] != ceiling):
-        choices.append(ceiling)
-    return choices
-
-
-def _form_html(
-    spawner: GpuShareMixin,
-    inventory: Inventory,
-    groups: list[GroupQuota],
-    usage: Usage,
-    ceiling: int,
-    machine_: Machine,
-) -> str:
-    esc = html.escape
-    rows = "".join(
-        f"<tr><td>GPU {g.index}</td><td>{esc(g.model)}{' <em>(simulated)</em>' if g.simulated else ''}</td>"
-        f"<td>{esc(format_bytes(g.free_bytes))} free of {esc(format_bytes(g.memory_bytes))}</td></tr>"
-        for g in inventory.gpus()
-    )
-    quota_lines = []
-    for group in groups:
-        limits = []
-        if group.max_slice_bytes is not None:
-            limits.append(f"slices up to {format_bytes(group.max_slice_bytes)}")
-        if group.budget_bytes is not None:
-            left = max(0, group.budget_bytes - usage.group_bytes.get(group.name, 0))
-            limits.append(f"{format_bytes(left)} of the group's {format_bytes(group.budget_bytes)} budget left")
-        if group.servers_per_user is not None:
-            limits.append(f"{group.servers_per_user} server(s) per person")
-        quota_lines.append(f"<li>{esc(group.name)}: {esc(', '.join(limits) or 'no limits')}</li>")
-    options = ['<option value="0">No GPU (CPU only)</option>'] + [
-        f'<option value="{esc(format_bytes(c).replace(" ", ""))}">{esc(format_bytes(c))} of one GPU</option>'
-        for c in _slice_choices(ceiling)
-    ]
-    max_cards = spawner.gpu_max_cards or len(machine_.gpus)
-    cards = "".join(f'<option value="{n}">{n}</option>' for n in range(0, max_cards + 1))
-    images = "".join(
-        f'<option value="{esc(i.slug)}"{" selected" if i.slug == spawner.gpu_default_image else ""}>'
-        f"{esc(i.slug)}: {esc(i.description)}</option>"
-        for i in sorted(spawner.launchable_images(), key=lambda i: i.slug)
-    )
-    chosen = spawner.selected_models()
-    models = "".join(
-        f'<div class="checkbox"><label><input type="checkbox" name="models" value="{esc(m.slug)}"'
-        f"{' checked' if m.slug in chosen else ''}> {esc(m.name)} <small>({esc(m.task)}, {esc(m.license)})</small>"
-        "</label></div>"
-        for m in spawner.approved_models()
-    )
-    models_block = (
-        f'<label>Models, mounted read-only in ~/models</label><div class="gpuslice-models">{models}</div>'
-        if models
-        else ""
-    )
-    simulated = (
-        f'<p class="alert alert-info">These GPUs are <strong>simulated</strong>: no NVIDIA GPU was found '
-        f"({esc(machine_.source.removeprefix('simulated (').removesuffix(')'))}).</p>"
-        if machine_.simulated
-        else ""
-    )
-    return f"""
-<div class="gpuslice-form">
-  {simulated}
-  <table class="table table-condensed"><tr><th>GPU</th><th>model</th><th>memory</th></tr>{rows}</table>
-  {"<p>Your groups:</p><ul>" + "".join(quota_lines) + "</ul>" if quota_lines else ""}
-  <label for="gpu_memory">GPU memory</label>
-  <select class="form-control" name="gpu_memory" id="gpu_memory">{"".join(options)}</select>
-  <label for="gpus">or whole GPUs</label>
-  <select class="form-control" name="gpus" id="gpus">{cards}</select>
-  <label for="image">Image</label>
-  <select class="form-control" name="image" id="image">{images}</select>
-  {models_block}
-  <p class="help-block">A slice on this machine is shared without memory isolation: gpuslice caps PyTorch,
-  TensorFlow, JAX and CuPy in your kernels to your slice, but other CUDA code can use more.</p>
-</div>
-"""
