@@ -30,10 +30,12 @@ from market.catalog import check_relative
 from spawner import environ, metrics
 from spawner.backends import Backend, render
 from spawner.gpus import Machine
+from spawner.images import SpawnImage
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
-from spawner.mixin import GpuRefused, GpuShareMixin, SpawnImage
+from spawner.mixin import GpuShareMixin
 from spawner.placement import ClusterState, Demand, explain, make_policy
 from spawner.quotas import Usage
+from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind
 
 GROUP_ANNOTATION = "gpuslice.io/group"

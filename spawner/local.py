@@ -27,7 +27,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Unicode, validate
 
 from spawner import environ, mounts
-from spawner.mixin import LedgerGpuMixin
+from spawner.lifecycle import LedgerGpuMixin
 
 SYSTEM_PREFIX = "jupyter-"
 _SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,30}$")

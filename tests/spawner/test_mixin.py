@@ -3,8 +3,8 @@ from types import SimpleNamespace
 from market.store import Model
 from spawner.form import render_spawn_form, slice_choices
 from spawner.gpus import simulated_gpus
+from spawner.images import SpawnImage
 from spawner.inventory import build_local
-from spawner.mixin import SpawnImage
 from spawner.quotas import GroupQuota, Usage, group_quota
 
 GiB = 2**30
