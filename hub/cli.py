@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hub import settings as settings_mod
+from spawner import environ
 from spawner.placement import POLICIES
 from spawner.simulate import TraceError, bench, read_nodes, read_tasks
 
@@ -37,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--simulate", help="GPU spec to simulate when NVML finds no GPU, e.g. 2x16GiB:T4")
     exporter.add_argument("--ledger", type=Path, help="the hub's ledger: simulated GPUs follow its slices")
     exporter.add_argument("--faults", type=Path, help="JSON list of faults to inject into simulated GPUs")
-    exporter.add_argument("--hostname", help="the Hostname label (default: $GPUSLICE_NODE_NAME or localhost)")
+    exporter.add_argument("--hostname", help=f"the Hostname label (default: ${environ.NODE_NAME.name} or localhost)")
 
     bench_parser = commands.add_parser("bench", help="benchmarks")
     benches = bench_parser.add_subparsers(dest="bench", required=True)
@@ -73,16 +75,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "exporter":
         return _exporter(args)
     if args.bench == "spawn":
-        from hub.bench_spawn import run
+        with _bench_extra():
+            from bench.spawn import run
 
         print(json.dumps(run(args.runs), indent=2))
         return 0
     if args.bench == "class":
-        from hub.bench_class import run as run_class
+        with _bench_extra():
+            from bench.classroom import run as run_class
 
         print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
         return 0
     return _bench_placement(args)
+
+
+BENCH_EXTRA = "pip install -e '.[bench]'"
+
+
+@contextlib.contextmanager
+def _bench_extra() -> Iterator[None]:
+    """The benchmarks' own dependencies (psutil, playwright) come with the bench extra: say so."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("bench", "psutil", "playwright"):
+            raise SystemExit(f"gpuslice bench needs the bench extra ({exc.name} is missing): {BENCH_EXTRA}") from None
+        raise
 
 
 def _class_add(args: argparse.Namespace) -> int:

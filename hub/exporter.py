@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -21,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from spawner import environ
 from spawner.gpus import GpuSample
 from spawner.inventory import Gpu
 from spawner.ledger import Held, Ledger
@@ -214,7 +214,7 @@ def registry_for(collector: GpuCollector) -> CollectorRegistry:
 
 def default_hostname() -> str:
     """The node name shared with the hub's metrics ("localhost" on a single machine)."""
-    return os.environ.get("GPUSLICE_NODE_NAME") or "localhost"
+    return environ.NODE_NAME.get() or "localhost"
 
 
 def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") -> None:

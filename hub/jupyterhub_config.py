@@ -1,7 +1,7 @@
 """JupyterHub configuration for the single-machine platform (loaded by `gpuslice up`).
 
-Reads the gpuslice settings named by GPUSLICE_SETTINGS (empty: defaults) and the data
-folder in GPUSLICE_DATA_DIR; everything else follows from them.
+Reads the gpuslice settings file and the data folder named in the environment
+(spawner/environ.py: SETTINGS, empty for the defaults, and DATA_DIR); everything else follows from them.
 """
 # ruff: noqa: F821  (`c` is provided by JupyterHub when it loads this file)
 
@@ -11,11 +11,12 @@ from pathlib import Path
 
 from hub import metrics
 from hub.settings import load
+from spawner import environ
+from spawner.gpus import machine
 from spawner.ledger import Ledger
-from spawner.mixin import machine
 
-settings = load(Path(os.environ["GPUSLICE_SETTINGS"]) if os.environ.get("GPUSLICE_SETTINGS") else None)
-data_dir = Path(os.environ.get("GPUSLICE_DATA_DIR") or settings.data_dir).absolute()
+settings = load(Path(environ.SETTINGS.get()) if environ.SETTINGS.get() else None)
+data_dir = Path(environ.DATA_DIR.get() or settings.data_dir).absolute()
 repo = Path(__file__).resolve().parents[1]
 ledger_path = data_dir / "ledger.sqlite"
 
@@ -60,8 +61,8 @@ c.LocalGpuSpawner.start_timeout = 300
 # jupyter_server presumes it dead after 60 s (measured: 2-4 of 50 cells lost).
 c.LocalGpuSpawner.args = ["--MappingKernelManager.kernel_info_timeout=180"]
 # The markets (gpuslice up migrates and seeds the database before the hub starts).
-c.LocalGpuSpawner.gpu_market_url = os.environ.get("GPUSLICE_MARKET_URL", "")
-c.LocalGpuSpawner.gpu_models_root = os.environ.get("GPUSLICE_MODELS_ROOT", "")
+c.LocalGpuSpawner.gpu_market_url = environ.MARKET_URL.get()
+c.LocalGpuSpawner.gpu_models_root = environ.MODELS_ROOT.get()
 if settings.images:
     c.LocalGpuSpawner.gpu_images = {
         "default": {"path": sys.prefix, "description": "The platform's own Python environment"},
@@ -94,13 +95,13 @@ c.JupyterHub.services.append(
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],
         "environment": {
-            "GPUSLICE_SETTINGS": os.environ.get("GPUSLICE_SETTINGS", ""),
-            "GPUSLICE_DATA_DIR": str(data_dir),
-            "GPUSLICE_MARKET_URL": os.environ.get("GPUSLICE_MARKET_URL", ""),
-            "GPUSLICE_MODELS_ROOT": os.environ.get("GPUSLICE_MODELS_ROOT", ""),
-            "GPUSLICE_PROMETHEUS_URL": f"http://127.0.0.1:{settings.monitoring['prometheus_port']}",
-            "GPUSLICE_ALERTMANAGER_URL": f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
-            "GPUSLICE_STREAMLIT_PORT": str(settings.streamlit_port),  # 0: any free port
+            environ.SETTINGS.name: environ.SETTINGS.get(),
+            environ.DATA_DIR.name: str(data_dir),
+            environ.MARKET_URL.name: environ.MARKET_URL.get(),
+            environ.MODELS_ROOT.name: environ.MODELS_ROOT.get(),
+            environ.PROMETHEUS_URL.name: f"http://127.0.0.1:{settings.monitoring['prometheus_port']}",
+            environ.ALERTMANAGER_URL.name: f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
+            environ.STREAMLIT_PORT.name: str(settings.streamlit_port),  # 0: any free port
         },
     }
 )
@@ -115,7 +116,7 @@ c.JupyterHub.load_roles.append(
 )
 
 # Prometheus scrapes /hub/metrics with a token that can read metrics and nothing else.
-token_file = os.environ.get("GPUSLICE_PROMETHEUS_TOKEN_FILE")
+token_file = environ.PROMETHEUS_TOKEN_FILE.get()
 if token_file and Path(token_file).exists():
     c.JupyterHub.services.append({"name": "prometheus", "api_token": Path(token_file).read_text().strip()})
     c.JupyterHub.load_roles.append({"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]})

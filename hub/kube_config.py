@@ -1,6 +1,6 @@
 """JupyterHub configuration in Kubernetes (the Helm chart's hub; images/hub copies it in).
 
-Reads the chart's values (GPUSLICE_KUBE_VALUES, a ConfigMap) and its secrets (env vars
+Reads the chart's values (environ.KUBE_VALUES, a ConfigMap) and its secrets (env vars
 from the hub Secret). The same spawner rules as the single-machine platform, with
 KubeGpuSpawner instead of the ledger.
 """
@@ -12,15 +12,16 @@ from pathlib import Path
 
 import yaml
 
-from hub.settings import GROUP_KEYS
+from spawner import environ
+from spawner.quotas import group_rules
 
-values = yaml.safe_load(Path(os.environ.get("GPUSLICE_KUBE_VALUES", "/etc/gpuslice/values.yaml")).read_text())
+values = yaml.safe_load(Path(environ.KUBE_VALUES.get()).read_text())
 data = Path("/srv/gpuslice/data")
 c = get_config()  # type: ignore[name-defined]
 
 c.JupyterHub.hub_ip = "0.0.0.0"
-c.JupyterHub.hub_connect_url = os.environ["GPUSLICE_HUB_URL"]  # the hub's Service, as notebooks reach it
-c.JupyterHub.db_url = os.environ.get("GPUSLICE_DB_URL") or f"sqlite:///{data / 'jupyterhub.sqlite'}"
+c.JupyterHub.hub_connect_url = environ.HUB_URL.require()  # the hub's Service, as notebooks reach it
+c.JupyterHub.db_url = environ.DB_URL.get() or f"sqlite:///{data / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own Deployment
 c.ConfigurableHTTPProxy.api_url = values["proxyApiUrl"]
@@ -30,17 +31,17 @@ c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
 c.FirstUseAuthenticator.dbm_path = str(data / "passwords.dbm")
 c.Authenticator.admin_users = set(values.get("adminUsers") or [])
 c.Authenticator.allow_all = True
-groups = values.get("groups") or {}
+# The chart's camelCase group rules (maxSlice) through the one parser of group rules.
+groups = {name: group_rules(name, rules) for name, rules in (values.get("groups") or {}).items()}
 c.JupyterHub.load_groups = {name: {"users": list(g.get("members") or [])} for name, g in groups.items()}
 
-_KEYS = {"maxSlice": "max_slice", "maxGpus": "max_gpus", "serversPerUser": "servers_per_user"}
 c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = os.environ.get("POD_NAMESPACE", "default")
 c.KubeGpuSpawner.gpu_backend = values["backend"]
 c.KubeGpuSpawner.gpushare_memory_unit = values.get("gpushareMemoryUnit", "GiB")
 c.KubeGpuSpawner.gpu_policy = values["policy"]
 c.KubeGpuSpawner.gpu_groups = [
-    {"name": name, **{_KEYS.get(k, k): v for k, v in rules.items() if _KEYS.get(k, k) in GROUP_KEYS - {"members"}}}
+    {"name": name, **{k: v for k, v in rules.items() if k not in ("members", "profiles")}}
     for name, rules in groups.items()
 ]
 c.KubeGpuSpawner.gpu_profile_groups = {
@@ -49,7 +50,7 @@ c.KubeGpuSpawner.gpu_profile_groups = {
 }
 c.KubeGpuSpawner.image = values["notebookImage"]
 c.KubeGpuSpawner.gpu_images = {"default": {"container": values["notebookImage"], "description": "CUDA notebook base"}}
-c.KubeGpuSpawner.gpu_market_url = os.environ.get("GPUSLICE_MARKET_URL") or f"sqlite:///{data / 'market.sqlite'}"
+c.KubeGpuSpawner.gpu_market_url = environ.MARKET_URL.get() or f"sqlite:///{data / 'market.sqlite'}"
 if values.get("modelsClaim"):
     c.KubeGpuSpawner.gpu_models_volume = {
         "persistentVolumeClaim": {"claimName": values["modelsClaim"], "readOnly": True}
@@ -75,7 +76,7 @@ c.JupyterHub.services = [
         "name": "idle-culler",
         "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={values.get('idleTimeout', 3600)}"],
     },
-    {"name": "prometheus", "api_token": os.environ["GPUSLICE_METRICS_TOKEN"]},
+    {"name": "prometheus", "api_token": environ.METRICS_TOKEN.require()},
 ]
 c.JupyterHub.load_roles = [
     {
@@ -90,7 +91,7 @@ if values.get("portalEnabled"):
         {
             "name": "portal",
             "url": values["portalUrl"],
-            "api_token": os.environ["GPUSLICE_PORTAL_TOKEN"],
+            "api_token": environ.PORTAL_TOKEN.require(),
             "oauth_no_confirm": True,
             "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],
         }

@@ -1,30 +1,18 @@
-"""gpuslice's own metrics, served beside JupyterHub's at the hub's /hub/metrics.
+"""The hub's collector of GPU allocations, served beside JupyterHub's metrics at /hub/metrics.
 
-Every metric is defined here; label values are created up front so each series
-exists before its first event (as JupyterHub's metrics.py does).
+The spawners' own counters (refusals) live below the hub, in spawner/metrics.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from spawner.inventory import Gpu
 from spawner.ledger import Held
-
-REFUSAL_REASONS = ("invalid", "quota", "capacity")
-
-SPAWN_REFUSED = Counter(
-    "gpuslice_spawn_refused_total",
-    "Spawns refused before anything was allocated, by reason: invalid (bad options), "
-    "quota (a group rule), capacity (no GPU can hold the slice now).",
-    ["reason"],
-)
-for _reason in REFUSAL_REASONS:
-    SPAWN_REFUSED.labels(reason=_reason)
 
 
 class AllocationCollector(Collector):

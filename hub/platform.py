@@ -15,19 +15,19 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 import yaml
 
 from hub import monitoring, recovery
-from hub.market import seeding
-from hub.market.store import Store
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
+from market import seeding
+from market.store import Store
+from spawner import environ
+from spawner.gpus import machine
 from spawner.ledger import Ledger
-from spawner.mixin import machine
 from spawner.shares import format_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,12 +52,12 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
-    url, models = prepare_market(replace(settings, data_dir=data_dir))
+    url, models = prepare_market(settings.model_copy(update={"data_dir": data_dir}))
     env = dict(os.environ)
-    env["GPUSLICE_SETTINGS"] = str(config_path.absolute()) if config_path else ""
-    env["GPUSLICE_DATA_DIR"] = str(data_dir)
-    env["GPUSLICE_MARKET_URL"] = url
-    env["GPUSLICE_MODELS_ROOT"] = str(models)
+    env[environ.SETTINGS.name] = str(config_path.absolute()) if config_path else ""
+    env[environ.DATA_DIR.name] = str(data_dir)
+    env[environ.MARKET_URL.name] = url
+    env[environ.MODELS_ROOT.name] = str(models)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     return data_dir, env
 
@@ -174,7 +174,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
 def up(settings: Settings, config_path: Path | None) -> int:
     data_dir, env = prepare(settings, config_path)
     gpus = machine(settings.simulate)
-    env["GPUSLICE_PROMETHEUS_TOKEN_FILE"] = str(hub_token(data_dir))
+    env[environ.PROMETHEUS_TOKEN_FILE.name] = str(hub_token(data_dir))
     supervisor = Supervisor(monitoring_children(settings, data_dir, env))
     supervisor.start_all()
     proc = subprocess.Popen(hub_command(), cwd=data_dir, env=env)

@@ -1,18 +1,19 @@
 """The platform's settings file (YAML), validated with messages that name the key.
 
-Fixed keys (DESIGN.md): ``port``, ``data_dir``, ``admin_users``, ``gpus.simulate``.
+One typed model (``Settings``, each field with its description); unknown keys are refused
+with a "did you mean" suggestion. Group rules are parsed by spawner/quotas.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from spawner.gpus import parse_gpu_spec
-from spawner.shares import ShareError, parse_quantity
+from spawner.quotas import GroupRulesError, group_rules, unknown_keys_message
 
 DEFAULT_SIMULATE = "2x16GiB:T4,1x80GiB:H100"
 
@@ -21,25 +22,41 @@ class SettingsError(ValueError):
     """A settings file that cannot be used; the message names the file and key."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    port: int = 8000
-    hub_port: int = 8081
-    proxy_api_port: int = 8001
-    portal_port: int = 8502
-    streamlit_port: int = 0
-    data_dir: Path = Path("gpuslice-data")
-    admin_users: tuple[str, ...] = ()
-    simulate: str = DEFAULT_SIMULATE
-    source: str = "built-in defaults"
-    groups: tuple[dict[str, Any], ...] = ()
-    images: dict[str, dict[str, Any]] = field(default_factory=dict)
-    isolation: str = "none"
-    idle_timeout: int = 3600
-    open_signup: bool = True
-    monitoring: dict[str, Any] = field(default_factory=lambda: _monitoring({}, "defaults"))
-    market: dict[str, Any] = field(default_factory=lambda: _market({}, "defaults"))
-    extra: dict[str, Any] = field(default_factory=dict)
+class Settings(BaseModel):
+    """The platform's settings: ``gpuslice up``'s YAML, checked by ``from_mapping``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    port: int = Field(default=8000, description="The proxy's public port: people open http://127.0.0.1:PORT/.")
+    hub_port: int = Field(default=8081, description="The hub's own port (behind the proxy).")
+    proxy_api_port: int = Field(default=8001, description="The proxy's REST API port.")
+    portal_port: int = Field(
+        default=8502, description="The portal gate's port (behind the proxy at /services/portal/)."
+    )
+    streamlit_port: int = Field(default=0, description="The Streamlit server behind the gate (0: any free port).")
+    data_dir: Path = Field(default=Path("gpuslice-data"), description="Hub database, allocation ledger, users' homes.")
+    admin_users: tuple[str, ...] = Field(default=(), description="Users who may see and stop every server.")
+    simulate: str = Field(default=DEFAULT_SIMULATE, description="gpus.simulate: GPUs to simulate when NVML finds none.")
+    source: str = Field(default="built-in defaults", description="Where these settings came from (a file path).")
+    groups: tuple[dict[str, Any], ...] = Field(
+        default=(), description="Classes: members and GPU rules (spawner/quotas.py)."
+    )
+    images: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Image id -> {path, description}.")
+    isolation: str = Field(default="none", description="none (one account) or unix-users (an account per user).")
+    idle_timeout: int = Field(default=3600, description="Seconds of inactivity before a server is stopped.")
+    open_signup: bool = Field(default=True, description="Anyone may create an account at first login.")
+    monitoring: dict[str, Any] = Field(
+        default_factory=lambda: _monitoring({}, "defaults"),
+        description="enabled, webhook_url, scrape_interval and the monitoring ports.",
+    )
+    market: dict[str, Any] = Field(
+        default_factory=lambda: _market({}, "defaults"),
+        description="url, models_root, images_catalog, models_catalog, proposals_per_hour (docs/markets.md).",
+    )
+
+
+# The keys a settings file may have: the fields, with the GPU spec under gpus.simulate.
+TOP_LEVEL_KEYS = tuple(sorted({*Settings.model_fields, "gpus"} - {"simulate", "source"}))
 
 
 def load(path: Path | None) -> Settings:
@@ -58,6 +75,7 @@ def load(path: Path | None) -> Settings:
 
 
 def from_mapping(raw: dict[str, Any], source: str) -> Settings:
+    _refuse_unknown(raw, TOP_LEVEL_KEYS, source)
     port = _port(raw, "port", 8000, source)
     admins = raw.get("admin_users", [])
     if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
@@ -73,21 +91,6 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
     data_dir = raw.get("data_dir", "gpuslice-data")
     if not isinstance(data_dir, str) or not data_dir:
         raise SettingsError(f"{source}: data_dir must be a folder path")
-    known = {
-        "port",
-        "hub_port",
-        "proxy_api_port",
-        "admin_users",
-        "gpus",
-        "data_dir",
-        "groups",
-        "images",
-        "isolation",
-        "idle_timeout",
-        "open_signup",
-        "monitoring",
-        "market",
-    }
     return Settings(
         port=port,
         hub_port=_port(raw, "hub_port", 8081, source),
@@ -105,42 +108,16 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         open_signup=_bool(raw, "open_signup", True, source),
         monitoring=_monitoring(raw.get("monitoring") or {}, source),
         market=_market(raw.get("market") or {}, source),
-        extra={k: v for k, v in raw.items() if k not in known},
     )
-
-
-GROUP_KEYS = {"members", "max_slice", "max_gpus", "budget", "servers_per_user", "images"}
 
 
 def _groups(raw: Any, source: str) -> tuple[dict[str, Any], ...]:
     if not isinstance(raw, dict):
         raise SettingsError(f"{source}: groups must map group names to their rules")
-    groups = []
-    for name, rules in raw.items():
-        rules = rules or {}
-        where = f"{source}: groups.{name}"
-        if not isinstance(rules, dict):
-            raise SettingsError(f"{where} must be a mapping of rules")
-        unknown = set(rules) - GROUP_KEYS
-        if unknown:
-            raise SettingsError(
-                f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(GROUP_KEYS))}"
-            )
-        for key in ("max_slice", "budget"):
-            if rules.get(key) is not None:
-                try:
-                    parse_quantity(str(rules[key]))
-                except ShareError as exc:
-                    raise SettingsError(f"{where}.{key}: {exc}") from None
-        for key in ("max_gpus", "servers_per_user"):
-            value = rules.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise SettingsError(f"{where}.{key} must be a whole number, 0 or more")
-        members = rules.get("members", [])
-        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-            raise SettingsError(f"{where}.members must be a list of user names")
-        groups.append({"name": str(name), **rules, "members": members})
-    return tuple(groups)
+    try:
+        return tuple({"name": str(name), **group_rules(str(name), rules)} for name, rules in raw.items())
+    except GroupRulesError as exc:
+        raise SettingsError(f"{source}: {exc}") from None
 
 
 def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
@@ -165,9 +142,7 @@ MONITORING_PORTS = {
 def _monitoring(raw: Any, source: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SettingsError(f"{source}: monitoring must be a mapping (enabled, webhook_url, ports)")
-    unknown = set(raw) - {"enabled", "webhook_url", "scrape_interval", *MONITORING_PORTS}
-    if unknown:
-        raise SettingsError(f"{source}: monitoring: unknown key(s) {', '.join(sorted(unknown))}")
+    _refuse_unknown(raw, ("enabled", "webhook_url", "scrape_interval", *MONITORING_PORTS), f"{source}: monitoring")
     result: dict[str, Any] = {
         "enabled": _bool(raw, "enabled", True, f"{source}: monitoring"),
         "webhook_url": raw.get("webhook_url"),
@@ -188,9 +163,7 @@ def _market(raw: Any, source: str) -> dict[str, Any]:
     """url ('' : a SQLite file in data_dir), models_root ('' : data_dir/models), catalogs, rate limit."""
     if not isinstance(raw, dict):
         raise SettingsError(f"{source}: market must be a mapping ({', '.join(sorted(MARKET_KEYS))})")
-    unknown = set(raw) - MARKET_KEYS
-    if unknown:
-        raise SettingsError(f"{source}: market: unknown key(s) {', '.join(sorted(unknown))}")
+    _refuse_unknown(raw, tuple(MARKET_KEYS), f"{source}: market")
     for key in ("url", "models_root", "images_catalog", "models_catalog"):
         if not isinstance(raw.get(key, ""), str):
             raise SettingsError(f"{source}: market.{key} must be text")
@@ -209,6 +182,13 @@ def market_url(settings: Settings) -> str:
 
 def models_root(settings: Settings) -> Path:
     return Path(settings.market["models_root"] or settings.data_dir / "models").absolute()
+
+
+def _refuse_unknown(raw: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    """A key we do not know is a typo or a feature this version lacks: say so, never ignore it."""
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        raise SettingsError(f"{where}: {unknown_keys_message(unknown, known)}")
 
 
 def _port(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:

@@ -11,34 +11,15 @@ Usage, as a service ``command``: ``python -m hub.with_hub --hub-pid=PID MODULE [
 (the hub's config knows its own pid). On Linux the kernel sends the service SIGTERM when
 its parent dies (``PR_SET_PDEATHSIG``); the setting outlives ``exec`` and applies to this
 process only, so a service that starts children of its own passes ``die_with_parent`` to
-them as well. ``--hub-pid`` covers a hub that died before the setting took effect.
+them as well (spawner/lifetime.py). ``--hub-pid`` covers a hub that died before the setting took effect.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import runpy
-import signal
 import sys
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def die_with_parent(parent: int | None = None, signum: int = signal.SIGTERM) -> None:
-    """Have the kernel send ``signum`` to this process when its parent process ends (Linux).
-
-    ``parent``: the pid the parent should have; if it is not the parent any more, the
-    parent died before the setting took effect, and the signal is sent now.
-    """
-    if not sys.platform.startswith("linux"):
-        return  # the single-machine platform runs on Linux; elsewhere a killed hub leaves services behind
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
-    if parent is not None and os.getppid() != parent:
-        os.kill(os.getpid(), signum)
+from spawner.lifetime import die_with_parent
 
 
 def main(argv: list[str]) -> None:

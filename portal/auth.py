@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
 from portal.identity import HEADER, Identity, IdentityError, verify
+from spawner import environ
 
 
 def require_identity() -> Identity:
-    secret = bytes.fromhex(os.environ.get("GPUSLICE_PORTAL_SECRET", "")) or b""
+    secret = bytes.fromhex(environ.PORTAL_SECRET.get()) or b""
     try:
         if not secret:
             raise IdentityError("the portal has no gate secret: start it with gpuslice up")

@@ -22,8 +22,9 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import httpclient, web, websocket
 
-from hub.with_hub import die_with_parent
 from portal.identity import HEADER, Identity, sign
+from spawner import environ
+from spawner.lifetime import die_with_parent
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
 
@@ -155,7 +156,7 @@ def make_app(prefix: str, upstream: Upstream, cookie_secret: bytes) -> web.Appli
 
 def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[bytes]:
     app = Path(__file__).with_name("app.py")
-    env = dict(os.environ, GPUSLICE_PORTAL_SECRET=secret.hex())
+    env = {**os.environ, environ.PORTAL_SECRET.name: secret.hex()}
     return subprocess.Popen(
         [
             sys.executable,
@@ -180,7 +181,7 @@ def main() -> None:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/portal/")
     listen = urlsplit(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8502"))
     host, port = listen.hostname or "127.0.0.1", listen.port or 8502
-    streamlit_port = int(os.environ.get("GPUSLICE_STREAMLIT_PORT", "0")) or _free_port()
+    streamlit_port = int(environ.STREAMLIT_PORT.get()) or _free_port()
     secret = secrets.token_bytes(32)  # lives only in this process and its Streamlit child
     child = start_streamlit(streamlit_port, prefix, secret)
     app = make_app(prefix, Upstream(streamlit_port, secret), secrets.token_bytes(32))

@@ -8,20 +8,20 @@ from pathlib import Path
 
 import streamlit as st
 
-from hub.market.store import Store
 from hub.settings import Settings, load, market_url
 from hub.settings import models_root as settings_models_root
+from market.store import Store, market_store
 from portal.data import alerts, cluster, hub, prometheus
 from portal.data.hub import HubClient, ServerRow
 from portal.identity import Identity
+from spawner import environ
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
-from spawner.mixin import market_store
 
 
 @st.cache_resource
 def settings() -> Settings:
-    path = os.environ.get("GPUSLICE_SETTINGS")
+    path = environ.SETTINGS.get()
     return load(Path(path) if path else None)
 
 
@@ -40,12 +40,12 @@ def _monitoring_on() -> None:
 
 def prometheus_url() -> str:
     _monitoring_on()
-    return os.environ.get("GPUSLICE_PROMETHEUS_URL", f"http://127.0.0.1:{settings().monitoring['prometheus_port']}")
+    return environ.PROMETHEUS_URL.get() or f"http://127.0.0.1:{settings().monitoring['prometheus_port']}"
 
 
 def alertmanager_url() -> str:
     _monitoring_on()
-    return os.environ.get("GPUSLICE_ALERTMANAGER_URL", f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}")
+    return environ.ALERTMANAGER_URL.get() or f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}"
 
 
 @st.cache_data(ttl=5)
@@ -59,12 +59,12 @@ def groups() -> dict[str, list[str]]:
 
 
 def _ledger_path() -> Path:
-    return Path(os.environ.get("GPUSLICE_DATA_DIR") or settings().data_dir) / "ledger.sqlite"
+    return Path(environ.DATA_DIR.get() or settings().data_dir) / "ledger.sqlite"
 
 
 def _kubernetes() -> bool:
     """In the Helm chart the portal reads the Kubernetes API instead of a local ledger."""
-    return os.environ.get("GPUSLICE_BACKEND") == "kubernetes"
+    return environ.BACKEND.get() == "kubernetes"
 
 
 @st.cache_resource
@@ -82,8 +82,8 @@ def inventory() -> tuple[Inventory, list[Held]]:
         return cluster.kube_inventory(
             kube_client(),
             _namespace(),
-            os.environ.get("GPUSLICE_SHARING_BACKEND", "gpushare"),
-            gpushare_memory_unit=os.environ.get("GPUSLICE_GPUSHARE_MEMORY_UNIT", "GiB"),
+            environ.SHARING_BACKEND.get(),
+            gpushare_memory_unit=environ.GPUSHARE_MEMORY_UNIT.get(),
         )
     return cluster.local_inventory(_ledger_path(), settings().simulate)
 
@@ -142,11 +142,11 @@ def spawn_success() -> float | None:
 
 @st.cache_resource
 def market() -> Store:
-    return market_store(os.environ.get("GPUSLICE_MARKET_URL") or market_url(settings()))
+    return market_store(environ.MARKET_URL.get() or market_url(settings()))
 
 
 def models_root() -> Path:
-    return Path(os.environ.get("GPUSLICE_MODELS_ROOT") or settings_models_root(settings()))
+    return Path(environ.MODELS_ROOT.get() or settings_models_root(settings()))
 
 
 @st.cache_data(ttl=10)

@@ -8,9 +8,10 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from hub.market.store import Image, Model
+from market.store import Image, Model
 from portal.data.hub import ServerRow
 from portal.data.prometheus import GpuReading
+from spawner import environ
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
@@ -227,8 +228,8 @@ def split_list(text: str) -> list[str]:
 
 
 def load_code(model: Model) -> str:
-    """The model's load snippet with {path} as the mounted folder (GPUSLICE_MODELS_DIR in the server)."""
-    folder = f'Path(os.environ["GPUSLICE_MODELS_DIR"]) / "{model.slug}"'
+    """The model's load snippet with {path} as the mounted folder (environ.MODELS_DIR in the server)."""
+    folder = f'Path(os.environ["{environ.MODELS_DIR.name}"]) / "{model.slug}"'
     code = model.load.replace("{path}", folder) if model.load else f"folder = {folder}\n"
     return "import os\nfrom pathlib import Path\n\n" + code
 

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from spawner import environ
 from spawner.shares import GiB, GpuRequest, MiB, RequestKind, ShareError, format_bytes
 
-# The environment the kernel-side hook reads (images/gpuslice_limits.py).
-ENV_BYTES = "GPUSLICE_GPU_MEMORY_BYTES"
-ENV_FRACTION = "GPUSLICE_GPU_MEMORY_FRACTION"
-ENV_ISOLATION = "GPUSLICE_ISOLATION"
+# The environment the kernel-side hook reads (spawner/kernel_hook/gpuslice_limits.py).
+ENV_BYTES = environ.GPU_MEMORY_BYTES.name
+ENV_FRACTION = environ.GPU_MEMORY_FRACTION.name
+ENV_ISOLATION = environ.ISOLATION.name
 # Our own record of the slice on the pod: the inventory reads it back on backends
 # whose device plugin does not annotate the pod (time-slicing).
 ANNOTATION_MEMORY = "gpuslice.io/gpu-memory-bytes"

@@ -195,3 +195,25 @@ def watch_xids(nvml: Any, xids: dict[int, int], stop: threading.Event, wait_ms: 
         nvml.nvmlEventSetFree(events)
     finally:
         nvml.nvmlShutdown()
+
+
+@dataclass(frozen=True)
+class Machine:
+    """This machine's GPUs, detected once per hub process."""
+
+    gpus: tuple[Gpu, ...]
+    source: str  # "NVML" or "simulated (...)"
+
+    @property
+    def simulated(self) -> bool:
+        return self.source.startswith("simulated")
+
+
+_MACHINES: dict[str, Machine] = {}
+
+
+def machine(simulate: str) -> Machine:
+    if simulate not in _MACHINES:
+        gpus, source = detect(simulate)
+        _MACHINES[simulate] = Machine(tuple(gpus), source)
+    return _MACHINES[simulate]

@@ -27,12 +27,16 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Dict, Float, Unicode, default, validate
 
-from hub.market.catalog import check_relative
+from market.catalog import check_relative
+from spawner import environ, metrics
 from spawner.backends import Backend, gpushare_unit_bytes, render
+from spawner.gpus import Machine
+from spawner.images import SpawnImage
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
-from spawner.mixin import GpuRefused, GpuShareMixin, Machine, SpawnImage
+from spawner.mixin import GpuShareMixin
 from spawner.placement import ClusterState, Demand, explain, make_policy
 from spawner.quotas import Usage
+from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind
 
 GROUP_ANNOTATION = "gpuslice.io/group"
@@ -247,8 +251,6 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             usage = usage_from_pods(pods, self.user.name, self.pod_name)
             group, _ = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
         except GpuRefused as refusal:
-            from hub import metrics
-
             metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
             raise
         self._apply(request, self.images()[image].target, group, mounts)
@@ -311,12 +313,12 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         self._gpu_request = request
         self.extra_resource_limits = {**limits, **spec.limits}
         self.extra_annotations = {**annotations, **spec.annotations, **({GROUP_ANNOTATION: group} if group else {})}
-        self.environment = {**environment, **spec.env, "GPUSLICE_MODELS_DIR": MODELS_DIR}
+        self.environment = {**environment, **spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         self.image = container
         if mounts:
             self.volumes = [*volumes, {"name": MODELS_VOLUME, **self.gpu_models_volume}]
             self.volume_mounts = [*volume_mounts, *mounts]
-            self.environment["GPUSLICE_MODELS"] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
+            self.environment[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
         else:
             self.volumes, self.volume_mounts = volumes, volume_mounts
         for warning in spec.warnings:

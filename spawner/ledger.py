@@ -161,6 +161,11 @@ class Ledger:
                     (r.key, r.gpu_index, r.user, r.server, r.memory_bytes, int(r.whole), r.group, r.pid, time.time()),
                 )
 
+    def missing(self, rows: Iterable[Held]) -> list[Held]:
+        """Those of ``rows`` the ledger does not hold (a read: no write lock taken)."""
+        held = {(h.key, h.gpu_index) for h in self.holdings()}
+        return [r for r in rows if (r.key, r.gpu_index) not in held]
+
     def set_pid(self, key: str, pid: int) -> None:
         with self._write() as db:
             db.execute("UPDATE allocation SET pid = ? WHERE key = ?", (pid, key))

@@ -26,8 +26,8 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Unicode, validate
 
-from spawner import mounts
-from spawner.mixin import LedgerGpuMixin
+from spawner import environ, mounts
+from spawner.lifecycle import LedgerGpuMixin
 
 SYSTEM_PREFIX = "jupyter-"
 _SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,30}$")
@@ -111,7 +111,7 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
-        env["GPUSLICE_MODELS_DIR"] = str(self.home_dir / mounts.MODELS_DIRNAME)
+        env[environ.MODELS_DIR.name] = str(self.home_dir / mounts.MODELS_DIRNAME)
         return env
 
 

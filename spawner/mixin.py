@@ -1,95 +1,32 @@
-"""GPU slices for JupyterHub spawners: the shared mixin and the local ledger lifecycle.
+"""What every gpuslice spawner shares: the request, the group rules, placement and the form.
 
 ``GpuShareMixin`` reads and checks the spawn options (form or REST ``user_options``):
-the slice, the image, the models, the group rules. ``LedgerGpuMixin`` adds the local
+the slice (spawner/request.py), the image and models (spawner/images.py), the group
+rules, and where the slice goes. ``spawner.lifecycle.LedgerGpuMixin`` adds the local
 backend's lifecycle (``LocalGpuSpawner``); ``spawner.kube.KubeGpuSpawner`` adds the
 Kubernetes one.
 """
 
 from __future__ import annotations
 
-import asyncio
-import html
-import os
-import sys
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from tornado import web
-from traitlets import Dict, HasTraits, Integer, List, Unicode, default
+from traitlets import Dict, Integer, List, Unicode, default
 
-from hub import metrics
-from hub.market.files import ModelFilesError, inside
-from hub.market.rules import installed, launch_blocker, local_prefix
-from hub.market.store import Model, Store
-from spawner.backends import Backend, ServerGpuSpec, render
-from spawner.gpus import detect
-from spawner.inventory import Gpu, Inventory, build_local
-from spawner.ledger import Held, Ledger, LedgerError, server_key
+from spawner.backends import ServerGpuSpec
+from spawner.form import render_spawn_form
+from spawner.gpus import Machine, machine
+from spawner.images import ImagesMixin
+from spawner.inventory import Inventory
+from spawner.ledger import Held, server_key
 from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
-from spawner.quotas import GroupQuota, Usage, check, largest_slice
-from spawner.shares import GiB, GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity, parse_request
-
-HOOK_DIR = Path(__file__).parent / "kernel_hook"
-
-
-class GpuRefused(web.HTTPError):
-    """A spawn refused before anything was allocated; the message is for the user."""
-
-    def __init__(self, status: int, message: str, reason: str) -> None:
-        super().__init__(status, log_message=message, reason=_http_reason(status))
-        self.jupyterhub_message = message  # shown on the spawn page and in progress events
-        self.refusal = reason
+from spawner.quotas import GroupQuota, Usage, check, group_quota, largest_slice
+from spawner.request import OPTION_KEYS, GpuRefused, options_from_form, read_request
+from spawner.shares import GpuRequest, RequestKind
 
 
-def _http_reason(status: int) -> str:
-    return {400: "Bad Request", 403: "Forbidden", 409: "Conflict"}.get(status, "Error")
-
-
-@dataclass(frozen=True)
-class Machine:
-    """This machine's GPUs, detected once per hub process."""
-
-    gpus: tuple[Gpu, ...]
-    source: str  # "NVML" or "simulated (...)"
-
-    @property
-    def simulated(self) -> bool:
-        return self.source.startswith("simulated")
-
-
-_MACHINES: dict[str, Machine] = {}
-
-
-def machine(simulate: str) -> Machine:
-    if simulate not in _MACHINES:
-        gpus, source = detect(simulate)
-        _MACHINES[simulate] = Machine(tuple(gpus), source)
-    return _MACHINES[simulate]
-
-
-def group_quota(raw: dict[str, Any]) -> GroupQuota:
-    """A group's rules from settings: sizes as text ("4GiB"), lists of images."""
-
-    def size(key: str) -> int | None:
-        return None if raw.get(key) is None else parse_quantity(str(raw[key]))
-
-    images = raw.get("images")
-    return GroupQuota(
-        name=str(raw["name"]),
-        max_slice_bytes=size("max_slice"),
-        max_gpus=None if raw.get("max_gpus") is None else int(raw["max_gpus"]),
-        budget_bytes=size("budget"),
-        servers_per_user=None if raw.get("servers_per_user") is None else int(raw["servers_per_user"]),
-        allowed_images=None if images is None else frozenset(str(i) for i in images),
-    )
-
-
-class GpuShareMixin(HasTraits):
+class GpuShareMixin(ImagesMixin):
     """What every gpuslice spawner shares: options, images, models, quotas, the form.
 
     Expects JupyterHub's Spawner attributes. The lifecycle (where the slice is held)
@@ -106,29 +43,16 @@ class GpuShareMixin(HasTraits):
         help="""Group rules, each a dict: name, max_slice ("4GiB"), max_gpus, budget ("40GiB"),
         servers_per_user, images (list of image ids). Members come from JupyterHub groups.""",
     ).tag(config=True)
-    gpu_images = Dict(
-        help="""Images a server may run from: id -> {"path": python env prefix, "description": text}.
-        The id "default" runs from the hub's own environment.""",
-    ).tag(config=True)
-    gpu_default_image = Unicode("default", help="Image used when a request names none.").tag(config=True)
     gpu_default_memory = Unicode("0", help='gpu_memory when a request names none ("0": CPU only).').tag(config=True)
-    gpu_market_url = Unicode(
-        "", help="SQLAlchemy URL of the image and model market ('' : images come from gpu_images only)."
-    ).tag(config=True)
-    gpu_models_root = Unicode("", help="Folder holding the model market's files.").tag(config=True)
     gpu_max_cards = Integer(0, help="Most whole cards one server may take (0: as many as the machine has).").tag(
         config=True
     )
 
     _gpu_spec: ServerGpuSpec | None = None
     _gpu_holds: list[Held] | None = None
-    gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models"})
+    gpu_option_keys = OPTION_KEYS
     _gpu_starting = False
     _gpu_models: dict[str, Path] | None = None
-
-    @default("gpu_images")
-    def _default_images(self) -> dict[str, Any]:
-        return {"default": {"path": sys.prefix, "description": "The platform's own Python environment"}}
 
     # -- helpers over JupyterHub's spawner attributes ---------------------------------
 
@@ -149,117 +73,11 @@ class GpuShareMixin(HasTraits):
     def gpu_request(self) -> tuple[GpuRequest, str]:
         """The request and image from user_options; GpuRefused(400) on bad input."""
         options = self.user_options or {}  # type: ignore[attr-defined]
-        if not isinstance(options, dict):
-            raise GpuRefused(400, "Spawn options must be a JSON object.", "invalid")
-        unknown = set(options) - self.gpu_option_keys
-        if unknown:
-            raise GpuRefused(
-                400,
-                f"Unknown spawn option(s): {', '.join(sorted(map(str, unknown)))}. "
-                "Use gpu_memory, gpus, image and models.",
-                "invalid",
-            )
-        gpus = self._machine.gpus
-        try:
-            request = parse_request(
-                options.get("gpu_memory", self.gpu_default_memory),
-                options.get("gpus", 0),
-                largest_card_bytes=max((g.memory_bytes for g in gpus), default=0),
-                most_cards=self.gpu_max_cards or len(gpus),
-            )
-        except ShareError as exc:
-            raise GpuRefused(400, str(exc), "invalid") from None
-        if request.kind is not RequestKind.CPU and not gpus:
-            raise GpuRefused(400, 'This machine has no GPU; ask for gpu_memory "0" (CPU only).', "invalid")
-        return request, self._chosen_image(options.get("image") or self.gpu_default_image)
-
-    def images(self) -> dict[str, SpawnImage]:
-        """Every image this machine can run: the settings' and the market's."""
-        found = {
-            slug: SpawnImage(slug, str(spec.get("description", "")), str(spec.get("path") or sys.prefix))
-            for slug, spec in self.gpu_images.items()
-        }
-        store = self._market()
-        if store is not None:
-            for image in store.images():
-                path = local_prefix(image.local_path, sys.prefix)
-                if path is not None:
-                    found[image.slug] = SpawnImage(
-                        image.slug, image.name, str(path), image.status == "deprecated", frozenset(image.groups)
-                    )
-        return found
-
-    def _chosen_image(self, slug: Any) -> str:
-        images = self.images()
-        offered = [i.slug for i in self.launchable_images()]
-        image = images.get(slug) if isinstance(slug, str) else None
-        if image is None:
-            raise GpuRefused(400, f"Unknown image {slug!r}; choose one of: {', '.join(sorted(offered))}.", "invalid")
-        if image.deprecated:
-            raise GpuRefused(
-                400, f"Image {slug!r} is deprecated; choose one of: {', '.join(sorted(offered))}.", "invalid"
-            )
-        blocker = self._launch_blocker(image)
-        if blocker:
-            raise GpuRefused(403, f"Image {slug!r} is {blocker}.", "quota")
-        if not self.image_available(image):
-            raise GpuRefused(
-                400,
-                f"Image {slug!r} is not installed on this machine (no {image.target}/bin/jupyterhub-singleuser); "
-                "choose another or ask an admin to install it.",
-                "invalid",
-            )
-        return image.slug
-
-    def image_available(self, image: SpawnImage) -> bool:
-        """Whether this backend can run the image (locally: its environment is installed)."""
-        return installed(Path(image.target))
-
-    def _may_launch(self, image: SpawnImage) -> bool:
-        return not self._launch_blocker(image)
-
-    def _launch_blocker(self, image: SpawnImage) -> str:
-        return launch_blocker(
-            deprecated=image.deprecated,
-            groups=image.groups,
-            user_groups=[g.name for g in self.user.groups],  # type: ignore[attr-defined]
-            admin=bool(self.user.admin),  # type: ignore[attr-defined]
+        machine_ = self._machine
+        request = read_request(
+            options, self.gpu_default_memory, machine_.gpus, self.gpu_max_cards, self.gpu_option_keys
         )
-
-    def _market(self) -> Store | None:
-        return market_store(self.gpu_market_url) if self.gpu_market_url else None
-
-    def wanted_models(self, backend_ready: bool) -> list[Model]:
-        """The approved models to mount, from the request or the user's "Use in notebook" picks.
-
-        ``backend_ready``: whether this backend has somewhere to mount them from.
-        """
-        options = self.user_options or {}  # type: ignore[attr-defined]
-        store = self._market()
-        wanted = options.get("models")
-        if wanted is None:
-            wanted = store.selected_models(self.user.name) if store else []  # type: ignore[attr-defined]
-        if not isinstance(wanted, list) or not all(isinstance(m, str) for m in wanted):
-            raise GpuRefused(400, 'models must be a list of model ids, for example ["langid-97"].', "invalid")
-        if wanted and (store is None or not backend_ready):
-            raise GpuRefused(400, "This platform has no model market; leave models out.", "invalid")
-        models = []
-        for slug in dict.fromkeys(wanted):
-            model = store.model(slug) if store else None
-            if model is None or model.status != "approved":
-                raise GpuRefused(400, f"Model {slug!r} is not an approved model in the market.", "invalid")
-            models.append(model)
-        return models
-
-    def gpu_model_folders(self) -> dict[str, Path]:
-        """Each wanted model's folder under the models root (checked again: no way out of it)."""
-        folders: dict[str, Path] = {}
-        for model in self.wanted_models(bool(self.gpu_models_root)):
-            try:
-                folders[model.slug] = inside(Path(self.gpu_models_root), model.path)
-            except ModelFilesError as exc:
-                raise GpuRefused(400, f"Model {model.slug!r} cannot be mounted: {exc}", "invalid") from None
-        return folders
+        return request, self._chosen_image(options.get("image") or self.gpu_default_image)
 
     def check_and_place(
         self, request: GpuRequest, image: str, inventory: Inventory, usage: Usage, held: list[Demand]
@@ -296,395 +114,13 @@ class GpuShareMixin(HasTraits):
         groups = self._quota_groups()
         largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
         ceiling = largest_slice(groups, usage, largest_card)
-        return _form_html(self, inventory, groups, usage, ceiling, self._machine)
+        machine_ = self._machine
+        simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
+        return render_spawn_form(self, inventory, groups, usage, ceiling, len(machine_.gpus), simulated)
 
     def form_state(self) -> tuple[Inventory, Usage]:
         """Every GPU with what others hold, and what this user's groups have used."""
         raise NotImplementedError
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        def first(name: str, fallback: str) -> str:
-            values = formdata.get(name) or [fallback]
-            return values[0]
-
-        return {
-            "gpu_memory": first("gpu_memory", self.gpu_default_memory),
-            "gpus": first("gpus", "0"),
-            "image": first("image", self.gpu_default_image),
-            "models": list(formdata.get("models") or []),
-        }
-
-    def launchable_images(self) -> list[SpawnImage]:
-        return [i for i in self.images().values() if self._may_launch(i) and self.image_available(i)]
-
-    def approved_models(self) -> list[Model]:
-        store = self._market()
-        return store.models(["approved"]) if store and self.gpu_models_root else []
-
-    def selected_models(self) -> set[str]:
-        store = self._market()
-        return set(store.selected_models(self.user.name)) if store else set()  # type: ignore[attr-defined]
-
-
-class LedgerGpuMixin(GpuShareMixin):
-    """The local backend's lifecycle: the slice is placed here and held in the SQLite ledger.
-
-    On ``start`` it checks the request and the group quotas, places the slice with the
-    core's policy and writes it to the ledger, all before the server process exists; it
-    releases the slice however the server ends (JupyterHub calls ``clear_state`` for
-    each). Each step is recorded as a server event, so the portal can say why a server
-    waits or why it failed.
-    """
-
-    gpu_ledger_path = Unicode(
-        "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
-    ).tag(config=True)
-    # False on a spawner the hub loaded from its database: its first poll checks the server.
-    _gpu_checked_since_restart = False
-    _gpu_silent_after_restart = False
-
-    @property
-    def _ledger(self) -> Ledger:
-        return Ledger(self.gpu_ledger_path)
-
-    def _inventory(self, holds: list[Held]) -> Inventory:
-        return build_local(self._machine.gpus, [(h.gpu_index, h.allocation()) for h in holds])
-
-    def form_state(self) -> tuple[Inventory, Usage]:
-        others = [h for h in self._ledger.holdings() if h.key != self._key]
-        return self._inventory(others), _usage(others, self.user.name)  # type: ignore[attr-defined]
-
-    # -- the decision, inside the ledger's transaction ----------------------------------
-
-    def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
-        inventory = self._inventory(holds)
-        usage = _usage(holds, self.user.name)  # type: ignore[attr-defined]
-        group, choice = self.check_and_place(request, image, inventory, usage, [_demand_of(h) for h in holds])
-        if choice is None:
-            return []
-        node = inventory.nodes[choice.node]
-        return [
-            Held(
-                self._key,
-                node.gpus[i].index,
-                self.user.name,  # type: ignore[attr-defined]
-                self.name,  # type: ignore[attr-defined]
-                node.gpus[i].memory_bytes
-                if request.kind is RequestKind.WHOLE
-                else request.bytes_on(node.gpus[i].memory_bytes),
-                request.kind is RequestKind.WHOLE,
-                group,
-            )
-            for i in choice.gpus
-        ]
-
-    def allocate(self) -> tuple[GpuRequest, list[Held]]:
-        """Check and place the request; write it to the ledger. Counts refusals."""
-        try:
-            request, image = self.gpu_request()
-            self._gpu_models = self.gpu_model_folders()
-            self._record("requested", 10, f"asked for {request.describe()} with image {image}")
-            holds = self._ledger.allocate(self._key, lambda current: self._decide(request, image, current))
-        except GpuRefused as refusal:
-            metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
-            self._record("refused", 100, refusal.jupyterhub_message)
-            raise
-        assert holds is not None  # _decide raises rather than returning None
-        return request, holds
-
-    def _spec_for(self, request: GpuRequest, holds: list[Held]) -> ServerGpuSpec:
-        if not holds:
-            return render(request, Backend.LOCAL)
-        by_index = {g.index: g for g in self._machine.gpus}
-        cards = [by_index[h.gpu_index] for h in holds]
-        devices = tuple(g.uuid if not g.simulated else str(g.index) for g in cards)
-        return render(request, Backend.LOCAL, card_bytes=cards[0].memory_bytes, devices=devices)
-
-    # -- the spawner lifecycle ----------------------------------------------------------
-
-    async def start(self) -> Any:
-        request, holds = self.allocate()
-        self._gpu_holds = holds
-        self._gpu_spec = self._spec_for(request, holds)
-        placed = self.placement_text() or "no GPU"
-        self.log.info("gpuslice: %s gets %s: %s", self._key, request.describe(), placed)  # type: ignore[attr-defined]
-        self._record("placed", 20, f"placed: {placed}; starting the server")
-        self._gpu_starting = True
-        self._gpu_checked_since_restart = True  # this hub process watches the start itself
-        self._gpu_silent_after_restart = False
-        try:
-            self.prepare_server()
-            result = await super().start()  # type: ignore[misc]
-        except BaseException as exc:
-            self._ledger.release(self._key)
-            self._gpu_holds = None
-            self._record("failed", 100, f"the server did not start: {exc or type(exc).__name__}")
-            raise
-        finally:
-            self._gpu_starting = False
-        pid = getattr(self, "pid", 0)
-        if pid and holds:
-            self._ledger.set_pid(self._key, pid)
-        self._record("started", 50, f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer")
-        return result
-
-    def prepare_server(self) -> None:
-        """Called after the slice is held, before the server starts (a backend mounts models here)."""
-
-    async def poll(self) -> int | None:
-        status: int | None = await super().poll()  # type: ignore[misc]
-        if status is None and not self._gpu_checked_since_restart:
-            # The hub's first look at a server it did not start (it restarted meanwhile).
-            self._gpu_checked_since_restart = True
-            status = await self._answer_or_exit()
-        if status is None and self._gpu_holds:
-            # Running: make sure the ledger still holds the slice (it may have been lost).
-            self._ledger.restore(self._gpu_holds)
-        if status is not None and not self._gpu_silent_after_restart and self._last_event_kind() == "started":
-            # Nobody stopped it (stop() records "stopped"): it crashed, exited or was killed.
-            self._record("died", 100, _died_message(status))
-        return status
-
-    async def stop(self, now: bool = False) -> None:
-        self._record(*self._stop_reason())
-        await super().stop(now=now)  # type: ignore[misc]
-
-    async def _answer_or_exit(self) -> int | None:
-        """After a hub restart: wait until the server answers HTTP, exits, or ``http_timeout`` passes.
-
-        JupyterHub itself only waits for an answer (up to ``http_timeout``), without
-        looking at the process. A server that was starting while the hub was down gives
-        up on reaching the hub after about 45 s and exits; without this check it stays
-        "pending" and holds its slice for the whole ``http_timeout``.
-        """
-        timeout = self.http_timeout  # type: ignore[attr-defined]
-        deadline = time.monotonic() + timeout
-        url = f"{self.server.url}api"  # type: ignore[attr-defined]
-        while True:
-            if await _answers_http(url):
-                return None
-            status: int | None = await super().poll()  # type: ignore[misc]
-            if status is not None:
-                return status
-            if time.monotonic() > deadline:
-                # Alive but silent: JupyterHub stops it on a non-None status (stop() says why).
-                message = "gpuslice: %s did not answer at %s within %s s after the hub restarted"
-                self.log.warning(message, self._key, url, timeout)  # type: ignore[attr-defined]
-                self._gpu_silent_after_restart = True
-                return -1
-            await asyncio.sleep(1.0)
-
-    def _stop_reason(self) -> tuple[str, int, str]:
-        # JupyterHub stops a server it gave up on from inside start or the wait for it to answer.
-        if self._gpu_silent_after_restart:
-            timeout = self.http_timeout  # type: ignore[attr-defined]
-            return "failed", 100, f"gave up: the server did not answer within {timeout} s after the hub restarted"
-        if self._gpu_starting:
-            timeout = self.start_timeout  # type: ignore[attr-defined]
-            return "failed", 100, f"gave up: the server did not start within {timeout} s"
-        if getattr(self, "_waiting_for_response", False):
-            timeout = self.http_timeout  # type: ignore[attr-defined]
-            return "failed", 100, f"gave up: the server did not answer within {timeout} s"
-        return "stopped", 100, "stopped"
-
-    def _record(self, kind: str, progress: int, message: str) -> None:
-        try:
-            self._ledger.record(self._key, kind, progress, message)
-        except LedgerError as exc:
-            # History is for people reading the portal; never fail a spawn or stop over it.
-            self.log.warning("gpuslice: could not record %s event for %s: %s", kind, self._key, exc)  # type: ignore[attr-defined]
-
-    def _last_event_kind(self) -> str | None:
-        history = self._ledger.history(self._key)
-        return history[-1].kind if history else None
-
-    def get_env(self) -> dict[str, str]:
-        env: dict[str, str] = super().get_env()  # type: ignore[misc]
-        if self._gpu_spec is not None:
-            env.update(self._gpu_spec.env)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH", "")]))
-        if self._machine.simulated and self._gpu_holds:
-            env["GPUSLICE_SIMULATED"] = "1"
-        if self._gpu_models:
-            env["GPUSLICE_MODELS"] = ",".join(self._gpu_models)
-        return env
-
-    def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().get_state()  # type: ignore[misc]
-        if self._gpu_holds:
-            state["gpuslice_holds"] = [h.__dict__ for h in self._gpu_holds]
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)  # type: ignore[misc]
-        self._gpu_holds = [Held(**h) for h in state.get("gpuslice_holds", [])] or None
-
-    def clear_state(self) -> None:
-        # Every way a server ends passes here: stopped, died (JupyterHub skips stop()
-        # for a dead server), culled, failed to start, or found dead after a restart.
-        super().clear_state()  # type: ignore[misc]
-        self._ledger.release(self._key)
-        self._gpu_holds = None
-
-    def placement_text(self) -> str:
-        if not self._gpu_holds:
-            return ""
-        by_index = {g.index: g for g in self._machine.gpus}
-        parts = []
-        for h in self._gpu_holds:
-            gpu = by_index[h.gpu_index]
-            label = f"GPU {gpu.index} ({gpu.model}{', simulated' if gpu.simulated else ''})"
-            parts.append(f"{label}" if h.whole else f"{format_bytes(h.memory_bytes)} of {label}")
-        return ", ".join(parts)
-
-    async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        text = self.placement_text()
-        if text:
-            yield {"progress": 20, "message": f"GPU placed: {text}"}
-        if self._gpu_spec is not None:
-            for warning in self._gpu_spec.warnings:
-                yield {"progress": 25, "message": warning}
-
-
-@dataclass(frozen=True)
-class SpawnImage:
-    """An image a server can run: a Python environment prefix (local) or a container (Kubernetes)."""
-
-    slug: str
-    description: str
-    target: str
-    deprecated: bool = False
-    groups: frozenset[str] = frozenset()
-
-
-_STORES: dict[str, Store] = {}
-
-
-def market_store(url: str) -> Store:
-    """One Store (engine and pool) per URL per process."""
-    if url not in _STORES:
-        _STORES[url] = Store(url)
-    return _STORES[url]
-
-
-async def _answers_http(url: str) -> bool:
-    """Whether a server answers at ``url`` as JupyterHub counts it: any status below 500.
-
-    Not ``jupyterhub.utils.wait_for_http_server``: its attempts have no short timeout (a
-    stopped server would hold one for minutes), and the caller watches the process between tries.
-    """
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session,
-            session.get(url, allow_redirects=False) as response,
-        ):
-            return response.status < 500
-    except (TimeoutError, aiohttp.ClientError):
-        return False
-
-
-def _died_message(status: int) -> str:
-    if status < 0:
-        return f"the server was killed by signal {-status} (not stopped through the hub)"
-    if status:
-        return f"the server exited with status {status} (not stopped through the hub)"
-    return "the server process ended without being stopped through the hub (killed, crashed or out of memory)"
-
-
-def _usage(holds: list[Held], user: str) -> Usage:
-    """What ``holds`` (everyone's but the server being started) count against the rules."""
-    return Usage(user_servers=len({h.key for h in holds if h.user == user}), group_bytes=_group_bytes(holds))
-
-
-def _group_bytes(holds: list[Held]) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for h in holds:
-        if h.group:
-            totals[h.group] = totals.get(h.group, 0) + h.memory_bytes
-    return totals
-
-
-def _demand_of(hold: Held) -> Demand:
-    return Demand(gpus=1) if hold.whole else Demand(slice_units=float(hold.memory_bytes))
-
-
-def _slice_choices(ceiling: int) -> list[int]:
-    choices, size = [], GiB // 2
-    while size <= ceiling:
-        choices.append(size)
-        size *= 2
-    if ceiling and (not choices or choices[-1] != ceiling):
-        choices.append(ceiling)
-    return choices
-
-
-def _form_html(
-    spawner: GpuShareMixin,
-    inventory: Inventory,
-    groups: list[GroupQuota],
-    usage: Usage,
-    ceiling: int,
-    machine_: Machine,
-) -> str:
-    esc = html.escape
-    rows = "".join(
-        f"<tr><td>GPU {g.index}</td><td>{esc(g.model)}{' <em>(simulated)</em>' if g.simulated else ''}</td>"
-        f"<td>{esc(format_bytes(g.free_bytes))} free of {esc(format_bytes(g.memory_bytes))}</td></tr>"
-        for g in inventory.gpus()
-    )
-    quota_lines = []
-    for group in groups:
-        limits = []
-        if group.max_slice_bytes is not None:
-            limits.append(f"slices up to {format_bytes(group.max_slice_bytes)}")
-        if group.budget_bytes is not None:
-            left = max(0, group.budget_bytes - usage.group_bytes.get(group.name, 0))
-            limits.append(f"{format_bytes(left)} of the group's {format_bytes(group.budget_bytes)} budget left")
-        if group.servers_per_user is not None:
-            limits.append(f"{group.servers_per_user} server(s) per person")
-        quota_lines.append(f"<li>{esc(group.name)}: {esc(', '.join(limits) or 'no limits')}</li>")
-    options = ['<option value="0">No GPU (CPU only)</option>'] + [
-        f'<option value="{esc(format_bytes(c).replace(" ", ""))}">{esc(format_bytes(c))} of one GPU</option>'
-        for c in _slice_choices(ceiling)
-    ]
-    max_cards = spawner.gpu_max_cards or len(machine_.gpus)
-    cards = "".join(f'<option value="{n}">{n}</option>' for n in range(0, max_cards + 1))
-    images = "".join(
-        f'<option value="{esc(i.slug)}"{" selected" if i.slug == spawner.gpu_default_image else ""}>'
-        f"{esc(i.slug)}: {esc(i.description)}</option>"
-        for i in sorted(spawner.launchable_images(), key=lambda i: i.slug)
-    )
-    chosen = spawner.selected_models()
-    models = "".join(
-        f'<div class="checkbox"><label><input type="checkbox" name="models" value="{esc(m.slug)}"'
-        f"{' checked' if m.slug in chosen else ''}> {esc(m.name)} <small>({esc(m.task)}, {esc(m.license)})</small>"
-        "</label></div>"
-        for m in spawner.approved_models()
-    )
-    models_block = (
-        f'<label>Models, mounted read-only in ~/models</label><div class="gpuslice-models">{models}</div>'
-        if models
-        else ""
-    )
-    simulated = (
-        f'<p class="alert alert-info">These GPUs are <strong>simulated</strong>: no NVIDIA GPU was found '
-        f"({esc(machine_.source.removeprefix('simulated (').removesuffix(')'))}).</p>"
-        if machine_.simulated
-        else ""
-    )
-    return f"""
-<div class="gpuslice-form">
-  {simulated}
-  <table class="table table-condensed"><tr><th>GPU</th><th>model</th><th>memory</th></tr>{rows}</table>
-  {"<p>Your groups:</p><ul>" + "".join(quota_lines) + "</ul>" if quota_lines else ""}
-  <label for="gpu_memory">GPU memory</label>
-  <select class="form-control" name="gpu_memory" id="gpu_memory">{"".join(options)}</select>
-  <label for="gpus">or whole GPUs</label>
-  <select class="form-control" name="gpus" id="gpus">{cards}</select>
-  <label for="image">Image</label>
-  <select class="form-control" name="image" id="image">{images}</select>
-  {models_block}
-  <p class="help-block">A slice on this machine is shared without memory isolation: gpuslice caps PyTorch,
-  TensorFlow, JAX and CuPy in your kernels to your slice, but other CUDA code can use more.</p>
-</div>
-"""
+        return options_from_form(formdata, self.gpu_default_memory, self.gpu_default_image)

@@ -10,10 +10,13 @@ Users in no configured group get ``default`` rules (unlimited unless configured)
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.shares import GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity
 
 
 @dataclass(frozen=True)
@@ -127,3 +130,76 @@ def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -
             limit = 0
         best = max(best, limit)
     return best
+
+
+# A group's rules as written in settings and in the chart's values (camelCase there, as
+# Helm values are: maxSlice); ``members`` and ``profiles`` say who is in the group.
+GROUP_RULE_KEYS = ("members", "profiles", "max_slice", "max_gpus", "budget", "servers_per_user", "images")
+
+
+class GroupRulesError(ValueError):
+    """Group rules that cannot be used; the message names the group and the key."""
+
+
+def rule_key(key: str) -> str:
+    """A rule's key in settings spelling: the chart's ``maxSlice`` is ``max_slice``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
+
+
+def group_rules(name: str, raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One group's rules checked, keys in settings spelling; GroupRulesError says what is wrong.
+
+    The one parser of group rules: settings files, the chart's values and ``group_quota``
+    all come through here.
+    """
+    where = f"groups.{name}"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise GroupRulesError(f"{where} must be a mapping of rules")
+    rules = {rule_key(str(k)): v for k, v in raw.items()}
+    unknown = sorted(set(rules) - set(GROUP_RULE_KEYS))
+    if unknown:
+        raise GroupRulesError(f"{where}: {unknown_keys_message(unknown, GROUP_RULE_KEYS)}")
+    for key in ("max_slice", "budget"):
+        if rules.get(key) is not None:
+            try:
+                parse_quantity(str(rules[key]))
+            except ShareError as exc:
+                raise GroupRulesError(f"{where}.{key}: {exc}") from None
+    for key in ("max_gpus", "servers_per_user"):
+        value = rules.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise GroupRulesError(f"{where}.{key} must be a whole number, 0 or more")
+    for key in ("members", "profiles", "images"):
+        value = rules.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(m, str) for m in value)):
+            raise GroupRulesError(f"{where}.{key} must be a list of {'user names' if key == 'members' else 'names'}")
+    return {**rules, "members": rules.get("members") or []}
+
+
+def group_quota(raw: Mapping[str, Any]) -> GroupQuota:
+    """A group's quota from its rules and ``name`` (sizes as text, "4GiB"; lists of images)."""
+    name = str(raw["name"])
+    rules = group_rules(name, {k: v for k, v in raw.items() if k != "name"})
+
+    def size(key: str) -> int | None:
+        return None if rules.get(key) is None else parse_quantity(str(rules[key]))
+
+    images = rules.get("images")
+    return GroupQuota(
+        name=name,
+        max_slice_bytes=size("max_slice"),
+        max_gpus=rules.get("max_gpus"),
+        budget_bytes=size("budget"),
+        servers_per_user=rules.get("servers_per_user"),
+        allowed_images=None if images is None else frozenset(images),
+    )
+
+
+def unknown_keys_message(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """ "unknown key(s) colr (did you mean colour?); use ...": a typo gets its likely fix."""
+    guesses = [
+        f"{k} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, known, 1)) else k for k in unknown
+    ]
+    return f"unknown key(s) {', '.join(guesses)}; use {', '.join(sorted(known))}"

@@ -12,9 +12,9 @@ import requests
 from portal.data.errors import SourceUnavailableError, why
 from portal.identity import Identity
 from spawner.backends import Backend
+from spawner.gpus import machine
 from spawner.inventory import Inventory, build_kube, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
-from spawner.mixin import machine
 
 GROUP_ANNOTATION = "gpuslice.io/group"  # spawner.kube writes it (that module needs KubeSpawner)
 

@@ -1,6 +1,6 @@
 """The markets as the portal uses them: every write checked against the reader's identity.
 
-The store (hub/market/store.py) does no authorization; this module is where "only
+The store (market/store.py) does no authorization; this module is where "only
 admins publish images", "only admins review models", "a user launches only their own
 server" and "three proposals an hour" are enforced, on the server side.
 """
@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hub.market.files import ModelFilesError, checksum, inside, size_of
-from hub.market.rules import installed, launch_blocker, local_prefix
-from hub.market.store import Image, Model, Store
+from market.files import ModelFilesError, checksum, inside, size_of
+from market.rules import installed, launch_blocker, local_prefix
+from market.store import Image, Model, Store
 from portal.data.hub import HubClient
 from portal.identity import Identity
 

@@ -3,7 +3,7 @@ import time
 import streamlit as st
 
 from portal import sources, views
-from spawner.mixin import group_quota
+from spawner.quotas import group_quota
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]

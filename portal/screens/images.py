@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import streamlit as st
 
-from hub.market.catalog import FRAMEWORKS, ImageEntry
-from hub.market.store import Image, MarketError
+from market.catalog import FRAMEWORKS, ImageEntry
+from market.store import Image, MarketError
 from portal import sources, views
 from portal.data import markets
 from spawner.shares import format_bytes

@@ -1,7 +1,7 @@
 import streamlit as st
 
-from hub.market.catalog import ModelEntry
-from hub.market.store import MarketError, Model
+from market.catalog import ModelEntry
+from market.store import MarketError, Model
 from portal import sources, views
 from portal.data import markets
 from spawner.shares import format_bytes

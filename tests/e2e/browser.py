@@ -2,7 +2,7 @@
 
 from playwright.sync_api import Page
 
-from hub.bench_portal import ARGS, CHROMIUM
+from bench.portal import ARGS, CHROMIUM
 from tests.e2e.platform import Platform
 
 __all__ = ["ARGS", "CHROMIUM", "login"]

@@ -4,7 +4,7 @@ from typing import Any
 
 import requests
 
-from hub.market.store import Image, Store
+from market.store import Image, Store
 from tests.e2e.platform import Platform, Session
 
 

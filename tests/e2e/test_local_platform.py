@@ -247,7 +247,7 @@ _ = requests
 
 
 def test_the_spawn_benchmark_runs_both_hubs() -> None:
-    from hub.bench_spawn import run
+    from bench.spawn import run
 
     result = run(runs=1)
     assert set(result["spawn_to_ready_s"]) == {"plain", "gpuslice"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import requests
 
-from hub.market.store import Image, Store
+from market.store import Image, Store
 from tests.e2e.platform import Platform
 
 

@@ -88,3 +88,14 @@ def test_the_installed_command_replays_the_real_trace(tmp_path: Path) -> None:
     best_fit, default = out["policies"]["best-fit"], out["policies"]["default"]
     # The property the benchmark exists to show, on real data: default strands less GPU.
     assert default["unallocated_gpus"] < best_fit["unallocated_gpus"]
+
+
+def test_bench_without_the_bench_extra_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As if the extra were not installed: importing psutil fails as Python does then.
+    missing = "psutil"
+    monkeypatch.setitem(sys.modules, missing, None)
+    for module in [m for m in sys.modules if m == "bench" or m.startswith("bench.")]:
+        monkeypatch.delitem(sys.modules, module)
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "class", "--users", "1"])
+    assert f"{missing} is missing" in str(stop.value) and "pip install -e '.[bench]'" in str(stop.value)

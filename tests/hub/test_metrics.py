@@ -1,8 +1,9 @@
 from prometheus_client import CollectorRegistry
 
-from hub.metrics import SPAWN_REFUSED, AllocationCollector, register_allocations
+from hub.metrics import AllocationCollector, register_allocations
 from spawner.gpus import simulated_gpus
 from spawner.ledger import Held
+from spawner.metrics import SPAWN_REFUSED
 
 GiB = 2**30
 

@@ -43,10 +43,30 @@ def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: 
     assert message in str(error.value)
 
 
-def test_unknown_keys_are_kept_for_later_features(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("markets: {db: sqlite:///m.db}\n", "unknown key(s) markets (did you mean market?); use admin_users,"),
+        ("prot: 8000\n", "unknown key(s) prot (did you mean port?)"),
+        ("monitoring: {enabeld: false}\n", "monitoring: unknown key(s) enabeld (did you mean enabled?)"),
+        ("market: {model_root: /m}\n", "market: unknown key(s) model_root (did you mean models_root?)"),
+        ("groups: {ml101: {max_slices: 4GiB}}\n", "groups.ml101: unknown key(s) max_slices (did you mean max_slice?)"),
+        ("colour: red\n", "unknown key(s) colour; use"),  # nothing close: no guess
+    ],
+)
+def test_unknown_keys_are_refused_with_a_suggestion(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "s.yaml"
-    path.write_text("markets: {db: sqlite:///m.db}\n")
-    assert load(path).extra == {"markets": {"db": "sqlite:///m.db"}}
+    path.write_text(text)
+    with pytest.raises(SettingsError) as error:
+        load(path)
+    assert str(error.value).startswith(str(path)) and message in str(error.value)
+
+
+def test_the_portal_ports_are_settings(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("portal_port: 9502\nstreamlit_port: 9503\n")
+    assert (load(path).portal_port, load(path).streamlit_port) == (9502, 9503)
+    assert (load(None).portal_port, load(None).streamlit_port) == (8502, 0)
 
 
 def test_groups_images_and_platform_options(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from hub.market.catalog import load_images
+from market.catalog import load_images
 
 IMAGES = Path(__file__).parents[2] / "images"
 PLATFORM_IMAGES = {"hub", "portal", "exporter"}  # the platform's own images, not notebook images

@@ -11,7 +11,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from spawner.inventory import build_kube
 from spawner.kube import KubeGpuSpawner, scheduling_message, usage_from_pods
-from spawner.mixin import GpuRefused
+from spawner.request import GpuRefused
 from spawner.shares import parse_request
 from tests.kube.conftest import gpushare_node
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from hub.market import seeding
-from hub.market.store import Image, Store
+from market import seeding
+from market.store import Image, Store
 from portal import sources
 from portal.data import markets
 from portal.identity import Identity
@@ -165,7 +165,7 @@ def test_market_writes_are_authorized_on_the_server_side(market: Store, tmp_path
         markets.review_model(market, user, "langid-97", approve=False)
     root = tmp_path / "models"
     (root / "m").mkdir()
-    from hub.market.store import Model
+    from market.store import Model
 
     for n in range(3):
         markets.propose_model(market, user, Model(f"m{n}", "M", "1", "t", "f", "MIT", "m"), root, per_hour=3)

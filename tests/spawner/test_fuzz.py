@@ -9,10 +9,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hub.market.catalog import load_images, load_models
 from hub.settings import SettingsError, from_mapping
+from market.catalog import load_images, load_models
 from spawner.ledger import Ledger
-from spawner.mixin import GpuRefused, LedgerGpuMixin
+from spawner.lifecycle import LedgerGpuMixin
+from spawner.request import GpuRefused
 
 scalars = st.one_of(
     st.none(),

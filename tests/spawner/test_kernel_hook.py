@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spawner.mixin import HOOK_DIR
+from spawner.lifecycle import HOOK_DIR
 
 FAKES = Path(__file__).parent / "fake_frameworks"
 GiB = 2**30

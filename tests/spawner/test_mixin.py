@@ -1,10 +1,11 @@
 from types import SimpleNamespace
 
-from hub.market.store import Model
+from market.store import Model
+from spawner.form import render_spawn_form, slice_choices
 from spawner.gpus import simulated_gpus
+from spawner.images import SpawnImage
 from spawner.inventory import build_local
-from spawner.mixin import Machine, SpawnImage, _form_html, _slice_choices, group_quota
-from spawner.quotas import GroupQuota, Usage
+from spawner.quotas import GroupQuota, Usage, group_quota
 
 GiB = 2**30
 
@@ -17,8 +18,8 @@ def test_group_rules_from_settings() -> None:
 
 
 def test_slice_choices_stop_at_the_ceiling() -> None:
-    assert _slice_choices(6 * GiB) == [GiB // 2, GiB, 2 * GiB, 4 * GiB, 6 * GiB]
-    assert _slice_choices(0) == []
+    assert slice_choices(6 * GiB) == [GiB // 2, GiB, 2 * GiB, 4 * GiB, 6 * GiB]
+    assert slice_choices(0) == []
 
 
 def test_form_escapes_what_admins_and_users_wrote() -> None:
@@ -35,13 +36,14 @@ def test_form_escapes_what_admins_and_users_wrote() -> None:
         selected_models=lambda: {"langid-97"},
     )
     gpus = simulated_gpus("1x16GiB:<i>T4</i>")
-    form = _form_html(
+    form = render_spawn_form(
         spawner,  # type: ignore[arg-type]
         build_local(gpus),
         [GroupQuota("<img src=x>", max_slice_bytes=4 * GiB)],
         Usage(),
         4 * GiB,
-        Machine(tuple(gpus), "simulated (NVML: no driver)"),
+        len(gpus),
+        "NVML: no driver",
     )
     assert "<script>" not in form and "&lt;script&gt;" in form
     assert "<img" not in form and "<i>T4" not in form and 'x"><b>' not in form

@@ -1,4 +1,9 @@
-from spawner.quotas import GroupQuota, Usage, check, largest_slice, remaining
+import re
+from dataclasses import replace
+
+import pytest
+
+from spawner.quotas import GroupQuota, GroupRulesError, Usage, check, group_quota, group_rules, largest_slice, remaining
 from spawner.shares import CPU_ONLY, GiB, GpuRequest
 
 FOUR = GpuRequest(memory_bytes=4 * GiB)
@@ -72,3 +77,29 @@ def test_remaining_and_largest_slice_for_the_form() -> None:
     assert largest_slice([CLASS], usage, 16 * GiB) == 2 * GiB
     assert largest_slice([CLASS, STAFF], usage, 16 * GiB) == 16 * GiB
     assert largest_slice([CLASS], Usage(user_servers=1), 16 * GiB) == 0
+
+
+def test_group_rules_are_read_the_same_from_settings_and_from_the_chart() -> None:
+    settings = {"name": "ml101", "max_slice": "4GiB", "max_gpus": 0, "budget": "40GiB", "servers_per_user": 1}
+    chart = {"name": "ml101", "maxSlice": "4GiB", "maxGpus": 0, "budget": "40GiB", "serversPerUser": 1}
+    assert group_quota(settings) == group_quota(chart) == replace(CLASS, allowed_images=None)
+    assert group_rules("ml101", {"maxSlice": "4GiB", "profiles": ["t4"]}) == {
+        "max_slice": "4GiB",
+        "profiles": ["t4"],
+        "members": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ({"maxSlice": "big"}, "groups.g.max_slice: 'big' is not an amount of memory"),
+        ({"servers_per_user": True}, "groups.g.servers_per_user must be a whole number"),
+        ({"members": "alice"}, "groups.g.members must be a list of user names"),
+        ({"budjet": "4GiB"}, "groups.g: unknown key(s) budjet (did you mean budget?)"),
+        (["max_slice"], "groups.g must be a mapping of rules"),
+    ],
+)
+def test_bad_group_rules_say_which(rules: object, message: str) -> None:
+    with pytest.raises(GroupRulesError, match=re.escape(message)):
+        group_rules("g", rules)  # type: ignore[arg-type]

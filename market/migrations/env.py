@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from hub.market.store import Base
+from market.store import Base
 
 engine = context.config.attributes["engine"]
 with engine.begin() as connection:

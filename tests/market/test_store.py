@@ -10,11 +10,11 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from hub.market import seeding
-from hub.market.store import Base, Image, MarketError, Model, Store
+from market import seeding
+from market.store import Base, Image, MarketError, Model, Store
 from portal.views import load_code
 
-REPO = Path(__file__).parents[3]
+REPO = Path(__file__).parents[2]
 IMAGES = REPO / "images" / "catalog.yaml"
 MODELS = REPO / "images" / "models.yaml"
 

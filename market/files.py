@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from hub.market.catalog import PackageFiles, check_relative
+from market.catalog import PackageFiles, check_relative
 
 
 class ModelFilesError(ValueError):

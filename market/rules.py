@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from hub.market.catalog import PLATFORM_ENV
+from market.catalog import PLATFORM_ENV
 
 
 def launch_blocker(*, deprecated: bool, groups: Iterable[str], user_groups: Iterable[str], admin: bool) -> str:

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from hub.market.catalog import load_images, load_models
+from market.catalog import load_images, load_models
 
-REPO = Path(__file__).parents[3]
+REPO = Path(__file__).parents[2]
 
 
 def test_the_shipped_catalogs_are_valid() -> None:

@@ -1,6 +1,6 @@
 """`gpuslice bench class` with a small class (the figures for 50 are in docs/load.md)."""
 
-from hub.bench_class import run
+from bench.classroom import run
 
 
 def test_a_small_class_starts_runs_a_cell_and_leaves_nothing() -> None:

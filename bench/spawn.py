@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hub.platform import CONFIG, PROXY, REPO
+from spawner import environ
 
 ADMIN_SCOPES = ["admin:users", "admin:servers", "list:users", "read:users"]
 
@@ -86,7 +87,7 @@ class Hub:
             f"data_dir: {self.data}\ngpus: {{simulate: 2x16GiB:T4}}\nmonitoring: {{enabled: false}}\n"
             f"admin_users: {json.dumps(list(admins))}\n"
         )
-        env = dict(os.environ, GPUSLICE_SETTINGS=str(settings), GPUSLICE_DATA_DIR=str(self.data))
+        env = {**os.environ, environ.SETTINGS.name: str(settings), environ.DATA_DIR.name: str(self.data)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
         self.log = (self.data / "hub.log").open("wb")
         self.proc = subprocess.Popen(

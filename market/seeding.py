@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hub.market.catalog import ModelEntry, Problem, load_images, load_models
-from hub.market.files import ModelFilesError, checksum, inside, make_read_only, size_of, unpack_package_model
-from hub.market.store import Image, Model, SeedReport, Store
+from market.catalog import ModelEntry, Problem, load_images, load_models
+from market.files import ModelFilesError, checksum, inside, make_read_only, size_of, unpack_package_model
+from market.store import Image, Model, SeedReport, Store
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from hub.market.catalog import ImageEntry, ModelEntry
+from market.catalog import ImageEntry, ModelEntry
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 IMAGE_STATUSES = ("active", "deprecated")
@@ -424,3 +424,13 @@ def _engine(url: str) -> Engine:
 
 def _short(exc: SQLAlchemyError) -> str:
     return str(getattr(exc, "orig", None) or exc).splitlines()[0]
+
+
+_STORES: dict[str, Store] = {}
+
+
+def market_store(url: str) -> Store:
+    """One Store (engine and pool) per URL per process."""
+    if url not in _STORES:
+        _STORES[url] = Store(url)
+    return _STORES[url]

@@ -8,7 +8,7 @@ memory, over-commit (cards holding more than their memory; must be 0) and leaked
 allocations after the stops (must be 0), and gpuslice / plain ratios.
 
 With ``--portal-sessions M``, M admins keep opening the portal's pages in headless
-Chromium while gpuslice's class spawns (hub/bench_portal.py); their page times, idle and
+Chromium while gpuslice's class spawns (bench/portal.py); their page times, idle and
 during the class, are printed too. The gpuslice hub runs as shipped, with its portal and
 idle culler.
 """
@@ -32,8 +32,8 @@ import psutil
 import requests
 from tornado import httpclient, websocket
 
-from hub.bench_portal import PortalLoad
-from hub.bench_spawn import Hub, hubs
+from bench.portal import PortalLoad
+from bench.spawn import Hub, hubs
 from spawner.ledger import Ledger
 
 SLICE = "512MiB"  # 50 of them fit on the two simulated 16 GiB cards with room to spare

@@ -1,0 +1,202 @@
+"""Imports go one way, lowest layer first (docs/architecture.md draws the layers).
+
+Read from the source with ``ast`` (nothing is imported), so a lazy import inside a
+function counts as much as one at the top. Each module of ours gets a layer; a module
+may import its own layer and the layers below it, never one above. The portal also
+takes from the hub nothing but the settings model.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("spawner", "market", "hub", "portal", "bench")
+
+CORE, LOWER, RUNTIME, HUB, PORTAL, BENCH = 1, 2, 3, 4, 5, 6
+LAYER_NAMES = {CORE: "pure core", LOWER: "market/ledger/NVML", RUNTIME: "spawner runtime", HUB: "hub", PORTAL: "portal"}
+LAYER_NAMES[BENCH] = "bench"
+
+# The most specific prefix wins; a module under no prefix below takes its package's layer.
+LAYERS: dict[str, int] = {
+    # 1. pure core: no I/O, imports nothing of ours but each other.
+    "spawner.shares": CORE,
+    "spawner.backends": CORE,
+    "spawner.inventory": CORE,
+    "spawner.placement": CORE,  # and its split modules (spawner.placement_*, spawner.placement.*)
+    "spawner.quotas": CORE,
+    "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
+    # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
+    "market": LOWER,
+    "spawner.ledger": LOWER,
+    "spawner.gpus": LOWER,
+    "spawner.metrics": LOWER,
+    "spawner.lifetime": LOWER,
+    "spawner.simulate": LOWER,  # the trace replay over the core (its command lives in the hub's CLI)
+    # 3. the spawner runtime: everything else in spawner/ (mixin and its parts, local, kube, mounts).
+    "spawner": RUNTIME,
+    "hub": HUB,
+    "portal": PORTAL,
+    "bench": BENCH,
+}
+# The kernel hook runs inside users' kernels, where our packages are not installed.
+STANDALONE = ("spawner.kernel_hook",)
+# Upward imports allowed inside a function only (lazy), each with its reason.
+LAZY_UPWARD = {
+    ("hub.cli", "bench"): "the gpuslice command dispatches `gpuslice bench spawn|class`, imported only when asked for",
+}
+# What the portal may take from the hub (layer 4): the settings model only.
+PORTAL_FROM_HUB = ("hub.settings",)
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of one of our modules (None: not ours)."""
+    best = max(
+        (p for p in LAYERS if module == p or module.startswith(p + ".") or module.startswith(p + "_")),
+        key=len,
+        default=None,
+    )
+    return None if best is None else LAYERS[best]
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str
+    line: int
+    nested: bool = False  # inside a function or a block, not at the module's top level
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, root: Path) -> list[Import]:
+    """Every import of one of our packages in ``path``, relative ones resolved."""
+    importer = module_name(path, root)
+    package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # "from spawner import metrics" imports the module spawner.metrics.
+            names = [f"{base}.{alias.name}" if layer_of(f"{base}.{alias.name}") else base for alias in node.names]
+        if names:
+            nested = node.col_offset > 0  # type: ignore[attr-defined]  (an Import or ImportFrom here)
+            found += [Import(importer, n, node.lineno, nested) for n in names if n.split(".")[0] in PACKAGES]
+    return found
+
+
+def violations(root: Path) -> list[str]:
+    """Each upward import under ``root``, as a sentence naming both modules and their layers."""
+    problems = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            for imp in imports_of(path, root):
+                problems += _check(imp, f"{path.relative_to(root)}:{imp.line}")
+    return problems
+
+
+def _check(imp: Import, where: str) -> list[str]:
+    if imp.importer.startswith(STANDALONE):
+        return [f"{where}: {imp.importer} runs standalone in users' kernels and may not import {imp.imported}"]
+    mine, theirs = layer_of(imp.importer), layer_of(imp.imported)
+    if mine is None or theirs is None:
+        return []
+    if theirs > mine and not (imp.nested and _lazy_allowed(imp)):
+        return [
+            f"{where}: {imp.importer} ({LAYER_NAMES[mine]}, layer {mine}) imports {imp.imported} "
+            f"({LAYER_NAMES[theirs]}, layer {theirs}): imports go downward only; move the shared piece "
+            "to the lower layer (docs/architecture.md)"
+        ]
+    if mine == PORTAL and theirs == RUNTIME:
+        return [f"{where}: the portal may not import the spawner runtime ({imp.imported}); use the layer below it"]
+    if mine == PORTAL and theirs == HUB and not imp.imported.startswith(PORTAL_FROM_HUB):
+        return [f"{where}: the portal takes only {', '.join(PORTAL_FROM_HUB)} from the hub, not {imp.imported}"]
+    return []
+
+
+def _lazy_allowed(imp: Import) -> bool:
+    return any(imp.importer == a and (imp.imported + ".").startswith(b + ".") for a, b in LAZY_UPWARD)
+
+
+def test_imports_go_one_way() -> None:
+    assert violations(ROOT) == []
+
+
+# The package-level order; the market sits below the spawner runtime but above the core in spawner/.
+PACKAGE_ORDER = ("market", "spawner", "hub", "portal", "bench")
+
+
+def package_violations(root: Path) -> list[str]:
+    """Each import of a package that comes later in PACKAGE_ORDER (market may use the pure core)."""
+    rank = {p: i for i, p in enumerate(PACKAGE_ORDER)}
+    problems = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            for imp in imports_of(path, root):
+                top = imp.imported.split(".")[0]
+                core_for_market = package == "market" and layer_of(imp.imported) == CORE
+                if rank[top] > rank[package] and not core_for_market and not (imp.nested and _lazy_allowed(imp)):
+                    problems.append(f"{path.relative_to(root)}:{imp.line}: package {package} imports {imp.imported}")
+    return problems
+
+
+def test_every_package_imports_only_the_packages_below_it() -> None:
+    assert package_violations(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "complaint"),
+    [
+        (
+            "spawner/mixin.py",
+            "from hub import metrics\n",
+            "spawner.mixin (spawner runtime, layer 3) imports hub.metrics",
+        ),
+        ("spawner/quotas.py", "def f():\n    import spawner.ledger\n", "imports spawner.ledger"),
+        ("market/store.py", "from spawner.mixin import x\n", "imports spawner.mixin"),
+        ("hub/cli.py", "from portal import app\n", "imports portal.app"),
+        ("hub/cli.py", "from bench.spawn import run\n", "imports bench.spawn"),  # lazy only
+        ("hub/cli.py", "def f():\n    from bench.spawn import run\n", None),
+        ("hub/platform.py", "def f():\n    from bench.spawn import run\n", "imports bench.spawn"),
+        ("portal/gate.py", "from hub.with_hub import die_with_parent\n", "takes only hub.settings from the hub"),
+        ("portal/x.py", "from spawner.mixin import machine\n", "may not import the spawner runtime"),
+        ("portal/y.py", "from spawner.gpus import machine\nfrom hub.settings import load\n", None),  # allowed
+        ("spawner/kernel_hook/gpuslice_limits.py", "from spawner import shares\n", "runs standalone"),
+        ("hub/data/y.py", "from ..settings import load\nfrom ...portal import z\n", "imports portal.z"),
+    ],
+)
+def test_an_upward_import_is_caught(tmp_path: Path, module: str, source: str, complaint: str | None) -> None:
+    """The checker itself, on a tree with one deliberate import (so the test above can fail)."""
+    path = tmp_path / module
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    found = violations(tmp_path)
+    if complaint is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and complaint in found[0], found
+
+
+def test_an_upward_package_import_is_caught(tmp_path: Path) -> None:
+    for module, source in [
+        ("market/a.py", "from spawner.shares import parse_quantity\n"),
+        ("spawner/b.py", "import hub\n"),
+    ]:
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text(source)
+    assert package_violations(tmp_path) == ["spawner/b.py:1: package spawner imports hub"]
