@@ -26,7 +26,14 @@ from hub.market.files import ModelFilesError, inside
 from hub.market.rules import installed, launch_blocker, local_prefix
 from hub.market.store import Model, Store
 from spawner.backends import Backend, ServerGpuSpec, render
-from spawner.form import render_spawn_form
+from spawner.form import (
+    FormChoice,
+    form_gpu_value,
+    in_form_words,
+    render_spawn_form,
+    split_gpu_choice,
+    whole_gpus_allowed,
+)
 from spawner.gpus import detect
 from spawner.inventory import Gpu, Inventory, build_local
 from spawner.ledger import Held, Ledger, LedgerError, server_key
@@ -125,6 +132,7 @@ class GpuShareMixin(HasTraits):
     gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models"})
     _gpu_starting = False
     _gpu_models: dict[str, Path] | None = None
+    _gpu_stages: list[Stage] | None = None
 
     @default("gpu_images")
     def _default_images(self) -> dict[str, Any]:
@@ -298,7 +306,28 @@ class GpuShareMixin(HasTraits):
         ceiling = largest_slice(groups, usage, largest_card)
         machine_ = self._machine
         simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
-        return render_spawn_form(self, inventory, groups, usage, ceiling, len(machine_.gpus), simulated)
+        most_cards = whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus))
+        return render_spawn_form(
+            self, inventory, groups, usage, ceiling, most_cards, simulated, self._previous_choice(largest_card)
+        )
+
+    def _previous_choice(self, largest_card: int) -> FormChoice | None:
+        """What the user chose last (the form shown again after a refusal keeps it); None if nothing valid."""
+        options = self.user_options  # type: ignore[attr-defined]
+        if not isinstance(options, dict) or not options:
+            return None
+        try:
+            request = parse_request(
+                options.get("gpu_memory", "0"), options.get("gpus", 0), largest_card_bytes=largest_card, most_cards=64
+            )
+        except ShareError:
+            return None
+        models = options.get("models")
+        return FormChoice(
+            gpu=form_gpu_value(request, largest_card),
+            image=options.get("image") if isinstance(options.get("image"), str) else None,
+            models=frozenset(models) if isinstance(models, list) and all(isinstance(m, str) for m in models) else None,
+        )
 
     def form_state(self) -> tuple[Inventory, Usage]:
         """Every GPU with what others hold, and what this user's groups have used."""
@@ -309,12 +338,21 @@ class GpuShareMixin(HasTraits):
             values = formdata.get(name) or [fallback]
             return values[0]
 
+        gpu_memory, gpus = first("gpu_memory", self.gpu_default_memory), first("gpus", "0")
+        if "gpu" in formdata:  # the form's one GPU select: "0", a slice ("4GiB") or whole cards ("gpus:2")
+            gpu_memory, gpus = split_gpu_choice(first("gpu", "0"))
         return {
-            "gpu_memory": first("gpu_memory", self.gpu_default_memory),
-            "gpus": first("gpus", "0"),
+            "gpu_memory": gpu_memory,
+            "gpus": gpus,
             "image": first("image", self.gpu_default_image),
             "models": list(formdata.get("models") or []),
         }
+
+    def _from_form(self) -> bool:
+        """Whether this spawn was the spawn page's form (its refusals then use the form's words)."""
+        # JupyterHub sets ``handler`` to the request that starts the spawn; the form POSTs to SpawnHandler.
+        handler = getattr(self, "handler", None)
+        return type(handler).__name__ == "SpawnHandler" and handler.request.method == "POST"  # type: ignore[union-attr]
 
     def launchable_images(self) -> list[SpawnImage]:
         return [i for i in self.images().values() if self._may_launch(i) and self.image_available(i)]
@@ -382,13 +420,17 @@ class LedgerGpuMixin(GpuShareMixin):
 
     def allocate(self) -> tuple[GpuRequest, list[Held]]:
         """Check and place the request; write it to the ledger. Counts refusals."""
+        self._gpu_stages = []
         try:
             request, image = self.gpu_request()
             self._gpu_models = self.gpu_model_folders()
             self._record("requested", 10, f"asked for {request.describe()} with image {image}")
+            self._stage(10, f"asked for {request.describe()} with image {image}")
             holds = self._ledger.allocate(self._key, lambda current: self._decide(request, image, current))
         except GpuRefused as refusal:
             metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+            if self._from_form():
+                refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
             self._record("refused", 100, refusal.jupyterhub_message)
             raise
         assert holds is not None  # _decide raises rather than returning None
@@ -411,11 +453,16 @@ class LedgerGpuMixin(GpuShareMixin):
         placed = self.placement_text() or "no GPU"
         self.log.info("gpuslice: %s gets %s: %s", self._key, request.describe(), placed)  # type: ignore[attr-defined]
         self._record("placed", 20, f"placed: {placed}; starting the server")
+        self._stage(20, f"GPU placed: {placed}")
         self._gpu_starting = True
         self._gpu_checked_since_restart = True  # this hub process watches the start itself
         self._gpu_silent_after_restart = False
         try:
+            self.prepare_home()
+            self._stage(35, "home folder ready")
             self.prepare_server()
+            models = ", ".join(self._gpu_models or {})
+            self._stage(50, f"models mounted in ~/models: {models}" if models else "no models to mount")
             result = await super().start()  # type: ignore[misc]
         except BaseException as exc:
             self._ledger.release(self._key)
@@ -427,8 +474,13 @@ class LedgerGpuMixin(GpuShareMixin):
         pid = getattr(self, "pid", 0)
         if pid and holds:
             self._ledger.set_pid(self._key, pid)
-        self._record("started", 50, f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer")
+        started = f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer"
+        self._record("started", 50, started)
+        self._stage(70, started)
         return result
+
+    def prepare_home(self) -> None:
+        """Called after the slice is held: make the user's home folder (a backend knows where)."""
 
     def prepare_server(self) -> None:
         """Called after the slice is held, before the server starts (a backend mounts models here)."""
@@ -496,6 +548,10 @@ class LedgerGpuMixin(GpuShareMixin):
             # History is for people reading the portal; never fail a spawn or stop over it.
             self.log.warning("gpuslice: could not record %s event for %s: %s", kind, self._key, exc)  # type: ignore[attr-defined]
 
+    def _stage(self, progress: int, message: str) -> None:
+        if self._gpu_stages is not None:
+            self._gpu_stages.append(Stage(progress, message, time.monotonic()))
+
     def _last_event_kind(self) -> str | None:
         history = self._ledger.history(self._key)
         return history[-1].kind if history else None
@@ -540,12 +596,39 @@ class LedgerGpuMixin(GpuShareMixin):
         return ", ".join(parts)
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        text = self.placement_text()
-        if text:
-            yield {"progress": 20, "message": f"GPU placed: {text}"}
-        if self._gpu_spec is not None:
-            for warning in self._gpu_spec.warnings:
-                yield {"progress": 25, "message": warning}
+        """Each stage of the start as it happens, with how long it took, then the first answer.
+
+        JupyterHub stops reading when the spawn ends and sends its own "ready" event (100%).
+        The isolation warning comes once: here, unless the form already showed it.
+        """
+        sent, since = 0, None
+        warned = self._from_form()
+        while True:
+            stages = self._gpu_stages or []  # start() makes a new list; read it each round
+            since = since if since is not None else (stages[0].at if stages else None)
+            for stage in stages[sent:]:
+                took = stage.at - (since if since is not None else stage.at)
+                yield {"progress": stage.progress, "message": f"{stage.message} ({took:.1f} s)"}
+                since, sent = stage.at, sent + 1
+                if stage.progress == 20 and not warned and self._gpu_spec is not None:
+                    for warning in self._gpu_spec.warnings:
+                        yield {"progress": 20, "message": warning}
+                    warned = True
+            started = stages and stages[-1].progress >= 70 and self.server is not None  # type: ignore[attr-defined]
+            if started and await _answers_http(f"{self.server.url}api"):  # type: ignore[attr-defined]
+                took = time.monotonic() - (since or time.monotonic())
+                yield {"progress": 90, "message": f"server answering ({took:.1f} s)"}
+                return
+            await asyncio.sleep(0.25)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a start, for the progress bar: percent, what happened, when (monotonic)."""
+
+    progress: int
+    message: str
+    at: float
 
 
 @dataclass(frozen=True)
