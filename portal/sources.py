@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -51,6 +52,11 @@ def alertmanager_url() -> str:
 @st.cache_data(ttl=5)
 def servers(identity: Identity) -> list[ServerRow]:
     return hub.list_servers(hub_client(), identity)
+
+
+def group_rules() -> tuple[dict[str, Any], ...]:
+    """The classes' rules from the settings (max_slice, budget, ...), as the spawner reads them."""
+    return settings().groups
 
 
 @st.cache_data(ttl=30)

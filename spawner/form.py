@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -11,7 +12,7 @@ import jinja2
 
 from spawner.inventory import Inventory
 from spawner.quotas import GroupQuota, Usage
-from spawner.shares import GiB, format_bytes
+from spawner.shares import GpuRequest, RequestKind, format_bytes, slice_choices
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("spawner", "templates"),
@@ -41,8 +42,8 @@ class FormModel(Protocol):
 class FormSource(Protocol):
     """What the form needs from the spawner (``GpuShareMixin`` provides it)."""
 
-    gpu_max_cards: int
     gpu_default_image: str
+    gpu_default_memory: str
 
     def launchable_images(self) -> Iterable[FormImage]: ...
 
@@ -55,17 +56,6 @@ class FormSource(Protocol):
 class SliceChoice:
     value: str  # what the form posts: "4GiB"
     label: str  # what the user reads: "4 GiB"
-
-
-def slice_choices(ceiling: int) -> list[int]:
-    """Slice sizes to offer: powers of two from 0.5 GiB up to ``ceiling``, and the ceiling itself."""
-    choices, size = [], GiB // 2
-    while size <= ceiling:
-        choices.append(size)
-        size *= 2
-    if ceiling and (not choices or choices[-1] != ceiling):
-        choices.append(ceiling)
-    return choices
 
 
 def group_limits(group: GroupQuota, usage: Usage) -> str:
@@ -81,20 +71,112 @@ def group_limits(group: GroupQuota, usage: Usage) -> str:
     return ", ".join(limits) or "no limits"
 
 
+@dataclass(frozen=True)
+class FormChoice:
+    """What the user chose last, to show the form again with it (None: not given)."""
+
+    gpu: str | None = None  # a value of the GPU select: "0", "4GiB", "gpus:2"
+    image: str | None = None
+    models: frozenset[str] | None = None
+
+
+WHOLE_PREFIX = "gpus:"
+
+
+def form_gpu_value(request: GpuRequest, largest_card: int) -> str:
+    """The GPU select's value for ``request``: "0", a slice ("4GiB") or whole cards ("gpus:2")."""
+    if request.kind is RequestKind.WHOLE:
+        return f"{WHOLE_PREFIX}{request.gpus}"
+    if request.kind is RequestKind.SLICE:
+        return _value(request.bytes_on(largest_card))
+    return "0"
+
+
+def split_gpu_choice(value: str) -> tuple[str, str]:
+    """The GPU select's value as the spawn options ``(gpu_memory, gpus)``."""
+    if value.startswith(WHOLE_PREFIX):
+        return "0", value.removeprefix(WHOLE_PREFIX)
+    return value, "0"
+
+
+def whole_gpus_allowed(groups: list[GroupQuota], most_cards: int) -> int:
+    """The most whole GPUs any of the user's groups allows one server (0: offer none)."""
+    if not groups:
+        return most_cards
+    return max(most_cards if g.max_gpus is None else min(g.max_gpus, most_cards) for g in groups)
+
+
+# API words in refusals -> the labels the form shows. Order matters: the longer phrases first.
+_FORM_WORDS = (
+    (re.compile(r'ask for gpu_memory "0" \(CPU only\)'), 'choose "No GPU (CPU only)"'),
+    (re.compile(r"(ask for )?gpus=1 \(and gpu_memory \"0\"\)"), "choose 1 whole GPU"),
+    (re.compile(r"for whole cards with gpus=(\d+)"), r"for \1 whole GPU(s)"),
+    (re.compile(r"for a whole card with gpus=1"), "for 1 whole GPU"),
+    (re.compile(r"ask for gpus=(\d+)"), r"choose \1 whole GPU(s)"),
+    (re.compile(r"gpus=(\d+)"), r"\1 whole GPU(s)"),
+    (re.compile(r"\bgpu_memory\b"), "GPU memory"),
+    (re.compile(r"\bgpus\b(?! \()"), "whole GPUs"),
+)
+
+
+def in_form_words(message: str) -> str:
+    """A refusal written for the REST API (gpus=2, gpu_memory) in the words the form shows."""
+    for pattern, words in _FORM_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
+def _value(size: int) -> str:
+    return format_bytes(size).replace(" ", "")
+
+
+def _default_gpu(source: FormSource, groups: list[GroupQuota], slices: list[int], ceiling: int) -> str:
+    """The class's slice, else the configured default, else the smallest slice offered; CPU only last."""
+    offered = {_value(c) for c in slices}
+    for group in groups:
+        if group.max_slice_bytes is not None and _value(min(group.max_slice_bytes, ceiling)) in offered:
+            return _value(min(group.max_slice_bytes, ceiling))
+    configured = source.gpu_default_memory.replace(" ", "")
+    if configured in offered:
+        return configured
+    return _value(slices[0]) if slices else "0"
+
+
 def render_spawn_form(
     source: FormSource,
     inventory: Inventory,
     groups: list[GroupQuota],
     usage: Usage,
     ceiling: int,
-    gpu_count: int,
+    most_cards: int,
     simulated_source: str | None,
+    previous: FormChoice | None = None,
 ) -> str:
-    """The form: GPUs with free memory, the user's group rules, and the choices allowed now.
+    """The form: GPUs with free memory, the user's group rules, and only the choices allowed now.
 
-    ``simulated_source`` says why the GPUs are simulated ("NVML: no driver"); None on real GPUs.
+    ``most_cards``: whole GPUs the user may ask for (0: none offered). ``simulated_source``
+    says why the GPUs are simulated ("NVML: no driver"); None on real GPUs. ``previous``:
+    the choices to keep (the form shown again after a refusal).
     """
-    max_cards = source.gpu_max_cards or gpu_count
+    previous = previous or FormChoice()
+    sizes = sorted(set(slice_choices(ceiling)) | {min(g.max_slice_bytes, ceiling) for g in groups if g.max_slice_bytes})
+    sizes = [s for s in sizes if s > 0]
+    wholes = [f"{WHOLE_PREFIX}{n}" for n in range(1, most_cards + 1)]
+    offered = {"0", *wholes, *(_value(c) for c in sizes)}
+    chosen_gpu = previous.gpu if previous.gpu in offered else _default_gpu(source, groups, sizes, ceiling)
+    slices = [SliceChoice(_value(c), f"{format_bytes(c)} of one GPU") for c in sizes]
+    if (
+        previous.gpu
+        and previous.gpu not in offered
+        and not previous.gpu.startswith(WHOLE_PREFIX)
+        and previous.gpu != "0"
+    ):
+        # Refused because others took what was left meanwhile: keep it chosen, marked, beside the reason.
+        shown = re.sub(r"(?<=\d)(?=[KMGT]iB)", " ", previous.gpu)
+        slices.append(SliceChoice(previous.gpu, f"{shown} of one GPU (more than is left now)"))
+        chosen_gpu = previous.gpu
+    images = sorted(source.launchable_images(), key=lambda i: i.slug)
+    chosen_image = previous.image if previous.image in {i.slug for i in images} else source.gpu_default_image
     return _TEMPLATES.get_template("spawn_form.html").render(
         simulated_source=simulated_source,
         gpus=[
@@ -108,10 +190,11 @@ def render_spawn_form(
             for g in inventory.gpus()
         ],
         groups=[{"name": g.name, "limits": group_limits(g, usage)} for g in groups],
-        slices=[SliceChoice(format_bytes(c).replace(" ", ""), format_bytes(c)) for c in slice_choices(ceiling)],
-        cards=range(0, max_cards + 1),
-        images=sorted(source.launchable_images(), key=lambda i: i.slug),
-        default_image=source.gpu_default_image,
+        slices=slices,
+        wholes=[SliceChoice(w, f"{n} whole GPU{'s' if n > 1 else ''}") for n, w in enumerate(wholes, start=1)],
+        chosen_gpu=chosen_gpu,
+        images=images,
+        default_image=chosen_image,
         models=list(source.approved_models()),
-        chosen_models=source.selected_models(),
+        chosen_models=previous.models if previous.models is not None else source.selected_models(),
     )

@@ -11,6 +11,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from traitlets import Unicode
 
 from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
+from spawner.form import in_form_words
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, Ledger, LedgerError
 from spawner.mixin import GpuShareMixin
@@ -48,6 +50,7 @@ class LedgerGpuMixin(GpuShareMixin):
     _gpu_silent_after_restart = False
 
     _gpu_ledger: Ledger | None = None
+    _gpu_stages: list[Stage] | None = None
 
     @property
     def _ledger(self) -> Ledger:
@@ -89,13 +92,17 @@ class LedgerGpuMixin(GpuShareMixin):
 
     def allocate(self) -> tuple[GpuRequest, list[Held]]:
         """Check and place the request; write it to the ledger. Counts refusals."""
+        self._gpu_stages = []
         try:
             request, image = self.gpu_request()
             self._gpu_models = self.gpu_model_folders()
             self._record("requested", 10, f"asked for {request.describe()} with image {image}")
+            self._stage(10, f"asked for {request.describe()} with image {image}")
             holds = self._ledger.allocate(self._key, lambda current: self._decide(request, image, current))
         except GpuRefused as refusal:
             metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+            if self._from_form():
+                refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
             self._record("refused", 100, refusal.jupyterhub_message)
             raise
         assert holds is not None  # _decide raises rather than returning None
@@ -118,11 +125,16 @@ class LedgerGpuMixin(GpuShareMixin):
         placed = self.placement_text() or "no GPU"
         self.log.info("gpuslice: %s gets %s: %s", self._key, request.describe(), placed)  # type: ignore[attr-defined]
         self._record("placed", 20, f"placed: {placed}; starting the server")
+        self._stage(20, f"GPU placed: {placed}")
         self._gpu_starting = True
         self._gpu_checked_since_restart = True  # this hub process watches the start itself
         self._gpu_silent_after_restart = False
         try:
+            self.prepare_home()
+            self._stage(35, "home folder ready")
             self.prepare_server()
+            models = ", ".join(self._gpu_models or {})
+            self._stage(50, f"models mounted in ~/models: {models}" if models else "no models to mount")
             result = await super().start()  # type: ignore[misc]
         except BaseException as exc:
             self._ledger.release(self._key)
@@ -134,8 +146,13 @@ class LedgerGpuMixin(GpuShareMixin):
         pid = getattr(self, "pid", 0)
         if pid and holds:
             self._ledger.set_pid(self._key, pid)
-        self._record("started", 50, f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer")
+        started = f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer"
+        self._record("started", 50, started)
+        self._stage(70, started)
         return result
+
+    def prepare_home(self) -> None:
+        """Called after the slice is held: make the user's home folder (a backend knows where)."""
 
     def prepare_server(self) -> None:
         """Called after the slice is held, before the server starts (a backend mounts models here)."""
@@ -206,6 +223,10 @@ class LedgerGpuMixin(GpuShareMixin):
             # History is for people reading the portal; never fail a spawn or stop over it.
             self.log.warning("gpuslice: could not record %s event for %s: %s", kind, self._key, exc)  # type: ignore[attr-defined]
 
+    def _stage(self, progress: int, message: str) -> None:
+        if self._gpu_stages is not None:
+            self._gpu_stages.append(Stage(progress, message, time.monotonic()))
+
     def _last_event_kind(self) -> str | None:
         history = self._ledger.history(self._key)
         return history[-1].kind if history else None
@@ -250,12 +271,39 @@ class LedgerGpuMixin(GpuShareMixin):
         return ", ".join(parts)
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        text = self.placement_text()
-        if text:
-            yield {"progress": 20, "message": f"GPU placed: {text}"}
-        if self._gpu_spec is not None:
-            for warning in self._gpu_spec.warnings:
-                yield {"progress": 25, "message": warning}
+        """Each stage of the start as it happens, with how long it took, then the first answer.
+
+        JupyterHub stops reading when the spawn ends and sends its own "ready" event (100%).
+        The isolation warning comes once: here, unless the form already showed it.
+        """
+        sent, since = 0, None
+        warned = self._from_form()
+        while True:
+            stages = self._gpu_stages or []  # start() makes a new list; read it each round
+            since = since if since is not None else (stages[0].at if stages else None)
+            for stage in stages[sent:]:
+                took = stage.at - (since if since is not None else stage.at)
+                yield {"progress": stage.progress, "message": f"{stage.message} ({took:.1f} s)"}
+                since, sent = stage.at, sent + 1
+                if stage.progress == 20 and not warned and self._gpu_spec is not None:
+                    for warning in self._gpu_spec.warnings:
+                        yield {"progress": 20, "message": warning}
+                    warned = True
+            started = stages and stages[-1].progress >= 70 and self.server is not None  # type: ignore[attr-defined]
+            if started and await _answers_http(f"{self.server.url}api"):  # type: ignore[attr-defined]
+                took = time.monotonic() - (since or time.monotonic())
+                yield {"progress": 90, "message": f"server answering ({took:.1f} s)"}
+                return
+            await asyncio.sleep(0.25)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a start, for the progress bar: percent, what happened, when (monotonic)."""
+
+    progress: int
+    message: str
+    at: float
 
 
 async def _answers_http(url: str) -> bool:

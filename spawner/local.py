@@ -96,11 +96,15 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
         self.cmd = [str(prefix / "bin" / "jupyterhub-singleuser")]
         return await super().start()
 
+    def prepare_home(self) -> None:
+        if self.isolation == "unix-users":
+            ensure_system_user(self.system_user)  # useradd --create-home
+        else:
+            self.home_dir.mkdir(parents=True, exist_ok=True)
+
     def prepare_server(self) -> None:
         """Put the chosen models at ~/models/<name>, read-only (see spawner.mounts)."""
         models = self._gpu_models or {}
-        if self.isolation == "unix-users":
-            ensure_system_user(self.system_user)
         models_dir = self.home_dir / mounts.MODELS_DIRNAME
         if os.geteuid() == 0 and self.isolation == "none":
             mounts.prepare_mountpoints(models_dir, models)

@@ -15,7 +15,7 @@ from typing import Any
 from traitlets import Dict, Integer, List, Unicode, default
 
 from spawner.backends import ServerGpuSpec
-from spawner.form import render_spawn_form
+from spawner.form import FormChoice, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
@@ -23,7 +23,7 @@ from spawner.ledger import Held, server_key
 from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
 from spawner.quotas import GroupQuota, Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused, options_from_form, read_request
-from spawner.shares import GpuRequest, RequestKind
+from spawner.shares import GpuRequest, RequestKind, ShareError, parse_request
 
 
 class GpuShareMixin(ImagesMixin):
@@ -116,7 +116,28 @@ class GpuShareMixin(ImagesMixin):
         ceiling = largest_slice(groups, usage, largest_card)
         machine_ = self._machine
         simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
-        return render_spawn_form(self, inventory, groups, usage, ceiling, len(machine_.gpus), simulated)
+        most_cards = whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus))
+        return render_spawn_form(
+            self, inventory, groups, usage, ceiling, most_cards, simulated, self._previous_choice(largest_card)
+        )
+
+    def _previous_choice(self, largest_card: int) -> FormChoice | None:
+        """What the user chose last (the form shown again after a refusal keeps it); None if nothing valid."""
+        options = self.user_options  # type: ignore[attr-defined]
+        if not isinstance(options, dict) or not options:
+            return None
+        try:
+            request = parse_request(
+                options.get("gpu_memory", "0"), options.get("gpus", 0), largest_card_bytes=largest_card, most_cards=64
+            )
+        except ShareError:
+            return None
+        models = options.get("models")
+        return FormChoice(
+            gpu=form_gpu_value(request, largest_card),
+            image=options.get("image") if isinstance(options.get("image"), str) else None,
+            models=frozenset(models) if isinstance(models, list) and all(isinstance(m, str) for m in models) else None,
+        )
 
     def form_state(self) -> tuple[Inventory, Usage]:
         """Every GPU with what others hold, and what this user's groups have used."""
@@ -124,3 +145,9 @@ class GpuShareMixin(ImagesMixin):
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         return options_from_form(formdata, self.gpu_default_memory, self.gpu_default_image)
+
+    def _from_form(self) -> bool:
+        """Whether this spawn was the spawn page's form (its refusals then use the form's words)."""
+        # JupyterHub sets ``handler`` to the request that starts the spawn; the form POSTs to SpawnHandler.
+        handler = getattr(self, "handler", None)
+        return type(handler).__name__ == "SpawnHandler" and handler.request.method == "POST"  # type: ignore[union-attr]

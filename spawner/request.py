@@ -6,6 +6,7 @@ from typing import Any
 
 from tornado import web
 
+from spawner.form import split_gpu_choice
 from spawner.inventory import Gpu
 from spawner.shares import GpuRequest, RequestKind, ShareError, parse_request
 
@@ -62,9 +63,12 @@ def options_from_form(formdata: dict[str, list[str]], default_memory: str, defau
         values = formdata.get(name) or [fallback]
         return values[0]
 
+    gpu_memory, gpus = first("gpu_memory", default_memory), first("gpus", "0")
+    if "gpu" in formdata:  # the form's one GPU select: "0", a slice ("4GiB") or whole cards ("gpus:2")
+        gpu_memory, gpus = split_gpu_choice(first("gpu", "0"))
     return {
-        "gpu_memory": first("gpu_memory", default_memory),
-        "gpus": first("gpus", "0"),
+        "gpu_memory": gpu_memory,
+        "gpus": gpus,
         "image": first("image", default_image),
         "models": list(formdata.get("models") or []),
     }

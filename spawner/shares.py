@@ -243,3 +243,14 @@ def _check_limits(request: GpuRequest, largest_card_bytes: int | None, most_card
             f"{format_bytes(asked)} is more than any GPU here has (the largest has {format_bytes(largest)}); "
             f"ask for {format_bytes(largest)} or less, or for whole cards with gpus=1."
         )
+
+
+def slice_choices(ceiling: int) -> list[int]:
+    """Slice sizes to offer: powers of two from 0.5 GiB up to ``ceiling``, and the ceiling itself."""
+    choices, size = [], GiB // 2
+    while size <= ceiling:
+        choices.append(size)
+        size *= 2
+    if ceiling and (not choices or choices[-1] != ceiling):
+        choices.append(ceiling)
+    return choices

@@ -8,14 +8,18 @@ server" and "three proposals an hour" are enforced, on the server side.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 from market.files import ModelFilesError, checksum, inside, size_of
 from market.rules import installed, launch_blocker, local_prefix
 from market.store import Image, Model, Store
 from portal.data.hub import HubClient
 from portal.identity import Identity
+from spawner.shares import format_bytes, parse_quantity, slice_choices
 
 
 class MarketRefusedError(ValueError):
@@ -56,17 +60,58 @@ def image_cards(
     return sorted(cards, key=lambda c: (bool(c.blocker), c.image.name.lower()))
 
 
-def launch(client: HubClient, store: Store, identity: Identity, slug: str, models: list[str] | None = None) -> str:
-    """Start the reader's own default server with the image; the hub's refusal becomes MarketRefusedError."""
+CPU_ONLY = "0"
+
+
+def launch_choices(rules: Sequence[Mapping[str, Any]], my_groups: set[str], largest_card: int) -> tuple[list[str], str]:
+    """The GPU choices for launching from the market ("0": CPU only, "4GiB": a slice) and the default.
+
+    Only slices the reader's groups allow (the largest any of them allows); the default is
+    the class's slice, else the smallest slice; CPU only when the machine has no GPU.
+    """
+    mine = [r for r in rules if r.get("name") in my_groups]
+    limits = [parse_quantity(str(r["max_slice"])) if r.get("max_slice") else largest_card for r in mine]
+    ceiling = min(largest_card, max(limits, default=largest_card))
+    sizes = sorted(set(slice_choices(ceiling)) | {min(limit, ceiling) for limit in limits if limit})
+    values = [CPU_ONLY, *(format_bytes(size).replace(" ", "") for size in sizes)]
+    class_slice = next((min(limit, ceiling) for limit in limits if limit < largest_card), None)
+    if class_slice:
+        return values, format_bytes(class_slice).replace(" ", "")
+    return values, values[1] if len(values) > 1 else CPU_ONLY
+
+
+def gpu_label(value: str) -> str:
+    """A launch choice as the form says it: "No GPU (CPU only)", "4 GiB of one GPU"."""
+    if value == CPU_ONLY:
+        return "No GPU (CPU only)"
+    return f"{format_bytes(parse_quantity(value))} of one GPU"
+
+
+def server_url(identity: Identity) -> str:
+    """Where the reader's default server answers (JupyterHub's /user/<name>/ under the same host)."""
+    return f"/user/{quote(identity.name)}/"
+
+
+def launch(
+    client: HubClient,
+    store: Store,
+    identity: Identity,
+    slug: str,
+    models: list[str] | None = None,
+    gpu_memory: str = CPU_ONLY,
+) -> str:
+    """Start the reader's own default server with the image and GPU choice; the hub's refusal
+    becomes MarketRefusedError."""
     image = store.image(slug)
     if image is None or image.status != "active":
         raise MarketRefusedError(f"Image {slug!r} cannot be launched: it is not in the market or is deprecated.")
-    options: dict[str, object] = {"image": slug}
+    options: dict[str, object] = {"image": slug, "gpu_memory": gpu_memory}
     if models is not None:
         options["models"] = models
     response = client.post(f"/users/{identity.name}/server", options)
     if response.status_code in (201, 202):
-        return f"Starting your server with {image.name}."
+        gpu = "no GPU (CPU only)" if gpu_memory == CPU_ONLY else gpu_label(gpu_memory)
+        return f"Starting your server with {image.name} and {gpu}."
     try:
         message = str(response.json().get("message", ""))
     except ValueError:

@@ -26,6 +26,17 @@ busy = next((s for s in mine if s.state in ("running", "starting", "stopping")),
 if busy is not None:
     st.info(f"Your server is {busy.state} with image {busy.image}. Stop it on the Jobs page to launch another.")
 
+inventory, _ = sources.inventory()
+largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
+gpu_values, gpu_default = markets.launch_choices(sources.group_rules(), sources.my_groups(identity), largest_card)
+gpu_choice = st.selectbox(
+    "GPU for the server you launch",
+    gpu_values,
+    index=gpu_values.index(gpu_default),
+    format_func=markets.gpu_label,
+    help="What your groups allow. The hub checks it again when the server starts.",
+)
+
 search_col, fw_col, cuda_col, tag_col = st.columns([2, 1, 1, 1])
 search = search_col.text_input("Search", placeholder="name, package, tag")
 frameworks = set(fw_col.multiselect("Framework", FRAMEWORKS))
@@ -56,7 +67,9 @@ for card in shown:
             action.caption(card.blocker.capitalize())
         elif action.button("Launch", key=f"launch-{image.slug}", type="primary", disabled=busy is not None):
             try:
-                action.success(markets.launch(sources.hub_client(), store, identity, image.slug))
+                started = markets.launch(sources.hub_client(), store, identity, image.slug, gpu_memory=gpu_choice)
+                action.success(started)
+                action.markdown(f"[Open your server]({markets.server_url(identity)})")
                 sources.servers.clear()
             except markets.MarketRefusedError as exc:
                 action.error(str(exc))

@@ -18,11 +18,11 @@ def test_login_spawn_with_a_slice_through_the_form_reach_it_and_stop(platform: P
     alice = platform.login("alice")
     form = alice.get(f"{platform.url}/hub/spawn")
     assert form.status_code == 200
-    assert "GPU memory" in form.text and "(simulated)" in form.text and "16 GiB free of 16 GiB" in form.text
+    assert '<label for="gpu"' in form.text and "(simulated)" in form.text and "16 GiB free of 16 GiB" in form.text
     # Submit the form as a browser does.
     response = alice.post(
         f"{platform.url}/hub/spawn",
-        data={"gpu_memory": "4GiB", "gpus": "0", "image": "default", "_xsrf": alice.xsrf()},
+        data={"gpu": "4GiB", "image": "default", "_xsrf": alice.xsrf()},
     )
     assert response.status_code == 200, response.text[:500]
     alice.wait_ready("alice")

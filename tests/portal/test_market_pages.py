@@ -50,6 +50,8 @@ def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, obj
     monkeypatch.setattr(sources, "models_root", lambda: tmp_path / "models")
     monkeypatch.setattr(sources, "image_usage", lambda: {"default": 3})
     monkeypatch.setattr(sources, "hub_client", lambda: hub)
+    monkeypatch.setattr(sources, "group_rules", lambda: ({"name": "ml101", "max_slice": "4GiB", "members": ["ann"]},))
+    monkeypatch.setattr(sources, "my_groups", lambda identity: {"ml101"} if identity.name == "ann" else set())
     store.hub = hub  # type: ignore[attr-defined]
     yield store
 
@@ -72,9 +74,26 @@ def test_images_browse_filter_and_launch(market: Store, fakes: dict[str, object]
     at.multiselect[0].select("jax").run()
     assert [b.key for b in at.button] == ["launch-jax"]
     at.multiselect[0].unselect("jax").run()
+    assert at.selectbox[0].label == "GPU for the server you launch" and at.selectbox[0].value == "512MiB"
+    at.selectbox[0].select("2GiB").run()
     next(b for b in at.button if b.key == "launch-default").click().run()
-    assert market.hub.posts == [("/users/dana/server", {"image": "default"})]  # type: ignore[attr-defined]
-    assert "Starting your server with Python (platform environment)." in [s.value for s in at.success]
+    posted = {"image": "default", "gpu_memory": "2GiB"}
+    assert market.hub.posts == [("/users/dana/server", posted)]  # type: ignore[attr-defined]
+    success = "Starting your server with Python (platform environment) and 2 GiB of one GPU."
+    assert success in [s.value for s in at.success]
+    assert "[Open your server](/user/dana/)" in markdown(at)
+
+
+def test_launching_offers_the_class_slice_and_says_cpu_only_plainly(market: Store, fakes: dict[str, object]) -> None:  # noqa: F811
+    fakes["identity"] = Identity("ann")
+    at = run("screens/images.py")
+    assert at.selectbox[0].value == "4GiB" and at.selectbox[0].options[-1] == "4 GiB of one GPU"
+    at.selectbox[0].select("0").run()
+    next(b for b in at.button if b.key == "launch-default").click().run()
+    assert market.hub.posts[-1] == ("/users/ann/server", {"image": "default", "gpu_memory": "0"})  # type: ignore[attr-defined]
+    assert "Starting your server with Python (platform environment) and no GPU (CPU only)." in [
+        s.value for s in at.success
+    ]
 
 
 def test_a_hub_refusal_is_shown_and_group_images_are_explained(
@@ -176,4 +195,4 @@ def test_market_writes_are_authorized_on_the_server_side(market: Store, tmp_path
     assert [m.slug for m in markets.visible_models(market, Identity("eve"))] == ["langid-97"]
     hub = RecordingHub()
     markets.launch(hub, market, user, "pytorch")  # type: ignore[arg-type]
-    assert hub.posts == [("/users/dana/server", {"image": "pytorch"})]  # always the reader's own server
+    assert hub.posts == [("/users/dana/server", {"image": "pytorch", "gpu_memory": "0"})]  # the reader's own server

@@ -1,11 +1,12 @@
 from types import SimpleNamespace
 
 from market.store import Model
-from spawner.form import render_spawn_form, slice_choices
+from spawner.form import render_spawn_form
 from spawner.gpus import simulated_gpus
 from spawner.images import SpawnImage
 from spawner.inventory import build_local
 from spawner.quotas import GroupQuota, Usage, group_quota
+from spawner.shares import slice_choices
 
 GiB = 2**30
 
@@ -29,7 +30,7 @@ def test_form_escapes_what_admins_and_users_wrote() -> None:
     ]
     models = [Model("langid-97", "<b>langid</b>", "1", "language id", "numpy", "BSD", "langid-97")]
     spawner = SimpleNamespace(
-        gpu_max_cards=0,
+        gpu_default_memory="0",
         gpu_default_image="default",
         launchable_images=lambda: images,
         approved_models=lambda: models,
@@ -42,12 +43,12 @@ def test_form_escapes_what_admins_and_users_wrote() -> None:
         [GroupQuota("<img src=x>", max_slice_bytes=4 * GiB)],
         Usage(),
         4 * GiB,
-        len(gpus),
+        1,
         "NVML: no driver",
     )
     assert "<script>" not in form and "&lt;script&gt;" in form
     assert "<img" not in form and "<i>T4" not in form and 'x"><b>' not in form
-    assert '<option value="4GiB">4 GiB of one GPU</option>' in form
+    assert '<option value="4GiB" selected>4 GiB of one GPU</option>' in form
     assert "(simulated)" in form and "no NVIDIA GPU was found (NVML: no driver)" in form
-    assert '<option value="1">1</option>' in form
+    assert '<option value="gpus:1">1 whole GPU</option>' in form
     assert '<input type="checkbox" name="models" value="langid-97" checked> &lt;b&gt;langid' in form
