@@ -10,7 +10,6 @@ from pathlib import Path
 
 from hub import settings as settings_mod
 from spawner.placement import POLICIES
-from spawner.simulate import TraceError, bench, read_nodes, read_tasks
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,6 +118,8 @@ def _exporter(args: argparse.Namespace) -> int:
 
 
 def _bench_placement(args: argparse.Namespace) -> int:
+    from bench.placement import TraceError, bench, read_nodes, read_tasks  # bench sits above hub: import on use
+
     if args.seeds < 1:
         print("gpuslice: --seeds must be at least 1", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from hub.cli import main
-from tests.spawner.test_simulate import NODES, PODS
+from tests.bench.test_placement import NODES, PODS
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-v2023"
 

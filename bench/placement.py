@@ -12,7 +12,6 @@ The CSV readers are the only I/O here; the replay itself is pure.
 from __future__ import annotations
 
 import csv
-import math
 import random
 import statistics
 import time
@@ -20,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.stats import percentile
 from spawner.placement import ClusterState, Demand, Workload, make_policy
 from spawner.shares import MiB
 
@@ -198,15 +198,6 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
             continue
         allocated += state.commit(choice, demand)
     return ReplayResult(policy_name, seed, capacity, allocated, failed, len(arrived), tuple(timings))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[rank]
 
 
 def summarize(results: Sequence[ReplayResult]) -> dict[str, float | int]:

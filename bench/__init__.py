@@ -1,0 +1,1 @@
+"""Benchmarks: they print figures (ratios against a baseline measured in the same run)."""
