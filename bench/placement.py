@@ -15,12 +15,12 @@ import csv
 import random
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.stats import percentile
-from spawner.placement import ClusterState, Demand, Workload, make_policy
+from spawner.placement import ClusterState, Demand, Policy, Workload, make_policy
 from spawner.shares import MiB
 
 MILLI = 1000.0
@@ -180,12 +180,22 @@ def arrivals(tasks: Sequence[TraceTask], capacity_gpus: float, seed: int) -> lis
     return drawn
 
 
-def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: str, seed: int) -> ReplayResult:
+PolicyFactory = Callable[[str, Workload | None, int], Policy]
+
+
+def replay(
+    nodes: Sequence[TraceNode],
+    tasks: Sequence[TraceTask],
+    policy_name: str,
+    seed: int,
+    make: PolicyFactory = make_policy,
+) -> ReplayResult:
+    """One replay; ``make`` builds the policy (the report passes variants not in POLICIES)."""
     state = cluster(nodes)
     capacity = float(sum(n.gpus for n in nodes))
     # The target workload is the pod list itself: the popularity of each task shape.
     workload = Workload.from_demands(t.demand() for t in tasks)
-    policy = make_policy(policy_name, workload, seed)
+    policy = make(policy_name, workload, seed)
     allocated, failed, timings = 0.0, 0, []
     arrived = arrivals(tasks, capacity, seed)
     for task in arrived:
