@@ -18,7 +18,7 @@ from spawner.placement.policies import (
     Spread,
     make_policy,
 )
-from spawner.placement.state import Choice, ClusterState, Demand, Policy
+from spawner.placement.state import Choice, ClusterState, Demand, Policy, held_demands
 
 __all__ = [
     "POLICIES",
@@ -37,5 +37,6 @@ __all__ = [
     "WorkloadArrays",
     "explain",
     "fragmentation",
+    "held_demands",
     "make_policy",
 ]

@@ -31,7 +31,10 @@ class Workload:
             raise ValueError("a workload needs at least one demand")
         kept: list[tuple[Demand, int]] = []
         covered = 0
-        for demand, count in counts.most_common(max_types):
+        # Most popular first; equal counts in a fixed order, so that the same demands in any
+        # arrival order make the same workload (and the same floating-point sums).
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], repr(item[0])))
+        for demand, count in ranked[:max_types]:
             kept.append((demand, count))
             covered += count
             if covered >= coverage * total:

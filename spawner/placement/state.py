@@ -197,3 +197,10 @@ def left_after(state: ClusterState, demand: Demand) -> FloatArray:
     """(N, G): the share of each GPU left free if the slice went there."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.asarray((state.free - state.need(demand)) / np.where(state.cap > 0, state.cap, 1))
+
+
+def held_demands(inventory: Inventory) -> list[Demand]:
+    """The GPU demands the cluster runs now: the workload seen so far."""
+    return [
+        Demand(gpus=1) if a.whole else Demand(slice_units=float(a.memory_bytes)) for _, a in inventory.allocations()
+    ]
