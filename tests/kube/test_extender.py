@@ -6,6 +6,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp.test_utils import TestServer
 
 from hub.extender import RestKubeClient, make_app
@@ -183,3 +184,25 @@ def test_filter_says_why_each_node_is_out() -> None:
     assert [n["metadata"]["name"] for n in by_nodes["Nodes"]["items"]] == ["b", "c"] and by_nodes["NodeNames"] is None
     scores = prioritize({**args, "NodeNames": ["b", "c"]}, nodes, [], Backend.HAMI, "default")
     assert sorted(s["Score"] for s in scores) == [0, 10]
+
+
+def test_the_charts_scheduler_asks_the_extender_as_the_double_does(tmp_path: Any) -> None:
+    """The KubeSchedulerConfiguration the chart ships: the verbs the extender serves, the
+    cache mode and managed resources the API double's scheduler assumes."""
+    from tests.helm.test_chart import render
+    from tests.kube.apiserver import MANAGED
+
+    values = tmp_path / "on.yaml"
+    values.write_text("schedulerExtender: {enabled: true}\ngpuSharing: {backend: hami, policy: default}\n")
+    docs = render(values)
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler"))
+    scheduler = yaml.safe_load(config["data"]["config.yaml"])
+    (ext,) = scheduler["extenders"]
+    routes = {r.resource.canonical for r in make_app(RestKubeClient("http://x"), Backend.HAMI).router.routes()}
+    assert {f"/{ext[v]}" for v in ("filterVerb", "prioritizeVerb", "bindVerb")} <= routes
+    assert ext["nodeCacheCapable"] is True
+    assert {r["name"]: r["ignoredByScheduler"] for r in ext["managedResources"]} == MANAGED
+    assert scheduler["profiles"][0]["schedulerName"] == "gpuslice-scheduler"
+    hub = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-hub"))
+    assert yaml.safe_load(hub["data"]["values.yaml"])["schedulerName"] == "gpuslice-scheduler"
+    assert not any(d["metadata"]["name"].endswith("-scheduler") for d in render())  # off by default
