@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.mixes import make_mix
 from bench.placement import ReplayResult, TraceNode, TraceTask, read_nodes, read_tasks, replay
 from bench.stats import percentile
-from spawner.placement import POLICIES, Policy, Workload, make_policy
+from spawner.placement import POLICIES, DefaultPolicy, Policy, Workload, make_policy
 
 VISIBLE = ("default", "gpushare40", "gpushare60", "gpushare80", "multigpu20")
 BASELINE = "fgd"
@@ -32,8 +32,21 @@ BASELINE = "fgd"
 # within the spread that three seeds show on one list.
 TIE_GPUS = 0.5
 
-# Policies the report can run that are not in POLICIES: ours under development, by name.
-VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {}
+
+def _needs(workload: Workload | None) -> Workload:
+    if workload is None:
+        raise ValueError("this policy needs the target workload")
+    return workload
+
+
+# Policies the report can run that are not in POLICIES: each of `default`'s two changes alone,
+# so that leave-one-out can choose among them on the lists it does not judge.
+VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
+    # Change 1 alone: CPU-only types fragment only where they do not fit; exact ties as FGD.
+    "default-exact-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-exact-ties", tie_tolerance=1e-9),
+    # Change 2 alone: the paper's fragmentation; near-ties (1% of a card) to best-fit.
+    "default-paper-frag": lambda w, _: DefaultPolicy(_needs(w), name="default-paper-frag", cpu_tasks_fragment=True),
+}
 
 
 def make(name: str, workload: Workload | None, seed: int) -> Policy:
