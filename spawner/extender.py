@@ -39,6 +39,7 @@ Obj = Mapping[str, Any]
 MAX_PRIORITY = 10  # extender/v1 MaxExtenderPriority
 
 # gpushare-scheduler-extender, pkg/utils/const.go
+GPUSHARE_COUNT = "aliyun.com/gpu-count"
 GPUSHARE_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 GPUSHARE_POD = "ALIYUN_COM_GPU_MEM_POD"
 GPUSHARE_DEV = "ALIYUN_COM_GPU_MEM_DEV"
@@ -198,7 +199,7 @@ def bind_annotations(
         return {
             GPUSHARE_IDX: str(index),
             GPUSHARE_POD: str(_limit(pod, GPUSHARE_RESOURCE)),
-            GPUSHARE_DEV: str(gpus[index].memory_bytes // GiB),
+            GPUSHARE_DEV: str(_gpushare_per_card(next(n for n in nodes if n["metadata"]["name"] == node))),
             GPUSHARE_ASSIGNED: "false",
             GPUSHARE_ASSUME_TIME: str(now_ns),
         }
@@ -220,6 +221,15 @@ def bind_annotations(
             HAMI_BIND_TIME: seconds,
         }
     return {}
+
+
+def _gpushare_per_card(node: Obj) -> int:
+    """Memory per card in the device plugin's own unit, as gpushare's extender computes it
+    (total / count of the node's capacity), so the unit (GiB or MiB) is whatever it reports."""
+    status = node.get("status", {})
+    capacity = status.get("capacity") or status.get("allocatable") or {}
+    cards = int(capacity.get(GPUSHARE_COUNT, 0) or 0)
+    return int(capacity.get(GPUSHARE_RESOURCE, 0) or 0) // cards if cards else 0
 
 
 def binding(pod_name: str, pod_uid: str, node: str) -> dict[str, Any]:
