@@ -1,5 +1,5 @@
-"""Benchmarks that print figures (`gpuslice bench spawn|class`): installed with `pip install -e '.[bench]'`.
-
-Above everything else (docs/architecture.md): the runtime never imports them.
-The placement replay (`gpuslice bench placement`) is spawner/simulate.py.
+"""Benchmarks that print figures, ratios against a baseline measured in the same run
+(`gpuslice bench spawn|class|placement`, `python -m bench.report`): installed with
+`pip install -e '.[bench]'`. Above everything else (docs/architecture.md): the runtime
+never imports them.
 """

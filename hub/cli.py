@@ -12,7 +12,6 @@ from pathlib import Path
 from hub import settings as settings_mod
 from spawner import environ
 from spawner.placement import POLICIES
-from spawner.simulate import TraceError, bench, read_nodes, read_tasks
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,6 +39,15 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--ledger", type=Path, help="the hub's ledger: simulated GPUs follow its slices")
     exporter.add_argument("--faults", type=Path, help="JSON list of faults to inject into simulated GPUs")
     exporter.add_argument("--hostname", help=f"the Hostname label (default: ${environ.NODE_NAME.name} or localhost)")
+
+    ext = commands.add_parser("scheduler-extender", help="kube-scheduler extender (filter, prioritize, bind)")
+    ext.add_argument("--port", type=int, default=8888, help="port (default 8888)")
+    ext.add_argument(
+        "--address", default="127.0.0.1", help="address (default 127.0.0.1: only kube-scheduler in the same pod)"
+    )
+    ext.add_argument("--backend", choices=["gpushare", "hami", "whole"], required=True, help="the GPU sharing backend")
+    ext.add_argument("--policy", choices=POLICIES, default="default", help="placement policy (default: default)")
+    ext.add_argument("--api-server", help="Kubernetes API URL (default: in-cluster, with the service account)")
 
     bench_parser = commands.add_parser("bench", help="benchmarks")
     benches = bench_parser.add_subparsers(dest="bench", required=True)
@@ -74,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _class_add(args)
     if args.command == "exporter":
         return _exporter(args)
+    if args.command == "scheduler-extender":
+        return _scheduler_extender(args)
     if args.bench == "spawn":
         with _bench_extra():
             from bench.spawn import run
@@ -136,7 +146,25 @@ def _exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scheduler_extender(args: argparse.Namespace) -> int:
+    from hub.extender import RestKubeClient, serve
+    from spawner.backends import Backend
+
+    try:
+        client = RestKubeClient(args.api_server) if args.api_server else RestKubeClient.in_cluster()
+    except (RuntimeError, OSError) as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"gpuslice scheduler-extender: {args.policy} on {args.backend}, http://{args.address}:{args.port}", flush=True
+    )
+    serve(client, Backend(args.backend), args.policy, args.address, args.port)
+    return 0
+
+
 def _bench_placement(args: argparse.Namespace) -> int:
+    from bench.placement import TraceError, bench, read_nodes, read_tasks  # bench sits above hub: import on use
+
     if args.seeds < 1:
         print("gpuslice: --seeds must be at least 1", file=sys.stderr)
         return 2

@@ -60,6 +60,8 @@ c.KubeGpuSpawner.cpu_guarantee = singleuser.get("cpuGuarantee")
 c.KubeGpuSpawner.mem_guarantee = singleuser.get("memoryGuarantee")
 c.KubeGpuSpawner.mem_limit = singleuser.get("memoryLimit")
 c.KubeGpuSpawner.start_timeout = singleuser.get("startTimeout", 300)
+if values.get("schedulerName"):  # the chart's gpuslice-scheduler (schedulerExtender.enabled)
+    c.KubeGpuSpawner.scheduler_name = values["schedulerName"]
 c.KubeGpuSpawner.uid = 1000
 c.KubeGpuSpawner.fs_gid = 1000
 c.KubeGpuSpawner.allow_privilege_escalation = False

@@ -34,7 +34,7 @@ from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
 from spawner.mixin import GpuShareMixin
-from spawner.placement import ClusterState, Demand, explain, make_policy
+from spawner.placement import ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind
@@ -105,12 +105,6 @@ def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str) -> U
         if group:
             group_bytes[group] = group_bytes.get(group, 0) + int(annotations.get("gpuslice.io/gpu-memory-bytes", 0))
     return Usage(user_servers=servers, group_bytes=group_bytes)
-
-
-def held_demands(inventory: Inventory) -> list[Demand]:
-    return [
-        Demand(gpus=1) if a.whole else Demand(slice_units=float(a.memory_bytes)) for _, a in inventory.allocations()
-    ]
 
 
 def fits_somewhere(demand: Demand, inventory: Inventory) -> bool:

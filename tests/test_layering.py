@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "spawner.inventory": CORE,
     "spawner.placement": CORE,  # and its split modules (spawner.placement_*, spawner.placement.*)
     "spawner.quotas": CORE,
+    "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
@@ -36,7 +37,6 @@ LAYERS: dict[str, int] = {
     "spawner.gpus": LOWER,
     "spawner.metrics": LOWER,
     "spawner.lifetime": LOWER,
-    "spawner.simulate": LOWER,  # the trace replay over the core (its command lives in the hub's CLI)
     # 3. the spawner runtime: everything else in spawner/ (mixin and its parts, local, kube, mounts).
     "spawner": RUNTIME,
     "hub": HUB,
@@ -47,7 +47,7 @@ LAYERS: dict[str, int] = {
 STANDALONE = ("spawner.kernel_hook",)
 # Upward imports allowed inside a function only (lazy), each with its reason.
 LAZY_UPWARD = {
-    ("hub.cli", "bench"): "the gpuslice command dispatches `gpuslice bench spawn|class`, imported only when asked for",
+    ("hub.cli", "bench"): "`gpuslice bench spawn|class|placement` imports it when asked for",
 }
 # What the portal may take from the hub (layer 4): the settings model only.
 PORTAL_FROM_HUB = ("hub.settings",)

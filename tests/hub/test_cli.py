@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from hub.cli import main
+from tests.bench.test_placement import NODES, PODS
 from tests.shared import shared_file
-from tests.spawner.test_simulate import NODES, PODS
 
 
 def write_trace(tmp_path: Path) -> tuple[Path, Path]:

@@ -13,6 +13,15 @@ The scheduler places a pod on a node with enough of every extended resource it a
 first container command as a local process bound to the pod's own loopback address
 (127.0.0.N), with the pod's environment, and reports it Running and Ready with that IP.
 
+A pod whose ``spec.schedulerName`` is the configured extender scheduler's (``--extender URL``)
+and that asks for one of the extender's managed resources is scheduled as kube-scheduler
+schedules with an extender that binds: the nodes that fit its extended resources (less
+those the extender manages with ``ignoredByScheduler``) go to the extender's ``filter``
+(as ``NodeNames``: the extender is ``nodeCacheCapable``), the survivors to ``prioritize``,
+the highest score (first of ties) to ``bind``, and the extender binds through
+``pods/{name}/binding`` after patching the pod's annotations (``PATCH`` with a merge or
+strategic-merge patch).
+
 Run: ``python -m tests.kube.apiserver --port P --nodes nodes.json`` (nodes: Node objects).
 """
 
@@ -35,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 Obj = dict[str, Any]
@@ -49,6 +59,13 @@ KINDS = {
 GPUSHARE_MEM, GPUSHARE_COUNT, GPUSHARE_IDX = "aliyun.com/gpu-mem", "aliyun.com/gpu-count", "ALIYUN_COM_GPU_MEM_IDX"
 GPUSHARE_POD, GPUSHARE_ASSIGNED = "ALIYUN_COM_GPU_MEM_POD", "ALIYUN_COM_GPU_MEM_ASSIGNED"
 GPUSHARE_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+MANAGED = {
+    "aliyun.com/gpu-mem": False,
+    "nvidia.com/gpu": False,
+    "nvidia.com/gpumem": True,
+    "nvidia.com/gpumem-percentage": True,
+    "nvidia.com/gpucores": True,
+}
 HISTORY = 1000  # watch events kept; older resourceVersions are Gone
 
 
@@ -143,7 +160,20 @@ class Store:
 
 
 class ApiServer:
-    def __init__(self, nodes: list[Obj], kubelet: bool = True) -> None:
+    def __init__(
+        self,
+        nodes: list[Obj],
+        kubelet: bool = True,
+        extender: str | None = None,
+        scheduler_name: str = "gpuslice-scheduler",
+        managed: dict[str, bool] | None = None,
+    ) -> None:
+        self.extender = extender
+        # The extender's managedResources: resource -> ignoredByScheduler. As in kube-scheduler,
+        # the extender is asked only about pods that ask for one of them, and the scheduler's
+        # own fit check skips the ignored ones (HAMi's memory and cores are no node resources).
+        self.managed = MANAGED if managed is None else managed
+        self.scheduler_name = scheduler_name
         self.store = Store()
         self.initial_nodes = nodes
         self.kubelet = kubelet
@@ -158,6 +188,9 @@ class ApiServer:
         app.on_cleanup.append(self._stop_all)
         app.router.add_get("/version", self.version)
         app.router.add_get("/api/v1/nodes", self.list_or_watch)
+        app.router.add_get("/api/v1/pods", self.list_all_pods)
+        app.router.add_patch("/api/v1/namespaces/{namespace}/pods/{name}", self.patch_pod)
+        app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self.bind)
         app.router.add_get("/api/v1/namespaces/{namespace}/{resource}", self.list_or_watch)
         app.router.add_post("/api/v1/namespaces/{namespace}/{resource}", self.create)
         app.router.add_get("/api/v1/namespaces/{namespace}/{resource}/{name}", self.read)
@@ -221,6 +254,53 @@ class ApiServer:
                 "items": items,
             }
         )
+
+    async def list_all_pods(self, request: web.Request) -> web.Response:
+        items = self.store.items("pods", None)
+        meta = {"resourceVersion": str(self.store.current)}
+        return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": items})
+
+    async def patch_pod(self, request: web.Request) -> web.Response:
+        """Merge and strategic-merge patches of a pod's labels and annotations (maps merge, null deletes)."""
+        if request.content_type not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            return status(
+                415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {request.content_type}"
+            )
+        pod = self.store.objects.get(("pods", request.match_info["namespace"], request.match_info["name"]))
+        if pod is None:
+            return status(404, "NotFound", f'pods "{request.match_info["name"]}" not found')
+        patch = await request.json()
+        for field in ("annotations", "labels"):
+            for key, value in ((patch.get("metadata") or {}).get(field) or {}).items():
+                target = pod["metadata"].setdefault(field, {})
+                if value is None:
+                    target.pop(key, None)
+                else:
+                    target[key] = value
+        await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
+        return web.json_response(pod)
+
+    async def bind(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = self.store.objects.get(("pods", namespace, name))
+        if pod is None:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        body = await request.json()
+        node = (body.get("target") or {}).get("name", "")
+        if pod["spec"].get("nodeName"):
+            return status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+        if ("nodes", "", node) not in self.store.objects:
+            return status(404, "NotFound", f'nodes "{node}" not found')
+        await self._place(pod, node)
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, status=201)
+
+    async def _place(self, pod: Obj, node: str) -> None:
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        pod["spec"]["nodeName"] = node
+        await self.store.put("pods", namespace, pod, "MODIFIED")
+        await self._event(pod, "Normal", "Scheduled", f"Successfully assigned {namespace}/{name} to {node}")
+        if self.kubelet:
+            await self._run(pod)
 
     async def _watch(
         self, request: web.Request, resource: str, namespace: str, wanted: Callable[[Obj], bool]
@@ -306,6 +386,14 @@ class ApiServer:
             return
         asked = {k: v for k, v in _limits(pod).items() if "/" in k}  # extended resources decide here
         nodes = self.store.items("nodes", None)
+        interested = not self.managed or any(r in self.managed for r in asked)
+        if self.extender and pod["spec"].get("schedulerName") == self.scheduler_name and interested:
+            checked = {r: a for r, a in asked.items() if not self.managed.get(r)}
+            fit = [
+                n["metadata"]["name"] for n in nodes if all(self._free(n).get(r, 0) >= a for r, a in checked.items())
+            ]
+            await self._schedule_with_extender(pod, fit, len(nodes))
+            return
         short: dict[str, int] = defaultdict(int)
         for node in nodes:
             free = self._free(node)
@@ -316,23 +404,17 @@ class ApiServer:
             if not lacking:
                 if card is not None:
                     pod["metadata"].setdefault("annotations", {}).update(self._gpushare_annotations(node, card, asked))
-                pod["spec"]["nodeName"] = node["metadata"]["name"]
-                await self.store.put("pods", namespace, pod, "MODIFIED")
-                await self._event(
-                    pod,
-                    "Normal",
-                    "Scheduled",
-                    f"Successfully assigned {namespace}/{name} to {node['metadata']['name']}",
-                )
-                if self.kubelet:
-                    await self._run(pod)
+                await self._place(pod, node["metadata"]["name"])
                 return
             for resource in lacking:
                 short[resource] += 1
         parts = ", ".join(f"{n} Insufficient {r}" for r, n in sorted(short.items()))
+        await self._unschedulable(pod, len(nodes), parts)
+
+    async def _unschedulable(self, pod: Obj, total: int, parts: str) -> None:
         message = (
-            f"0/{len(nodes)} nodes are available: {parts}. preemption: 0/{len(nodes)} nodes are available: "
-            f"{len(nodes)} No preemption victims found for incoming pod."
+            f"0/{total} nodes are available: {parts}. preemption: 0/{total} nodes are available: "
+            f"{total} No preemption victims found for incoming pod."
         )
         pod["status"]["conditions"] = [
             {
@@ -343,8 +425,35 @@ class ApiServer:
                 "lastTransitionTime": now(),
             }
         ]
-        await self.store.put("pods", namespace, pod, "MODIFIED")
+        await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
         await self._event(pod, "Warning", "FailedScheduling", message)
+
+    async def _schedule_with_extender(self, pod: Obj, names: list[str], total: int) -> None:
+        """kube-scheduler with an extender (filterVerb, prioritizeVerb, bindVerb; nodeCacheCapable)."""
+        async with aiohttp.ClientSession() as session:
+
+            async def call(verb: str, body: Obj) -> Any:
+                async with session.post(f"{self.extender}/{verb}", json=body) as response:
+                    response.raise_for_status()
+                    return await response.json()
+
+            meta = pod["metadata"]
+            filtered = await call("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+            if filtered.get("Error"):
+                await self._unschedulable(pod, total, f"extender: {filtered['Error']}")
+                return
+            kept = list(filtered.get("NodeNames") or [])
+            if not kept:
+                failed = filtered.get("FailedNodes") or {}
+                await self._unschedulable(pod, total, ", ".join(f"{n}: {m}" for n, m in sorted(failed.items())))
+                return
+            scores = await call("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": kept})
+            by_host = {s["Host"]: s["Score"] for s in scores}
+            best = max(kept, key=lambda n: by_host.get(n, 0))  # max() keeps the first of ties
+            args = {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": best}
+            answer = await call("bind", args)
+        if answer.get("Error"):
+            await self._event(pod, "Warning", "FailedScheduling", f"Binding rejected: {answer['Error']}")
 
     def _gpushare_card(self, node: Obj, units: int) -> int | None:
         """What gpushare's scheduler extender does (-1: no card has room; None: not gpushare).
@@ -562,8 +671,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--nodes", type=Path, required=True)
     parser.add_argument("--no-kubelet", action="store_true")
+    parser.add_argument("--extender", help="URL of the scheduler extender for pods of --scheduler-name")
+    parser.add_argument("--scheduler-name", default="gpuslice-scheduler")
     args = parser.parse_args()
-    server = ApiServer(json.loads(args.nodes.read_text()), kubelet=not args.no_kubelet)
+    nodes = json.loads(args.nodes.read_text())
+    server = ApiServer(nodes, kubelet=not args.no_kubelet, extender=args.extender, scheduler_name=args.scheduler_name)
     web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None)
 
 

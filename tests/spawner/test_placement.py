@@ -19,7 +19,7 @@ from spawner.placement import (
     RandomFit,
     Spread,
     Workload,
-    _WorkloadArrays,
+    WorkloadArrays,
     explain,
     fragmentation,
     make_policy,
@@ -47,7 +47,7 @@ HALVES = Workload((slice_(0.5),), (1.0,))
 
 
 def frag(s: ClusterState, wl: Workload, cpu_tasks_fragment: bool = True) -> list[float]:
-    arrays = _WorkloadArrays.build(wl, s.model_names)
+    arrays = WorkloadArrays.build(wl, s.model_names)
     return list(
         fragmentation(arrays, s.free, s.cap, s.model, s.usable, s.cpu, s.mem, cpu_tasks_fragment=cpu_tasks_fragment)
     )

@@ -12,15 +12,15 @@ The CSV readers are the only I/O here; the replay itself is pure.
 from __future__ import annotations
 
 import csv
-import math
 import random
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spawner.placement import ClusterState, Demand, Workload, make_policy
+from bench.stats import percentile
+from spawner.placement import ClusterState, Demand, Policy, Workload, make_policy
 from spawner.shares import MiB
 
 MILLI = 1000.0
@@ -180,12 +180,22 @@ def arrivals(tasks: Sequence[TraceTask], capacity_gpus: float, seed: int) -> lis
     return drawn
 
 
-def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: str, seed: int) -> ReplayResult:
+PolicyFactory = Callable[[str, Workload | None, int], Policy]
+
+
+def replay(
+    nodes: Sequence[TraceNode],
+    tasks: Sequence[TraceTask],
+    policy_name: str,
+    seed: int,
+    make: PolicyFactory = make_policy,
+) -> ReplayResult:
+    """One replay; ``make`` builds the policy (the report passes variants not in POLICIES)."""
     state = cluster(nodes)
     capacity = float(sum(n.gpus for n in nodes))
     # The target workload is the pod list itself: the popularity of each task shape.
     workload = Workload.from_demands(t.demand() for t in tasks)
-    policy = make_policy(policy_name, workload, seed)
+    policy = make(policy_name, workload, seed)
     allocated, failed, timings = 0.0, 0, []
     arrived = arrivals(tasks, capacity, seed)
     for task in arrived:
@@ -198,15 +208,6 @@ def replay(nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policy_name: 
             continue
         allocated += state.commit(choice, demand)
     return ReplayResult(policy_name, seed, capacity, allocated, failed, len(arrived), tuple(timings))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[rank]
 
 
 def summarize(results: Sequence[ReplayResult]) -> dict[str, float | int]:

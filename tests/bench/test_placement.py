@@ -2,17 +2,17 @@ from pathlib import Path
 
 import pytest
 
-from spawner.placement import Demand
-from spawner.simulate import (
+from bench.placement import (
     TraceError,
     TraceTask,
     arrivals,
     bench,
-    percentile,
     read_nodes,
     read_tasks,
     replay,
 )
+from bench.stats import percentile
+from spawner.placement import Demand
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,T4\nn1,32000,131072,1,V100M32\n"
 PODS = (

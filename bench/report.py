@@ -1,0 +1,225 @@
+"""The placement report of docs/placement.md: visible pod lists, generated mixes, leave-one-out.
+
+    nice -n 19 .venv/bin/python -m bench.report --data ../shared/data/alibaba-gpu-v2023 \\
+        --mixes 20 --seeds 3 --json /tmp/report.json
+
+For every visible pod list (on the full node list) and every generated mix (bench.mixes):
+unallocated GPUs and GPU allocation ratio per policy (mean and spread over seeds), each
+candidate's wins/ties/losses against FGD, its change against best-fit, and decision latency
+p50/p99 on the full cluster. Leave-one-out: for each visible list, the candidate that did
+best against FGD on the *other* visible lists is chosen and judged on the held-out one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.mixes import make_mix
+from bench.placement import ReplayResult, TraceNode, TraceTask, read_nodes, read_tasks, replay
+from bench.stats import percentile
+from spawner.placement import POLICIES, DefaultPolicy, Policy, Workload, make_policy
+
+VISIBLE = ("default", "gpushare40", "gpushare60", "gpushare80", "multigpu20")
+BASELINE = "fgd"
+# Two means closer than half a card are a tie: below the smallest whole-card task, and
+# within the spread that three seeds show on one list.
+TIE_GPUS = 0.5
+
+
+def _needs(workload: Workload | None) -> Workload:
+    if workload is None:
+        raise ValueError("this policy needs the target workload")
+    return workload
+
+
+# Policies the report can run that are not in POLICIES: each of `default`'s two changes alone,
+# so that leave-one-out can choose among them on the lists it does not judge.
+VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
+    # Change 1 alone: CPU-only types fragment only where they do not fit; exact ties as FGD.
+    "default-exact-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-exact-ties", tie_tolerance=1e-9),
+    # Change 2 alone: the paper's fragmentation; near-ties (1% of a card) to best-fit.
+    "default-paper-frag": lambda w, _: DefaultPolicy(_needs(w), name="default-paper-frag", cpu_tasks_fragment=True),
+}
+
+
+def make(name: str, workload: Workload | None, seed: int) -> Policy:
+    if name in VARIANTS:
+        return VARIANTS[name](workload, seed)
+    return make_policy(name, workload, seed)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    label: str
+    capacity: float
+    results: dict[str, list[ReplayResult]]
+
+    def unallocated(self, policy: str) -> float:
+        return statistics.fmean(r.unallocated_gpus for r in self.results[policy])
+
+    def change(self, policy: str, against: str) -> float:
+        """Relative change in mean unallocated GPUs (negative: fewer than ``against``)."""
+        base = self.unallocated(against)
+        return (self.unallocated(policy) - base) / base if base else 0.0
+
+    def outcome(self, policy: str, against: str = BASELINE) -> str:
+        diff = self.unallocated(policy) - self.unallocated(against)
+        return "tie" if abs(diff) < TIE_GPUS else ("win" if diff < 0 else "loss")
+
+
+def run_case(
+    name: str, label: str, nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policies: Sequence[str], seeds: int
+) -> Case:
+    start = time.monotonic()
+    results = {p: [replay(nodes, tasks, p, s, make) for s in range(seeds)] for p in policies}
+    print(f"  {name}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+    return Case(name, label, float(sum(n.gpus for n in nodes)), results)
+
+
+def spread(values: Sequence[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def policy_figures(case: Case, policy: str) -> dict[str, float]:
+    runs = case.results[policy]
+    unallocated = [r.unallocated_gpus for r in runs]
+    ratio = [r.gpu_allocation_ratio for r in runs]
+    return {
+        "unallocated_gpus": statistics.fmean(unallocated),
+        "unallocated_gpus_sd": spread(unallocated),
+        "gpu_allocation_ratio": statistics.fmean(ratio),
+        "gpu_allocation_ratio_sd": spread(ratio),
+    }
+
+
+def latency(cases: Sequence[Case], policy: str) -> tuple[float, float]:
+    """p50 and p99 (µs) over every decision of every seed of ``cases``."""
+    decisions = [d for c in cases for r in c.results[policy] for d in r.decision_us]
+    return percentile(decisions, 50), percentile(decisions, 99)
+
+
+def leave_one_out(cases: Sequence[Case], candidates: Sequence[str]) -> list[dict[str, object]]:
+    """For each case: the candidate best against FGD on the others, judged on it."""
+    rows: list[dict[str, object]] = []
+    for held in cases:
+        others = [c for c in cases if c is not held]
+        chosen = min(candidates, key=lambda p: statistics.fmean(c.change(p, BASELINE) for c in others))
+        rows.append({"held_out": held.name, "chosen": chosen, "vs_fgd": held.change(chosen, BASELINE)})
+    return rows
+
+
+def tally(cases: Sequence[Case], policy: str) -> dict[str, float]:
+    outcomes = [c.outcome(policy) for c in cases]
+    changes = [c.change(policy, BASELINE) for c in cases]
+    return {
+        "wins": outcomes.count("win"),
+        "ties": outcomes.count("tie"),
+        "losses": outcomes.count("loss"),
+        "no_worse_share": (outcomes.count("win") + outcomes.count("tie")) / len(cases),
+        "mean_vs_fgd": statistics.fmean(changes),
+        "worst_vs_fgd": max(changes),
+    }
+
+
+def _cell(case: Case, policy: str) -> str:
+    f = policy_figures(case, policy)
+    return f"{f['unallocated_gpus']:.1f} ± {f['unallocated_gpus_sd']:.1f} ({f['gpu_allocation_ratio']:.4f})"
+
+
+def render(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[str], ours: Sequence[str]) -> str:
+    out = ["## Visible pod lists, full cluster", ""]
+    out.append(
+        "| pod list | policy | GPU allocation ratio | unallocated GPUs | vs fgd | vs best-fit | p50 µs | p99 µs |"
+    )
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for case in visible:
+        for p in policies:
+            f = policy_figures(case, p)
+            p50, p99 = latency([case], p)
+            vs_fgd = f"{case.change(p, BASELINE):+.1%}" if BASELINE in policies else ""
+            vs_bf = f"{case.change(p, 'best-fit'):+.1%}" if "best-fit" in policies else ""
+            out.append(
+                f"| {case.name} | {p} | {f['gpu_allocation_ratio']:.4f} ± {f['gpu_allocation_ratio_sd']:.4f}"
+                f" | {f['unallocated_gpus']:.1f} ± {f['unallocated_gpus_sd']:.1f} | {vs_fgd} | {vs_bf}"
+                f" | {p50:.0f} | {p99:.0f} |"
+            )
+    if mixes:
+        out += ["", "## Generated mixes: unallocated GPUs ± sd over seeds (allocation ratio)", ""]
+        out.append(
+            "| mix | GPUs | workload | " + " | ".join(policies) + " | " + " | ".join(f"{p} vs fgd" for p in ours) + " |"
+        )
+        out.append("| --- | ---: | --- |" + " ---: |" * (len(policies) + len(ours)))
+        for case in mixes:
+            cells = " | ".join(_cell(case, p) for p in policies)
+            vs = " | ".join(f"{case.change(p, BASELINE):+.1%} {case.outcome(p)}" for p in ours)
+            out.append(f"| {case.name} | {case.capacity:.0f} | {case.label} | {cells} | {vs} |")
+    out += ["", "## Against FGD", "", "| policy | cases | wins | ties | losses | mean vs fgd | worst vs fgd |"]
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for p in ours:
+        for what, cases in (("visible lists", visible), ("mixes", mixes)):
+            if cases:
+                t = tally(cases, p)
+                out.append(
+                    f"| {p} | {what} | {t['wins']:.0f} | {t['ties']:.0f} | {t['losses']:.0f}"
+                    f" | {t['mean_vs_fgd']:+.2%} | {t['worst_vs_fgd']:+.2%} |"
+                )
+    if len(visible) > 1 and ours:
+        out += ["", "## Leave-one-out over the visible lists", "", "| held out | chosen on the others | vs fgd |"]
+        out.append("| --- | --- | ---: |")
+        for row in leave_one_out(visible, ours):
+            out.append(f"| {row['held_out']} | {row['chosen']} | {row['vs_fgd']:+.2%} |")
+    if visible:
+        out += ["", "## Decision latency on the full cluster (every decision, every visible list and seed)", ""]
+        out += ["| policy | p50 µs | p99 µs |", "| --- | ---: | ---: |"]
+        for p in policies:
+            p50, p99 = latency(visible, p)
+            out.append(f"| {p} | {p50:.0f} | {p99:.0f} |")
+    return "\n".join(out) + "\n"
+
+
+def as_json(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[str]) -> dict[str, object]:
+    def case_json(c: Case) -> dict[str, object]:
+        return {"label": c.label, "capacity_gpus": c.capacity, "policies": {p: policy_figures(c, p) for p in policies}}
+
+    return {"visible": {c.name: case_json(c) for c in visible}, "mixes": {c.name: case_json(c) for c in mixes}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="folder with the openb node and pod lists")
+    parser.add_argument("--lists", default=",".join(VISIBLE), help="visible pod lists to replay ('' for none)")
+    parser.add_argument("--mixes", type=int, default=20, help="generated mixes (default 20)")
+    parser.add_argument("--first-mix", type=int, default=0, help="index of the first mix (default 0)")
+    parser.add_argument("--seeds", type=int, default=3, help="replays per policy and case (default 3)")
+    parser.add_argument("--policy", action="append", help=f"policies (default: {', '.join(POLICIES)})")
+    parser.add_argument("--ours", action="append", help="policies judged against fgd (default: default)")
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    ours = args.ours or ["default"]
+    policies = list(dict.fromkeys([*(args.policy or POLICIES), *ours, BASELINE]))
+    nodes = read_nodes(args.data / "openb_node_list_gpu_node.csv")
+    base = read_tasks(args.data / "openb_pod_list_default.csv")
+    visible = []
+    for name in [n for n in args.lists.split(",") if n]:
+        tasks = read_tasks(args.data / f"openb_pod_list_{name}.csv")
+        visible.append(run_case(name, "full cluster", nodes, tasks, policies, args.seeds))
+    mixes = []
+    for index in range(args.first_mix, args.first_mix + args.mixes):
+        mix = make_mix(index, nodes, base)
+        mixes.append(run_case(mix.name, mix.spec.label(), mix.nodes, mix.tasks, policies, args.seeds))
+    print(render(visible, mixes, policies, ours))
+    if args.json:
+        args.json.write_text(json.dumps(as_json(visible, mixes, policies), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

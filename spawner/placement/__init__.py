@@ -1,0 +1,42 @@
+"""Placement: choose a node and GPU(s) for a demand, and explain a refusal. Pure code.
+
+* ``state``: the cluster as arrays (``ClusterState``), ``Demand`` and ``Choice``.
+* ``fragmentation``: FGD's fragmentation model against a target ``Workload``.
+* ``policies``: the policies by name (``make_policy``, ``POLICIES``).
+* ``explain``: why nothing fits now, in words, and what would start now.
+"""
+
+from spawner.placement.explain import Explanation, explain
+from spawner.placement.fragmentation import Workload, WorkloadArrays, fragmentation
+from spawner.placement.policies import (
+    POLICIES,
+    BestFit,
+    DefaultPolicy,
+    DotProduct,
+    FragmentationGradientDescent,
+    RandomFit,
+    Spread,
+    make_policy,
+)
+from spawner.placement.state import Choice, ClusterState, Demand, Policy, held_demands
+
+__all__ = [
+    "POLICIES",
+    "BestFit",
+    "Choice",
+    "ClusterState",
+    "DefaultPolicy",
+    "Demand",
+    "DotProduct",
+    "Explanation",
+    "FragmentationGradientDescent",
+    "Policy",
+    "RandomFit",
+    "Spread",
+    "Workload",
+    "WorkloadArrays",
+    "explain",
+    "fragmentation",
+    "held_demands",
+    "make_policy",
+]
