@@ -6,9 +6,8 @@ from pathlib import Path
 import pytest
 
 from hub.cli import main
+from tests.shared import shared_file
 from tests.spawner.test_simulate import NODES, PODS
-
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-v2023"
 
 
 def write_trace(tmp_path: Path) -> tuple[Path, Path]:
@@ -59,9 +58,9 @@ def test_up_refuses_bad_settings_before_starting_anything(tmp_path: Path, capsys
 @pytest.mark.slow
 def test_the_installed_command_replays_the_real_trace(tmp_path: Path) -> None:
     """The console script, end to end, on the real node list and a slice of a real pod list."""
-    assert DATA.is_dir(), f"the Alibaba trace must be beside the repository at {DATA}"
+    data = shared_file("data/alibaba-gpu-v2023")
     pods = tmp_path / "pods.csv"
-    lines = (DATA / "openb_pod_list_gpushare40.csv").read_text().splitlines()
+    lines = (data / "openb_pod_list_gpushare40.csv").read_text().splitlines()
     pods.write_text("\n".join(lines[:1500]) + "\n")
     exe = Path(sys.executable).with_name("gpuslice")
     result = subprocess.run(
@@ -70,7 +69,7 @@ def test_the_installed_command_replays_the_real_trace(tmp_path: Path) -> None:
             "bench",
             "placement",
             "--nodes",
-            str(DATA / "openb_node_list_gpu_node.csv"),
+            str(data / "openb_node_list_gpu_node.csv"),
             "--pods",
             str(pods),
             "--policy",
