@@ -6,9 +6,11 @@ GPU spec, as in settings (`gpus.simulate`) and `--simulate`: comma-separated
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from spawner.inventory import Gpu
@@ -127,14 +129,151 @@ class GpuSample:
     ecc_dbe_total: int = 0  # volatile double-bit ECC errors
     processes: tuple[tuple[int, int], ...] = ()  # (pid, GPU memory bytes)
     simulated: bool = False
+    # Every other DCGM field the card answered, by dcgm-exporter's name, in its unit.
+    # A field the card or driver does not support is absent (dcgm-exporter skips it too).
+    fields: Mapping[str, float] = field(default_factory=dict)
+    driver_version: str = ""  # DCGM_FI_DRIVER_VERSION, a label on every series
+    pci_bus_id: str = ""
 
 
-def nvml_samples(nvml: Any, xids: dict[int, int] | None = None) -> list[GpuSample]:
+MiB = 1024 * 1024
+
+# GPM (Hopper and newer) metric ids -> (DCGM profiling field, factor to DCGM's unit).
+# GPM gives percentages where DCGM gives ratios, and MiB/s where DCGM gives bytes/s.
+GPM_FIELDS: dict[str, tuple[str, float]] = {
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.01),
+    "NVML_GPM_METRIC_SM_UTIL": ("DCGM_FI_PROF_SM_ACTIVE", 0.01),
+    "NVML_GPM_METRIC_SM_OCCUPANCY": ("DCGM_FI_PROF_SM_OCCUPANCY", 0.01),
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.01),
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": ("DCGM_FI_PROF_DRAM_ACTIVE", 0.01),
+    "NVML_GPM_METRIC_FP64_UTIL": ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", 0.01),
+    "NVML_GPM_METRIC_FP32_UTIL": ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", 0.01),
+    "NVML_GPM_METRIC_FP16_UTIL": ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", 0.01),
+    "NVML_GPM_METRIC_PCIE_TX_PER_SEC": ("DCGM_FI_PROF_PCIE_TX_BYTES", MiB),
+    "NVML_GPM_METRIC_PCIE_RX_PER_SEC": ("DCGM_FI_PROF_PCIE_RX_BYTES", MiB),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": ("DCGM_FI_PROF_NVLINK_TX_BYTES", MiB),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": ("DCGM_FI_PROF_NVLINK_RX_BYTES", MiB),
+}
+
+# NVML field values (nvmlDeviceGetFieldValues) -> DCGM field.
+NVML_FIELD_VALUES = {
+    "NVML_FI_DEV_MEMORY_TEMP": "DCGM_FI_DEV_MEMORY_TEMP",
+    "NVML_FI_DEV_PCIE_REPLAY_COUNTER": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+}
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_values(nvml: Any, handle: object) -> dict[str, float]:
+    ids = [getattr(nvml, name) for name in NVML_FIELD_VALUES]
+    values = nvml.nvmlDeviceGetFieldValues(handle, ids)
+    found = {}
+    for name, value in zip(NVML_FIELD_VALUES.values(), values, strict=True):
+        if value.nvmlReturn == nvml.NVML_SUCCESS:  # each field answers for itself
+            found[name] = float(getattr(value.value, _VALUE_MEMBER[int(value.valueType)]))
+    return found
+
+
+def _device_fields(nvml: Any, handle: object) -> dict[str, float]:
+    """dcgm-exporter's default DEV fields, each from one NVML call; a call the card or
+    driver does not support (any NVMLError) leaves its fields out."""
+    readers: list[tuple[tuple[str, ...], Callable[[], Sequence[float]]]] = [
+        (("DCGM_FI_DEV_SM_CLOCK",), lambda: [nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)]),
+        (("DCGM_FI_DEV_MEM_CLOCK",), lambda: [nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)]),
+        (("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",), lambda: [nvml.nvmlDeviceGetTotalEnergyConsumption(handle)]),
+        (("DCGM_FI_DEV_MEM_COPY_UTIL",), lambda: [nvml.nvmlDeviceGetUtilizationRates(handle).memory]),
+        (("DCGM_FI_DEV_ENC_UTIL",), lambda: nvml.nvmlDeviceGetEncoderUtilization(handle)[:1]),
+        (("DCGM_FI_DEV_DEC_UTIL",), lambda: nvml.nvmlDeviceGetDecoderUtilization(handle)[:1]),
+        (
+            ("DCGM_FI_DEV_FB_RESERVED",),
+            lambda: [nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2).reserved / MiB],
+        ),
+        (
+            (
+                "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                "",  # rows pending remapping: not a DCGM default field
+                "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            ),
+            lambda: nvml.nvmlDeviceGetRemappedRows(handle),
+        ),
+    ]
+    fields: dict[str, float] = {}
+    for names, read in readers:
+        try:
+            values = read()
+        except nvml.NVMLError:
+            continue
+        fields.update((name, float(v)) for name, v in zip(names, values, strict=True) if name)
+    with contextlib.suppress(nvml.NVMLError):
+        fields.update(_field_values(nvml, handle))
+    return fields
+
+
+class GpmSampler:
+    """DCGM's profiling fields from NVML's GPM API (Hopper and newer).
+
+    GPM metrics are computed between two samples, so each scrape takes a sample and
+    compares it with the previous scrape's: the first scrape of a card has none.
+    Cards without GPM support, and metrics a card does not answer, are left out.
+    """
+
+    def __init__(self) -> None:
+        self.previous: dict[int, object] = {}
+        self.unsupported: set[int] = set()
+
+    def read(self, nvml: Any, index: int, handle: object) -> dict[str, float]:
+        if index in self.unsupported or not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+            return {}
+        try:
+            if index not in self.previous and not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                self.unsupported.add(index)
+                return {}
+            sample = nvml.nvmlGpmSampleAlloc()
+        except nvml.NVMLError:  # a driver older than GPM, or a card without it
+            self.unsupported.add(index)
+            return {}
+        try:
+            nvml.nvmlGpmSampleGet(handle, sample)
+        except nvml.NVMLError:
+            nvml.nvmlGpmSampleFree(sample)
+            return {}
+        previous, self.previous[index] = self.previous.get(index), sample
+        if previous is None:
+            return {}
+        try:
+            return self._metrics(nvml, previous, sample)
+        finally:
+            nvml.nvmlGpmSampleFree(previous)
+
+    @staticmethod
+    def _metrics(nvml: Any, first: object, second: object) -> dict[str, float]:
+        wanted = [(getattr(nvml, gpm), dcgm, factor) for gpm, (dcgm, factor) in GPM_FIELDS.items()]
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        request.sample1, request.sample2 = first, second
+        for slot, (metric_id, _, _) in enumerate(wanted):
+            request.metrics[slot].metricId = metric_id
+        try:
+            answer = nvml.nvmlGpmMetricsGet(request)
+        except nvml.NVMLError:
+            return {}
+        return {
+            dcgm: float(answer.metrics[slot].value) * factor
+            for slot, (_, dcgm, factor) in enumerate(wanted)
+            if answer.metrics[slot].nvmlReturn == nvml.NVML_SUCCESS
+        }
+
+
+def nvml_samples(nvml: Any, xids: dict[int, int] | None = None, gpm: GpmSampler | None = None) -> list[GpuSample]:
     """Read every card through NVML. ``xids`` carries the last Xid per card, which
-    NVML reports only as events (``watch_xids`` fills it in the exporter)."""
+    NVML reports only as events (``watch_xids`` fills it in the exporter); ``gpm``
+    keeps the previous GPM sample of each card between scrapes."""
     nvml.nvmlInit()
     try:
         samples = []
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -150,6 +289,9 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None) -> list[GpuSampl
             processes = tuple(
                 (int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             )
+            fields = _device_fields(nvml, handle)
+            if gpm is not None:
+                fields.update(gpm.read(nvml, index, handle))
             samples.append(
                 GpuSample(
                     index=index,
@@ -163,6 +305,9 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None) -> list[GpuSampl
                     last_xid=(xids or {}).get(index, 0),
                     ecc_dbe_total=ecc,
                     processes=processes,
+                    fields=fields,
+                    driver_version=driver,
+                    pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
                 )
             )
         return samples

@@ -1,5 +1,6 @@
 """The Helm chart with a real helm binary: lint, render, validate every object against Kubernetes 1.30."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,21 @@ def test_the_restricted_check_catches_a_privileged_pod() -> None:
     hub["spec"]["template"]["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
     violations = restricted_violations(hub)
     assert "hub: privileged" in violations and any(v.startswith("volume root") for v in violations)
+
+
+def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar(tmp_path: Path) -> None:
+    dashboards = [d for d in render() if d["metadata"]["name"].endswith("-grafana-dashboard")]
+    assert len(dashboards) == 1 and dashboards[0]["kind"] == "ConfigMap"
+    assert dashboards[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(dashboards[0]["data"]["gpuslice.json"])
+    shipped = json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+    assert dashboard == shipped and dashboard["uid"] == "gpuslice" and dashboard["panels"]
+    off = tmp_path / "off.yaml"
+    off.write_text("grafanaDashboard: {enabled: false}\n")
+    assert not [d for d in render(off) if d["metadata"]["name"].endswith("-grafana-dashboard")]
+    relabelled = tmp_path / "relabelled.yaml"
+    relabelled.write_text("grafanaDashboard: {labels: {my_dashboards: 'yes'}, annotations: {grafana_folder: GPU}}\n")
+    (mine,) = [d for d in render(relabelled) if d["metadata"]["name"].endswith("-grafana-dashboard")]
+    assert mine["metadata"]["labels"]["my_dashboards"] == "yes" and mine["metadata"]["annotations"] == {
+        "grafana_folder": "GPU"
+    }

@@ -4,7 +4,9 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, ClassVar
 
+import pytest
 from prometheus_client import generate_latest
 
 from hub.exporter import GpuCollector, Owner, SimulatedSource, owner_from_proc, registry_for
@@ -13,7 +15,15 @@ from spawner.ledger import Held
 
 GiB = 2**30
 MiB = 2**20
-LABELS = {"gpu": "0", "UUID": "GPU-5c8b", "device": "nvidia0", "modelName": "Tesla T4", "Hostname": "n1"}
+LABELS = {
+    "gpu": "0",
+    "UUID": "GPU-5c8b",
+    "pci_bus_id": "00000000:00:1E.0",
+    "device": "nvidia0",
+    "modelName": "Tesla T4",
+    "Hostname": "n1",
+    "DCGM_FI_DRIVER_VERSION": "550.54.15",
+}
 
 
 class RecordedNvml:
@@ -22,8 +32,15 @@ class RecordedNvml:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
     NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+    NVML_SUCCESS, NVML_ERROR_NOT_SUPPORTED = 0, 3
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_PCIE_REPLAY_COUNTER, NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL = 82, 94, 66
+    nvmlMemory_v2 = 0x02000028  # noqa: N815 - NVML's name
 
     class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):  # noqa: N801, N818 - NVML's name
         pass
 
     def __init__(self) -> None:
@@ -47,8 +64,45 @@ class RecordedNvml:
     def nvmlDeviceGetUUID(self, handle: object) -> str:  # noqa: N802
         return "GPU-5c8b"
 
-    def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None) -> SimpleNamespace:  # noqa: N802
+        if version == self.nvmlMemory_v2:
+            return SimpleNamespace(
+                version=version, total=15843721216, reserved=264634368, free=11645222912, used=3933863936
+            )
         return SimpleNamespace(total=15843721216, used=4198498304, free=11645222912)
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        return "550.54.15"
+
+    def nvmlDeviceGetPciInfo(self, handle: object) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(busId=b"00000000:00:1E.0")
+
+    def nvmlDeviceGetClockInfo(self, handle: object, clock: int) -> int:  # noqa: N802
+        return {self.NVML_CLOCK_SM: 1590, self.NVML_CLOCK_MEM: 5000}[clock]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: object) -> int:  # noqa: N802
+        return 8123456789  # mJ
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: object) -> list[int]:  # noqa: N802
+        return [0, 167000]  # [utilization %, sampling period us]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: object) -> list[int]:  # noqa: N802
+        return [3, 167000]
+
+    def nvmlDeviceGetRemappedRows(self, handle: object) -> tuple[int, int, int, int]:  # noqa: N802
+        raise self.NVMLError_NotSupported()  # Turing has no row remapping (Ampere and newer)
+
+    def nvmlDeviceGetFieldValues(self, handle: object, ids: list[int]) -> list[SimpleNamespace]:  # noqa: N802
+        # The T4 answers the PCIe replay counter; memory temperature and NVLink are not supported.
+        answers = {94: (self.NVML_SUCCESS, 3, SimpleNamespace(ullVal=2))}
+        missing = (self.NVML_ERROR_NOT_SUPPORTED, 0, SimpleNamespace(dVal=0.0))
+        return [
+            SimpleNamespace(fieldId=i, nvmlReturn=r, valueType=t, value=v)
+            for i, (r, t, v) in ((i, answers.get(i, missing)) for i in ids)
+        ]
+
+    def nvmlGpmQueryDeviceSupport(self, handle: object) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(version=1, isSupportedDevice=0)  # GPM is Hopper and newer
 
     def nvmlDeviceGetUtilizationRates(self, handle: object) -> SimpleNamespace:  # noqa: N802
         return SimpleNamespace(gpu=37, memory=12)
@@ -80,7 +134,17 @@ def test_nvml_readings_become_dcgm_metrics() -> None:
     assert sample_value(registry, "DCGM_FI_DEV_GPU_TEMP", LABELS) == 54
     assert sample_value(registry, "DCGM_FI_DEV_POWER_USAGE", LABELS) == 31.25
     assert sample_value(registry, "DCGM_FI_DEV_XID_ERRORS", LABELS) == 79
-    assert sample_value(registry, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL_total", LABELS) == 0
+    assert sample_value(registry, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", LABELS) == 0
+    assert sample_value(registry, "DCGM_FI_DEV_SM_CLOCK", LABELS) == 1590
+    assert sample_value(registry, "DCGM_FI_DEV_MEM_CLOCK", LABELS) == 5000
+    assert sample_value(registry, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", LABELS) == 8123456789
+    assert sample_value(registry, "DCGM_FI_DEV_MEM_COPY_UTIL", LABELS) == 12
+    assert sample_value(registry, "DCGM_FI_DEV_DEC_UTIL", LABELS) == 3
+    assert sample_value(registry, "DCGM_FI_DEV_FB_RESERVED", LABELS) == 264634368 / MiB
+    assert sample_value(registry, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", LABELS) == 2
+    # What the T4 does not support is left out, not reported as 0.
+    for unsupported in ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"):
+        assert sample_value(registry, unsupported, LABELS) is None
     process = {"gpu": "0", "Hostname": "n1", "user": "alice", "server": "", "pid": "4242"}
     assert sample_value(registry, "gpuslice_process_gpu_memory_bytes", process) == 3 * GiB
     unknown = {"gpu": "0", "Hostname": "n1", "user": "", "server": "", "pid": "4343"}
@@ -187,3 +251,97 @@ def test_xid_events_are_recorded_per_card() -> None:
     assert xids == {0: 79}
     assert nvml.calls == ["init", "register ('handle', 0)", "free", "shutdown"]
     assert nvml_samples(RecordedNvml(), xids)[0].last_xid == 79
+
+
+class RecordedHopperNvml(RecordedNvml):
+    """An H100's GPM answers (nvidia-ml-py's real ctypes request structure, filled as NVML fills it)."""
+
+    GPM: ClassVar[dict[int, float]] = {
+        1: 62.0,
+        2: 55.5,
+        3: 31.0,
+        5: 40.25,
+        10: 47.0,
+        11: 0.5,
+        12: 20.0,
+        13: 12.0,
+        20: 1024.0,
+        21: 2048.0,
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        import pynvml
+
+        self.pynvml, self.samples_taken, self.freed = pynvml, 0, 0
+        for name in dir(pynvml):
+            if name.startswith("NVML_GPM_") or name == "c_nvmlGpmMetricsGet_t":
+                setattr(self, name, getattr(pynvml, name))
+
+    def nvmlGpmQueryDeviceSupport(self, handle: object) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(version=1, isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self) -> object:  # noqa: N802
+        return self.pynvml.c_nvmlGpmSample_t()
+
+    def nvmlGpmSampleGet(self, handle: object, sample: object) -> object:  # noqa: N802
+        self.samples_taken += 1
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: object) -> None:  # noqa: N802
+        self.freed += 1
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:  # noqa: N802
+        assert request.version == self.NVML_GPM_METRICS_GET_VERSION
+        for slot in range(request.numMetrics):
+            metric = request.metrics[slot]
+            if metric.metricId in self.GPM:
+                metric.nvmlReturn, metric.value = self.NVML_SUCCESS, self.GPM[metric.metricId]
+            else:  # NVLink on a PCIe card
+                metric.nvmlReturn = self.NVML_ERROR_NOT_SUPPORTED
+        return request
+
+
+def test_hopper_profiling_fields_come_from_gpm_between_two_scrapes() -> None:
+    from spawner.gpus import GpmSampler
+
+    nvml, gpm = RecordedHopperNvml(), GpmSampler()
+    assert nvml_samples(nvml, gpm=gpm)[0].fields.keys().isdisjoint({"DCGM_FI_PROF_SM_ACTIVE"})  # one sample: no rate
+    fields = nvml_samples(nvml, gpm=gpm)[0].fields
+    assert fields["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0.62  # GPM's percent is DCGM's ratio
+    assert fields["DCGM_FI_PROF_SM_ACTIVE"] == 0.555 and fields["DCGM_FI_PROF_SM_OCCUPANCY"] == 0.31
+    assert fields["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] == 0.4025 and fields["DCGM_FI_PROF_DRAM_ACTIVE"] == pytest.approx(
+        0.47
+    )
+    assert fields["DCGM_FI_PROF_PIPE_FP64_ACTIVE"] == 0.005 and fields["DCGM_FI_PROF_PIPE_FP16_ACTIVE"] == 0.12
+    assert fields["DCGM_FI_PROF_PCIE_TX_BYTES"] == 1024 * MiB  # GPM's MiB/s is DCGM's bytes/s
+    assert "DCGM_FI_PROF_NVLINK_TX_BYTES" not in fields
+    assert (nvml.samples_taken, nvml.freed) == (2, 1)  # the newest sample is kept for the next scrape
+
+
+def test_counters_are_exposed_without_a_total_suffix_as_dcgm_exporter_writes_them() -> None:
+    from hub.exporter import exposition
+
+    text = exposition(registry_for(GpuCollector(lambda: nvml_samples(RecordedNvml()), "nvml", "n1"))).decode()
+    assert "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter\n" in text
+    assert '\nDCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="0",UUID="GPU-5c8b",pci_bus_id=' in text
+    assert "_total" not in text.replace("VOL_TOTAL", "").replace("BANDWIDTH_TOTAL", "")
+    assert "# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n" in text
+
+
+def test_the_simulated_source_serves_every_dcgm_field() -> None:
+    from hub.exporter import DCGM_FIELDS
+
+    holds = [Held("alice/", 0, "alice", "", 4 * GiB, pid=11)]
+    now = [0.0]
+    source = SimulatedSource(simulated_gpus("1x80GiB:H100,1x16GiB:T4"), lambda: holds, clock=lambda: now[0])
+    registry = registry_for(GpuCollector(source, "simulated", "n1", lambda p: None))
+    names = {m.name for m in registry.collect()}
+    assert {f.name for f in DCGM_FIELDS} <= names
+    first = {s.name: s.value for m in registry.collect() for s in m.samples if s.labels.get("gpu") == "0"}
+    now[0] = 60.0
+    later = {s.name: s.value for m in registry.collect() for s in m.samples if s.labels.get("gpu") == "0"}
+    assert later["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] > first["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    assert later["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] > 0 and later["DCGM_FI_DEV_SM_CLOCK"] > 1000
+    idle = {s.name: s.value for m in registry.collect() for s in m.samples if s.labels.get("gpu") == "1"}
+    assert idle["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] == 0 and idle["DCGM_FI_DEV_SM_CLOCK"] < later["DCGM_FI_DEV_SM_CLOCK"]

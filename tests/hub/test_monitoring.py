@@ -73,3 +73,9 @@ def test_generated_alertmanager_config_passes_amtool(tmp_path: Path, webhook: st
     assert result.returncode == 0, result.stdout + result.stderr
     routes = {r["matchers"][0]: r["receiver"] for r in config["route"]["routes"]}
     assert routes == {'severity="critical"': "critical", 'severity="warning"': "warning"}
+
+
+def test_the_chart_renders_the_same_rule_files() -> None:
+    chart_files = HERE.parents[1] / "helm" / "gpuslice" / "files"
+    for rules in RULE_FILES:
+        assert (chart_files / rules.name).read_text() == rules.read_text(), f"copy {rules} to {chart_files}"
