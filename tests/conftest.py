@@ -23,3 +23,18 @@ if "KUBECONFIG" not in os.environ:
         )
     )
     os.environ["KUBECONFIG"] = str(_path)
+
+SHARED = Path(__file__).parents[1].parent / "shared"
+
+
+def shared_path(relative: str) -> Path:
+    """A file under ../shared (data, vendor): skipped with its name when missing, a failure with CI=true."""
+    import pytest
+
+    path = SHARED / relative
+    if not path.exists():
+        message = f"{path} is missing (../shared/{relative}; see ../shared/vendor/README.md)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
