@@ -79,8 +79,12 @@ class ClusterCache:
 
 async def _items(call: Any) -> list[dict[str, Any]]:
     response = await call
-    body = json.loads(await response.read())
-    return list(body.get("items") or [])
+    raw = await response.read()
+    if not 200 <= response.status <= 299:  # unread (_preload_content=False), the client raises for nothing
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = raw  # the API's Status, with its message
+        raise error
+    return list(json.loads(raw).get("items") or [])
 
 
 CACHES: dict[str, ClusterCache] = {}
@@ -192,7 +196,16 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
 
     async def cluster(self) -> tuple[Inventory, list[dict[str, Any]]]:
         cache = CACHES.setdefault(self.namespace, ClusterCache())
-        snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
+        try:
+            snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
+        except ApiException as exc:
+            if exc.status not in (401, 403):
+                raise
+            raise ApiUnavailableError(
+                f"The hub may not read the cluster's nodes and pods (HTTP {exc.status} {exc.reason}); nothing was "
+                "started. Its ServiceAccount needs get, list and watch on nodes: helm/gpuslice grants them (with "
+                "Zero to JupyterHub, install it beside in companion mode, docs/kubernetes.md). Tell an admin."
+            ) from exc
         inventory = build_kube(snapshot.nodes, snapshot.pods, Backend(self.gpu_backend))
         self._gpu_cluster = inventory
         return inventory, snapshot.pods
