@@ -15,10 +15,11 @@ a restarted hub read them from the API, and there is no ledger to lose.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,8 +84,12 @@ class ClusterCache:
 
 async def _items(call: Any) -> list[dict[str, Any]]:
     response = await call
-    body = json.loads(await response.read())
-    return list(body.get("items") or [])
+    raw = await response.read()
+    if not 200 <= response.status <= 299:  # unread (_preload_content=False), the client raises for nothing
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = raw  # the API's Status, with its message
+        raise error
+    return list(json.loads(raw).get("items") or [])
 
 
 CACHES: dict[str, ClusterCache] = {}
@@ -105,6 +110,29 @@ def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str) -> U
         if group:
             group_bytes[group] = group_bytes.get(group, 0) + int(annotations.get("gpuslice.io/gpu-memory-bytes", 0))
     return Usage(user_servers=servers, group_bytes=group_bytes)
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """The configured pod settings each spawn starts from (never the previous spawn's)."""
+
+    limits: dict[str, Any]
+    annotations: dict[str, Any]
+    environment: dict[str, Any]
+    volumes: list[Any] | dict[str, Any]
+    volume_mounts: list[Any] | dict[str, Any]
+    scheduler_name: str | None
+
+
+def with_items(configured: list[Any] | dict[str, Any], added: dict[str, Any]) -> list[Any] | dict[str, Any]:
+    """Volumes or mounts plus ours, in the form they were configured.
+
+    KubeSpawner takes a list as is, and a dict (Zero to JupyterHub's form, so that values files
+    merge) as its values sorted by key; a dict is kept a dict, ours added under their own keys.
+    """
+    if isinstance(configured, dict):
+        return {**configured, **added}
+    return [*configured, *added.values()]
 
 
 def fits_somewhere(demand: Demand, inventory: Inventory) -> bool:
@@ -129,6 +157,13 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     gpu_profile_groups = Dict(
         help="Profile slug -> groups allowed to choose it (a profile not listed is open to everyone)."
     ).tag(config=True)
+    gpu_scheduler_name = Unicode(
+        "",
+        help="""The scheduler for pods that hold a GPU: the one whose configuration consults the sharing
+        backend's extender (gpushare's on default-scheduler, hami-scheduler, gpuslice's extender). Empty:
+        KubeSpawner's scheduler_name for every pod. Zero to JupyterHub sets scheduler_name to its user
+        scheduler, which has no GPU extender; CPU-only pods keep it.""",
+    ).tag(config=True)
     gpu_models_volume = Dict(
         help="""Volume source holding the model market's files, for example
         {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": true}}.""",
@@ -138,14 +173,16 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     extra_resource_limits: dict[str, Any]
     extra_annotations: dict[str, Any]
     environment: dict[str, Any]
-    volumes: list[Any]
-    volume_mounts: list[Any]
+    # A list, or (as Zero to JupyterHub sets them) a dict whose values KubeSpawner sorts by key.
+    volumes: list[Any] | dict[str, Any]
+    volume_mounts: list[Any] | dict[str, Any]
+    scheduler_name: str | None
 
     gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models", "profile"})
     _gpu_cluster: Inventory | None = None
     _gpu_request: GpuRequest | None = None
     _gpu_api_error = ""
-    _gpu_base: tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[Any], list[Any]] | None = None
+    _gpu_base: PodSettings | None = None
 
     @validate("gpu_backend")
     def _check_backend(self, proposal: dict[str, Any]) -> str:
@@ -169,7 +206,16 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
 
     async def cluster(self) -> tuple[Inventory, list[dict[str, Any]]]:
         cache = CACHES.setdefault(self.namespace, ClusterCache())
-        snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
+        try:
+            snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
+        except ApiException as exc:
+            if exc.status not in (401, 403):
+                raise
+            raise ApiUnavailableError(
+                f"The hub may not read the cluster's nodes and pods (HTTP {exc.status} {exc.reason}); nothing was "
+                "started. Its ServiceAccount needs get, list and watch on nodes: helm/gpuslice grants them (with "
+                "Zero to JupyterHub, install it beside in companion mode, docs/kubernetes.md). Tell an admin."
+            ) from exc
         inventory = build_kube(
             snapshot.nodes,
             snapshot.pods,
@@ -289,14 +335,15 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     def _apply(self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]]) -> None:
         """Put the backend's resources, annotations and env on this spawner's pod settings."""
         if self._gpu_base is None:
-            self._gpu_base = (
+            self._gpu_base = PodSettings(
                 dict(self.extra_resource_limits),
                 dict(self.extra_annotations),
                 dict(self.environment),
-                list(self.volumes),
-                list(self.volume_mounts),
+                copy.deepcopy(self.volumes),
+                copy.deepcopy(self.volume_mounts),
+                self.scheduler_name,
             )
-        limits, annotations, environment, volumes, volume_mounts = self._gpu_base
+        limits, annotations, environment, volumes, volume_mounts, scheduler = astuple(self._gpu_base)
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
         spec = render(
             request,
@@ -309,9 +356,11 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         self.extra_annotations = {**annotations, **spec.annotations, **({GROUP_ANNOTATION: group} if group else {})}
         self.environment = {**environment, **spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         self.image = container
+        holds_gpu = request.kind is not RequestKind.CPU
+        self.scheduler_name = self.gpu_scheduler_name if holds_gpu and self.gpu_scheduler_name else scheduler
         if mounts:
-            self.volumes = [*volumes, {"name": MODELS_VOLUME, **self.gpu_models_volume}]
-            self.volume_mounts = [*volume_mounts, *mounts]
+            self.volumes = with_items(volumes, {MODELS_VOLUME: {"name": MODELS_VOLUME, **self.gpu_models_volume}})
+            self.volume_mounts = with_items(volume_mounts, {f"{MODELS_VOLUME}-{m['mountPath']}": m for m in mounts})
             self.environment[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
         else:
             self.volumes, self.volume_mounts = volumes, volume_mounts

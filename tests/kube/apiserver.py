@@ -22,6 +22,16 @@ the highest score (first of ties) to ``bind``, and the extender binds through
 ``pods/{name}/binding`` after patching the pod's annotations (``PATCH`` with a merge or
 strategic-merge patch).
 
+With ``--rbac FILE`` it authenticates and authorizes as the real API server does with RBAC:
+the bearer token names a user (``system:serviceaccount:<namespace>:<name>``), and a request
+is allowed only when a Role (through a RoleBinding in the request's namespace) or a
+ClusterRole (through a ClusterRoleBinding) grants its verb on its resource; otherwise 401
+or 403 with the API server's wording. FILE: ``{"tokens": {token: user}, "objects": [Role,
+ClusterRole, RoleBinding, ClusterRoleBinding ...]}``, e.g. a Helm chart's rendered RBAC.
+With ``--schedulers a,b`` only pods whose ``schedulerName`` (default ``default-scheduler``)
+is one of those are scheduled; a pod naming a scheduler that does not run stays Pending with
+no event, as in a real cluster.
+
 Run: ``python -m tests.kube.apiserver --port P --nodes nodes.json`` (nodes: Node objects).
 """
 
@@ -84,6 +94,46 @@ def status(code: int, reason: str, message: str) -> web.Response:
         "code": code,
     }
     return web.json_response(body, status=code)
+
+
+def rbac_allows(objects: list[Obj], user: str, verb: str, resource: str, namespace: str) -> bool:
+    """Whether RBAC objects grant user the verb on a core ("" group) resource; namespace "" is cluster scope."""
+    roles = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objects}
+    for binding in objects:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        bound_in = binding["metadata"].get("namespace", "")
+        if binding["kind"] == "RoleBinding" and bound_in != namespace:
+            continue  # a RoleBinding grants only in its own namespace
+        if not any(_is_subject(subject, user, bound_in) for subject in binding.get("subjects") or []):
+            continue
+        ref = binding["roleRef"]
+        role = roles.get((ref["kind"], bound_in if ref["kind"] == "Role" else "", ref["name"]))
+        for rule in (role or {}).get("rules") or []:
+            if (
+                _has(rule.get("apiGroups"), "")
+                and _has(rule.get("resources"), resource)
+                and _has(rule.get("verbs"), verb)
+            ):
+                return True
+    return False
+
+
+def _is_subject(subject: Obj, user: str, binding_namespace: str) -> bool:
+    if subject.get("kind") == "ServiceAccount":
+        namespace = subject.get("namespace") or binding_namespace
+        return user == f"system:serviceaccount:{namespace}:{subject['name']}"
+    return subject.get("kind") == "User" and subject.get("name") == user
+
+
+def _has(values: list[str] | None, wanted: str) -> bool:
+    return values is not None and (wanted in values or "*" in values)
+
+
+def request_verb(method: str, has_name: bool, watch: bool) -> str:
+    if method == "GET":
+        return "get" if has_name else "watch" if watch else "list"
+    return {"POST": "create", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
 def matches_labels(obj: Obj, selector: str) -> bool:
@@ -167,6 +217,8 @@ class ApiServer:
         extender: str | None = None,
         scheduler_name: str = "gpuslice-scheduler",
         managed: dict[str, bool] | None = None,
+        rbac: Obj | None = None,
+        schedulers: frozenset[str] | None = None,
     ) -> None:
         self.extender = extender
         # The extender's managedResources: resource -> ignoredByScheduler. As in kube-scheduler,
@@ -177,13 +229,15 @@ class ApiServer:
         self.store = Store()
         self.initial_nodes = nodes
         self.kubelet = kubelet
+        self.rbac = rbac
+        self.schedulers = schedulers or frozenset({"default-scheduler"})
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.addresses = (f"127.0.0.{n}" for n in itertools.count(2))
 
     # -- routing ------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.faults])
+        app = web.Application(middlewares=[self.authorize, self.faults])
         app.on_startup.append(self._load_nodes)
         app.on_cleanup.append(self._stop_all)
         app.router.add_get("/version", self.version)
@@ -213,6 +267,29 @@ class ApiServer:
                 if fault["status"] == "gone":  # a watch whose resourceVersion was compacted away
                     return await self._gone(request, "too old resource version (injected)")
                 return status(int(fault["status"]), "InternalError", "injected fault")
+        return await handler(request)
+
+    @web.middleware
+    async def authorize(self, request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+        """RBAC as the API server applies it (only with --rbac; the test hooks under /_test are open)."""
+        if self.rbac is None or request.path == "/version" or request.path.startswith("/_test/"):
+            return await handler(request)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        user = self.rbac["tokens"].get(token) if scheme == "Bearer" else None
+        if user is None:
+            return status(401, "Unauthorized", "Unauthorized")
+        parts = request.path.strip("/").split("/")  # api v1 [namespaces ns] resource [name]
+        namespace = parts[3] if len(parts) > 3 and parts[2] == "namespaces" else ""
+        rest = parts[4:] if namespace else parts[2:]
+        resource, has_name = rest[0], len(rest) > 1
+        verb = request_verb(request.method, has_name, request.query.get("watch") in ("1", "true", "True"))
+        if not rbac_allows(self.rbac["objects"], user, verb, resource, namespace):
+            where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+            return status(
+                403,
+                "Forbidden",
+                f'{resource} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "" {where}',
+            )
         return await handler(request)
 
     @staticmethod
@@ -380,10 +457,14 @@ class ApiServer:
                     free[resource] = free.get(resource, 0) - amount
         return free
 
+    def _runs(self, scheduler: str) -> bool:
+        """Whether a scheduler of that name runs: a named one, or the extender's when it has one."""
+        return scheduler in self.schedulers or (self.extender is not None and scheduler == self.scheduler_name)
+
     async def _schedule(self, namespace: str, name: str) -> None:
         pod = self.store.objects.get(("pods", namespace, name))
-        if pod is None:
-            return
+        if pod is None or not self._runs(pod["spec"].get("schedulerName") or "default-scheduler"):
+            return  # no scheduler of that name runs: the pod waits, and nothing says why
         asked = {k: v for k, v in _limits(pod).items() if "/" in k}  # extended resources decide here
         nodes = self.store.items("nodes", None)
         interested = not self.managed or any(r in self.managed for r in asked)
@@ -673,9 +754,17 @@ def main() -> None:
     parser.add_argument("--no-kubelet", action="store_true")
     parser.add_argument("--extender", help="URL of the scheduler extender for pods of --scheduler-name")
     parser.add_argument("--scheduler-name", default="gpuslice-scheduler")
+    parser.add_argument("--rbac", type=Path, help="tokens and RBAC objects to enforce (see the module doc)")
+    parser.add_argument("--schedulers", default="default-scheduler", help="scheduler names that run, comma-separated")
     args = parser.parse_args()
-    nodes = json.loads(args.nodes.read_text())
-    server = ApiServer(nodes, kubelet=not args.no_kubelet, extender=args.extender, scheduler_name=args.scheduler_name)
+    server = ApiServer(
+        json.loads(args.nodes.read_text()),
+        kubelet=not args.no_kubelet,
+        extender=args.extender,
+        scheduler_name=args.scheduler_name,
+        rbac=json.loads(args.rbac.read_text()) if args.rbac else None,
+        schedulers=frozenset(args.schedulers.split(",")),
+    )
     web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None)
 
 

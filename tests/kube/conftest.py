@@ -132,7 +132,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
 
 
 def start_api_double(
-    root: Path, nodes: list[dict[str, Any]], kubelet: bool = True
+    root: Path, nodes: list[dict[str, Any]], kubelet: bool = True, extra_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], int]:
     """The Kubernetes API double in its own process; returns it and its port."""
     nodes_file = root / "nodes.json"
@@ -141,7 +141,10 @@ def start_api_double(
     api_log = (root / "apiserver.log").open("wb")
     command = [sys.executable, "-m", "tests.kube.apiserver", "--port", str(api_port), "--nodes", str(nodes_file)]
     apiserver = subprocess.Popen(
-        [*command, *([] if kubelet else ["--no-kubelet"])], stdout=api_log, stderr=api_log, cwd=HERE.parents[1]
+        [*command, *([] if kubelet else ["--no-kubelet"]), *extra_args],
+        stdout=api_log,
+        stderr=api_log,
+        cwd=HERE.parents[1],
     )
     _wait_http(f"http://127.0.0.1:{api_port}/version", apiserver, root / "apiserver.log")
     return apiserver, api_port

@@ -200,3 +200,36 @@ def test_notebook_pods_meet_the_restricted_profile_with_the_charts_settings() ->
     }
     pod = manifest(spawner, "4GiB")
     assert restricted_violations({"spec": {"template": {"spec": pod["spec"]}}}) == []
+
+
+def test_volumes_set_as_dicts_as_zero_to_jupyterhub_sets_them() -> None:
+    # z2jh's jupyterhub_config.py: volumes and mounts are dicts keyed by name (so values files merge).
+    spawner = make("gpushare")
+    spawner.volumes = {
+        "volume-{user_server}": {"name": "volume-{user_server}", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}
+    }
+    spawner.volume_mounts = {"volume-{user_server}": {"name": "volume-{user_server}", "mountPath": "/home/jovyan"}}
+    spawner.gpu_models_volume = {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}}
+    request = parse_request("1GiB", 0, largest_card_bytes=16 * GiB, most_cards=1)
+    mounts = [{"name": "gpuslice-models", "mountPath": "/models/langid-97", "subPath": "langid-97", "readOnly": True}]
+    spawner._apply(request, "img:1", None, mounts)
+    pod = pod_of(spawner)
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["volume-ann"]["persistentVolumeClaim"] == {"claimName": "claim-ann"}
+    assert "gpuslice-models" in volumes
+    paths = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert paths["/home/jovyan"] == "volume-ann" and paths["/models/langid-97"] == "gpuslice-models"
+    # A second spawn without models starts from the configured dicts again.
+    spawner._apply(request, "img:1", None, [])
+    assert [v["name"] for v in pod_of(spawner)["spec"]["volumes"]] == ["volume-ann"]
+
+
+def test_gpu_pods_go_to_the_scheduler_with_the_extender_cpu_pods_keep_the_configured_one() -> None:
+    spawner = make("hami")
+    spawner.scheduler_name = "jhub-user-scheduler"  # what z2jh sets with its user scheduler on
+    spawner.gpu_scheduler_name = "hami-scheduler"
+    assert manifest(spawner, "4GiB")["spec"]["schedulerName"] == "hami-scheduler"
+    assert manifest(spawner, "0")["spec"]["schedulerName"] == "jhub-user-scheduler"
+    spawner.gpu_scheduler_name = ""
+    assert manifest(spawner, "4GiB")["spec"]["schedulerName"] == "jhub-user-scheduler"

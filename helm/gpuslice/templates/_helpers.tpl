@@ -55,3 +55,26 @@ prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: {{ .path | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* Companion mode (hub.enabled: false): the names a Zero to JupyterHub release gives its objects
+(its templates/_helpers-names.tpl: fullnameOverride "" gives "hub", "proxy-public"; null gives
+"<release>-jupyterhub-hub", or "<release>-hub" when the release name contains "jupyterhub"). */}}
+{{- define "gpuslice.z2jhPrefix" -}}
+{{- $override := .Values.z2jh.fullnameOverride -}}
+{{- if eq (typeOf $override) "string" -}}
+{{- if $override }}{{ $override }}-{{ end -}}
+{{- else if contains "jupyterhub" .Values.z2jh.releaseName -}}
+{{ .Values.z2jh.releaseName }}-
+{{- else -}}
+{{ .Values.z2jh.releaseName }}-jupyterhub-
+{{- end -}}
+{{- end -}}
+
+{{/* The hub's Service and Secret: this chart's, or z2jh's in companion mode. */}}
+{{- define "gpuslice.hubName" -}}
+{{- if .Values.hub.enabled -}}{{ include "gpuslice.fullname" . }}-hub{{- else -}}{{ include "gpuslice.z2jhPrefix" . }}hub{{- end -}}
+{{- end -}}
+
+{{- define "gpuslice.hubServiceAccount" -}}
+{{- if .Values.hub.enabled -}}{{ include "gpuslice.fullname" . }}-hub{{- else -}}{{ .Values.z2jh.hubServiceAccount | default (include "gpuslice.hubName" .) }}{{- end -}}
+{{- end -}}
