@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,14 +26,9 @@ from typing import Any
 
 from hub.platform import CONFIG, PROXY, REPO
 from spawner import environ
+from spawner.ports import free_port
 
 ADMIN_SCOPES = ["admin:users", "admin:servers", "list:users", "read:users"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(kind: str, data: Path, token: str) -> str:
@@ -53,9 +47,9 @@ c.Authenticator.allow_all = True
     args = ["--MappingKernelManager.kernel_info_timeout=180"] + (["--allow-root"] if os.geteuid() == 0 else [])
     return (
         f"""
-c.JupyterHub.bind_url = "http://127.0.0.1:{_port()}"
-c.JupyterHub.hub_port = {_port()}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{_port()}"
+c.JupyterHub.bind_url = "http://127.0.0.1:{free_port()}"
+c.JupyterHub.hub_port = {free_port()}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
 c.ConfigurableHTTPProxy.command = [{str(PROXY)!r}]
 c.JupyterHub.db_url = "sqlite:///{data / "jupyterhub.sqlite"}"
 c.JupyterHub.cookie_secret_file = "{data / "cookie_secret"}"
@@ -78,12 +72,12 @@ class Hub:
         self.kind, self.data = kind, root / kind
         self.data.mkdir(parents=True)
         self.token = secrets.token_hex(16)
-        self.port = _port()
+        self.port = free_port()
         config = self.data / "config.py"
         config.write_text(_config(kind, self.data, self.token))
         settings = self.data / "gpuslice.yaml"
         settings.write_text(
-            f"port: {self.port}\nhub_port: {_port()}\nproxy_api_port: {_port()}\nportal_port: {_port()}\n"
+            f"port: {self.port}\nhub_port: {free_port()}\nproxy_api_port: {free_port()}\nportal_port: {free_port()}\n"
             f"data_dir: {self.data}\ngpus: {{simulate: 2x16GiB:T4}}\nmonitoring: {{enabled: false}}\n"
             f"admin_users: {json.dumps(list(admins))}\n"
         )
@@ -115,7 +109,8 @@ class Hub:
                 if self.proc.poll() is not None:
                     break
                 time.sleep(0.2)
-        raise RuntimeError(f"{self.kind} hub did not start; see {self.data / 'hub.log'}")
+        tail = (self.data / "hub.log").read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"{self.kind} hub did not start; {self.data / 'hub.log'} ends:\n" + "\n".join(tail))
 
     def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None

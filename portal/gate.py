@@ -25,6 +25,7 @@ from tornado import httpclient, web, websocket
 from portal.identity import HEADER, Identity, sign
 from spawner import environ
 from spawner.lifetime import die_with_parent
+from spawner.ports import free_port
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
 
@@ -181,7 +182,7 @@ def main() -> None:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/portal/")
     listen = urlsplit(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8502"))
     host, port = listen.hostname or "127.0.0.1", listen.port or 8502
-    streamlit_port = int(environ.STREAMLIT_PORT.get()) or _free_port()
+    streamlit_port = int(environ.STREAMLIT_PORT.get()) or free_port()
     secret = secrets.token_bytes(32)  # lives only in this process and its Streamlit child
     child = start_streamlit(streamlit_port, prefix, secret)
     app = make_app(prefix, Upstream(streamlit_port, secret), secrets.token_bytes(32))
@@ -204,14 +205,6 @@ async def _serve(app: web.Application, host: str, port: int) -> None:
         # The hub stops services with SIGTERM: return so that main() stops Streamlit too.
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

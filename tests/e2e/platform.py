@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -16,25 +15,9 @@ from typing import Any
 import requests
 import yaml
 
+from spawner.ports import free_port
+
 GPUSLICE = str(Path(sys.executable).with_name("gpuslice"))
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A port that is free now and that this process has not handed out before.
-
-    The kernel may offer the same free port to two binds in a row; a platform given it
-    for both the hub and the proxy's API fails to start (seen in CI).
-    """
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def process_alive(pid: int) -> bool:
