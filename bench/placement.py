@@ -211,7 +211,7 @@ def replay(
 
 
 def summarize(results: Sequence[ReplayResult]) -> dict[str, float | int]:
-    """Means over seeds, in the shape DESIGN.md fixes for `gpuslice bench placement`."""
+    """Means over seeds, in the shape `gpuslice bench placement` prints (docs/placement.md)."""
     return {
         "gpu_allocation_ratio": statistics.fmean(r.gpu_allocation_ratio for r in results),
         "unallocated_gpus": statistics.fmean(r.unallocated_gpus for r in results),

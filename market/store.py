@@ -215,10 +215,6 @@ def _columns(record: Image | Model) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(record).items()}
 
 
-def default_url(data_dir: Path) -> str:
-    return f"sqlite:///{(data_dir / 'market.sqlite').absolute()}"
-
-
 class Store:
     def __init__(self, url: str, *, engine: Engine | None = None) -> None:
         self.url = url

@@ -57,15 +57,6 @@ class Isolation(StrEnum):
     NONE = "none"
 
 
-ISOLATION = {
-    Backend.GPUSHARE: Isolation.NONE,  # open-source gpushare schedules only; cGPU caps it
-    Backend.HAMI: Isolation.SOFTWARE,
-    Backend.TIMESLICING: Isolation.NONE,
-    Backend.MIG: Isolation.HARDWARE,
-    Backend.WHOLE: Isolation.HARDWARE,
-    Backend.LOCAL: Isolation.NONE,
-}
-
 NO_ISOLATION_WARNING = (
     "This GPU is shared without memory isolation: your kernels are held to your slice by "
     "gpuslice's framework hook (PyTorch, TensorFlow, JAX, CuPy), but other CUDA code can "

@@ -43,6 +43,7 @@ HAMI_HANDSHAKE = "hami.io/node-handshake"
 HAMI_CORDON = "hami.io/device-cordon"
 HAMI_HANDSHAKE_TIMEOUT = timedelta(seconds=60)
 USERNAME = "hub.jupyter.org/username"
+GROUP_ANNOTATION = "gpuslice.io/group"  # the group a notebook pod's slice is charged to (spawner.kube writes it)
 SERVERNAME = "hub.jupyter.org/servername"
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB

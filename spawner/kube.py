@@ -33,14 +33,13 @@ from spawner import environ, metrics
 from spawner.backends import Backend, gpushare_unit_bytes, render
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
-from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
+from spawner.inventory import GROUP_ANNOTATION, USERNAME, Inventory, build_kube, holds_resources
 from spawner.mixin import GpuShareMixin
 from spawner.placement import ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind
 
-GROUP_ANNOTATION = "gpuslice.io/group"
 TRANSIENT_STATUSES = {429, 500, 502, 503, 504}
 
 

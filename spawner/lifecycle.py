@@ -71,7 +71,9 @@ class LedgerGpuMixin(GpuShareMixin):
     def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
         inventory = self._inventory(holds)
         usage = _usage(holds, self.user.name)  # type: ignore[attr-defined]
-        group, choice = self.check_and_place(request, image, inventory, usage, [_demand_of(h) for h in holds])
+        group, choice = self.check_and_place(
+            request, image, inventory, usage, [Demand.held(h.whole, h.memory_bytes) for h in holds]
+        )
         if choice is None:
             return []
         node = inventory.nodes[choice.node]
@@ -341,7 +343,3 @@ def _group_bytes(holds: list[Held]) -> dict[str, int]:
         if h.group:
             totals[h.group] = totals.get(h.group, 0) + h.memory_bytes
     return totals
-
-
-def _demand_of(hold: Held) -> Demand:
-    return Demand(gpus=1) if hold.whole else Demand(slice_units=float(hold.memory_bytes))

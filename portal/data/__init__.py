@@ -1,5 +1,5 @@
 """The portal's only I/O: the hub's REST API, Prometheus, Alertmanager and the local ledger.
 
 Each module takes its client as an argument and returns typed models; the pages call
-them through the cached functions in ``portal.data.sources``.
+them through the cached functions in ``portal.sources``.
 """

@@ -13,10 +13,8 @@ from portal.data.errors import SourceUnavailableError, why
 from portal.identity import Identity
 from spawner.backends import Backend
 from spawner.gpus import machine
-from spawner.inventory import Inventory, build_kube, build_local
+from spawner.inventory import GROUP_ANNOTATION, Inventory, build_kube, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
-
-GROUP_ANNOTATION = "gpuslice.io/group"  # spawner.kube writes it (that module needs KubeSpawner)
 
 
 def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[Held]]:

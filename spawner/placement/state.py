@@ -49,6 +49,11 @@ class Demand:
             return replace(base, slice_fraction=request.fraction)
         return base
 
+    @classmethod
+    def held(cls, whole: bool, memory_bytes: int) -> Demand:
+        """What one held card costs: the whole card, or a slice of its bytes."""
+        return cls(gpus=1) if whole else cls(slice_units=float(memory_bytes))
+
     def request(self) -> GpuRequest:
         """The GPU part as a request, so that words for it come from ``GpuRequest.describe``."""
         if self.gpus:
@@ -201,6 +206,4 @@ def left_after(state: ClusterState, demand: Demand) -> FloatArray:
 
 def held_demands(inventory: Inventory) -> list[Demand]:
     """The GPU demands the cluster runs now: the workload seen so far."""
-    return [
-        Demand(gpus=1) if a.whole else Demand(slice_units=float(a.memory_bytes)) for _, a in inventory.allocations()
-    ]
+    return [Demand.held(a.whole, a.memory_bytes) for _, a in inventory.allocations()]
