@@ -345,3 +345,11 @@ def test_the_simulated_source_serves_every_dcgm_field() -> None:
     assert later["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] > 0 and later["DCGM_FI_DEV_SM_CLOCK"] > 1000
     idle = {s.name: s.value for m in registry.collect() for s in m.samples if s.labels.get("gpu") == "1"}
     assert idle["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] == 0 and idle["DCGM_FI_DEV_SM_CLOCK"] < later["DCGM_FI_DEV_SM_CLOCK"]
+
+
+def test_docs_list_every_dcgm_field_served() -> None:
+    from hub.exporter import DCGM_FIELDS
+
+    docs = (Path(__file__).parents[2] / "docs" / "monitoring.md").read_text()
+    listed = {line.split("`")[1] for line in docs.splitlines() if line.startswith("| `DCGM_FI_")}
+    assert listed == {f.name for f in DCGM_FIELDS}
