@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 
-KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 
