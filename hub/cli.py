@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="browser sessions (headless Chromium) refreshing the portal while gpuslice's class spawns (default 0)",
     )
+    alerts = benches.add_parser("alerts", help="replay a simulated week with injected faults through the alert rules")
+    alerts.add_argument("--days", type=float, default=7.0, help="days to simulate (default 7)")
+    alerts.add_argument("--seed", type=int, default=2, help="random seed (default 2; the rules were tuned on seed 1)")
+    alerts.add_argument("--faults-per-kind", type=int, default=3, help="injected faults of each kind (default 3)")
     return parser
 
 
@@ -96,6 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
         return 0
+    if args.bench == "alerts":
+        from bench.alerts import main as bench_alerts  # bench sits above hub: import on use
+
+        return bench_alerts(
+            ["--days", str(args.days), "--seed", str(args.seed), "--faults-per-kind", str(args.faults_per_kind)]
+        )
     return _bench_placement(args)
 
 

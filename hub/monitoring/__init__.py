@@ -14,6 +14,7 @@ from typing import Any
 
 RULES_DIR = Path(__file__).parent
 RULE_FILES = (RULES_DIR / "recording.yml", RULES_DIR / "alerts.yml")
+NODE_JOBS = ("gpu-exporter", "node")  # scraped per machine: they carry its name as the node label
 BINARIES = {
     "prometheus": "prometheus",
     "alertmanager": "prometheus-alertmanager",
@@ -36,10 +37,19 @@ def binaries() -> dict[str, str | None]:
 
 
 def prometheus_config(
-    ports: Ports, hub_token_file: Path, *, node_exporter: bool, interval: str = "15s"
+    ports: Ports, hub_token_file: Path, *, node_exporter: bool, interval: str = "15s", node: str = "localhost"
 ) -> dict[str, Any]:
+    """Scrape the hub, the exporter, Prometheus, Alertmanager (and node_exporter when installed).
+
+    The machine's exporters carry a ``node`` target label (the exporter's Hostname) so that
+    NodeDown and GpuExporterDown name the node their GPUs' alerts are inhibited by.
+    """
+
     def job(name: str, port: int, **extra: Any) -> dict[str, Any]:
-        return {"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}], **extra}
+        target: dict[str, Any] = {"targets": [f"127.0.0.1:{port}"]}
+        if name in NODE_JOBS:
+            target["labels"] = {"node": node}
+        return {"job_name": name, "static_configs": [target], **extra}
 
     jobs = [
         job(
