@@ -153,7 +153,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
         )
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         (folder / "alertmanager.yml").write_text(
-            yaml.safe_dump(monitoring.alertmanager_config(options["webhook_url"]), sort_keys=False)
+            yaml.safe_dump(monitoring.alertmanager_config(options["webhook_url"], options["oncall"]), sort_keys=False)
         )
         commands["alertmanager"] = [
             str(found["alertmanager"]),

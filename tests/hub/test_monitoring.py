@@ -77,7 +77,13 @@ def test_generated_alertmanager_config_passes_amtool(tmp_path: Path, webhook: st
     result = run(tool("amtool"), "check-config", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     routes = {r["matchers"][0]: r["receiver"] for r in config["route"]["routes"]}
-    assert routes == {'severity="critical"': "critical", 'severity="warning"': "warning"}
+    assert routes == {
+        'alertname="Watchdog"': "deadman",
+        'severity="critical"': "critical",
+        'severity="warning"': "warning",
+    }
+    deadman = next(r for r in config["receivers"] if r["name"] == "deadman")
+    assert deadman == {"name": "deadman"}  # without a dead man's switch, the heartbeat goes nowhere
 
 
 def test_the_chart_renders_the_same_rule_files() -> None:
