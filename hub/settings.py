@@ -172,13 +172,14 @@ class OnCall(BaseModel):
     timezone: str = Field(default="UTC", description="Time zone of the rotation and business hours (IANA name).")
     critical_repeat: str = Field(default="1h", description="A firing critical alert is sent again this often.")
     warning_repeat: str = Field(default="12h", description="A firing warning is sent again this often.")
+    group_interval: str = Field(default="1m", description="How soon an incident's changes (new, resolved) are sent.")
     deadman_url: str | None = Field(default=None, description="Receives the Watchdog heartbeat every minute.")
     smtp_smarthost: str | None = Field(default=None, description="host:port of the mail relay for email contacts.")
     smtp_from: str | None = Field(default=None, description="Sender address of alert mails.")
 
     _deadman = field_validator("deadman_url")(_http_url)
 
-    @field_validator("escalate_after", "owner_after", "critical_repeat", "warning_repeat")
+    @field_validator("escalate_after", "owner_after", "critical_repeat", "warning_repeat", "group_interval")
     @classmethod
     def _duration(cls, value: str) -> str:
         if not DURATION.match(value):

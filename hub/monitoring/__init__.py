@@ -128,7 +128,7 @@ def alertmanager_config(
             "receiver": "default",
             "group_by": ["node"],
             "group_wait": "10s",
-            "group_interval": "1m",
+            "group_interval": oncall.group_interval if oncall and oncall.enabled else "1m",
             "repeat_interval": "4h",
             "routes": routes,
         },

@@ -45,6 +45,7 @@ def alertmanager(tmp_path: Path, hooks: dict[str, Webhook]) -> Iterator[str]:
         owner=Contact(name="dave", webhook_url=hooks["dave"].url),
         escalate_after="6s",
         owner_after="12s",
+        group_interval="2s",
         business_days="monday:sunday",
         business_hours=hours_that_exclude_now(),
         deadman_url=hooks["deadman"].url,
@@ -144,3 +145,15 @@ def test_an_incident_is_paged_inhibited_acknowledged_and_escalated(
         if a["status"]["inhibitedBy"]
     }
     assert inhibited == {"GpuXidError@n1", "GpuExporterDown@n1", "GpuEccDoubleBitErrors@n4"}
+
+    # The node comes back: Prometheus sends NodeDown ended; the on-call person hears it is resolved.
+    back = alert("NodeDown", "critical", node="n1")
+    back["endsAt"] = datetime.now(UTC).isoformat()
+    requests.post(f"{alertmanager}/api/v2/alerts", json=[back], timeout=5).raise_for_status()
+
+    def resolved() -> bool:
+        return any(
+            a["labels"]["alertname"] == "NodeDown" and a["status"] == "resolved" for a in hooks["alice"].received
+        )
+
+    wait_for(resolved, "alice to hear that NodeDown is resolved", 30)
