@@ -40,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--faults", type=Path, help="JSON list of faults to inject into simulated GPUs")
     exporter.add_argument("--hostname", help=f"the Hostname label (default: ${environ.NODE_NAME.name} or localhost)")
 
+    report = commands.add_parser("usage", help="GPU-hours allocated, used and held idle per user, class and week")
+    report.add_argument("--config", type=Path, help="settings file: its classes and Prometheus port")
+    report.add_argument("--prometheus", help="Prometheus URL (default: 127.0.0.1 and monitoring.prometheus_port)")
+    report.add_argument("--weeks", type=int, default=4, help="weeks back from now (default 4)")
+    report.add_argument("--step", type=int, default=300, help="seconds between samples (default 300)")
+    report.add_argument("--csv", type=Path, help="also write the per-user rows to this CSV file")
+
     ext = commands.add_parser("scheduler-extender", help="kube-scheduler extender (filter, prioritize, bind)")
     ext.add_argument("--port", type=int, default=8888, help="port (default 8888)")
     ext.add_argument(
@@ -71,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="browser sessions (headless Chromium) refreshing the portal while gpuslice's class spawns (default 0)",
     )
+    alerts = benches.add_parser("alerts", help="replay a simulated week with injected faults through the alert rules")
+    alerts.add_argument("--days", type=float, default=7.0, help="days to simulate (default 7)")
+    alerts.add_argument("--seed", type=int, default=2, help="random seed (default 2; the rules were tuned on seed 1)")
+    alerts.add_argument("--faults-per-kind", type=int, default=3, help="injected faults of each kind (default 3)")
     return parser
 
 
@@ -82,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _class_add(args)
     if args.command == "exporter":
         return _exporter(args)
+    if args.command == "usage":
+        return _usage(args)
     if args.command == "scheduler-extender":
         return _scheduler_extender(args)
     if args.bench == "spawn":
@@ -96,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
         return 0
+    if args.bench == "alerts":
+        from bench.alerts import main as bench_alerts  # bench sits above hub: import on use
+
+        return bench_alerts(
+            ["--days", str(args.days), "--seed", str(args.seed), "--faults-per-kind", str(args.faults_per_kind)]
+        )
     return _bench_placement(args)
 
 
@@ -176,6 +195,39 @@ def _bench_placement(args: argparse.Namespace) -> int:
         return 2
     result = bench(nodes, tasks, args.policy or list(POLICIES), args.seeds)
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime, timedelta
+
+    from prometheus_api_client import PrometheusConnect
+
+    from hub import usage
+
+    try:
+        settings = settings_mod.load(args.config)
+    except settings_mod.SettingsError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    url = args.prometheus or f"http://127.0.0.1:{settings.monitoring['prometheus_port']}"
+    end = datetime.now(UTC)
+    try:
+        query = PrometheusConnect(url).custom_query_range
+        samples = usage.samples_from_prometheus(query, end - timedelta(weeks=args.weeks), end, args.step)
+    except Exception as exc:  # the client raises its own and requests' errors: say which server failed
+        print(
+            f"gpuslice: Prometheus at {url} did not answer ({type(exc).__name__}); is gpuslice up running?",
+            file=sys.stderr,
+        )
+        return 1
+    rows = usage.usage(samples, args.step, usage.group_members(settings.groups))
+    print(usage.to_csv([*rows, *usage.by_group(rows)]), end="")
+    for week, allocated, used in usage.trend(rows):
+        worst = ", ".join(f"{r.user} {r.idle_h:.1f} h" for r in usage.worst_holders(rows, week, 3))
+        print(f"# {week}: {allocated:.1f} GPU-hours allocated, {used:.1f} used; most idle-held: {worst or 'none'}")
+    if args.csv:
+        args.csv.write_text(usage.to_csv(rows))
     return 0
 
 

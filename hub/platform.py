@@ -21,6 +21,7 @@ from types import FrameType
 import yaml
 
 from hub import monitoring, recovery
+from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
 from market import seeding
@@ -144,11 +145,15 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
     else:
         node = bool(found["node_exporter"])
         config = monitoring.prometheus_config(
-            ports, hub_token(data_dir), node_exporter=node, interval=options["scrape_interval"]
+            ports,
+            hub_token(data_dir),
+            node_exporter=node,
+            interval=options["scrape_interval"],
+            node=default_hostname(),
         )
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         (folder / "alertmanager.yml").write_text(
-            yaml.safe_dump(monitoring.alertmanager_config(options["webhook_url"]), sort_keys=False)
+            yaml.safe_dump(monitoring.alertmanager_config(options["webhook_url"], options["oncall"]), sort_keys=False)
         )
         commands["alertmanager"] = [
             str(found["alertmanager"]),

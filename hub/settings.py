@@ -6,11 +6,13 @@ with a "did you mean" suggestion. Group rules are parsed by spawner/quotas.py.
 
 from __future__ import annotations
 
+import re
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from spawner.gpus import parse_gpu_spec
 from spawner.quotas import GroupRulesError, group_rules, unknown_keys_message
@@ -47,7 +49,7 @@ class Settings(BaseModel):
     open_signup: bool = Field(default=True, description="Anyone may create an account at first login.")
     monitoring: dict[str, Any] = Field(
         default_factory=lambda: _monitoring({}, "defaults"),
-        description="enabled, webhook_url, scrape_interval and the monitoring ports.",
+        description="enabled, webhook_url, scrape_interval, the monitoring ports and oncall (an OnCall).",
     )
     market: dict[str, Any] = Field(
         default_factory=lambda: _market({}, "defaults"),
@@ -131,6 +133,100 @@ def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
     return images
 
 
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")  # Alertmanager's duration syntax
+WEEKDAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+
+
+def _http_url(value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL, not {value!r}")
+    return value
+
+
+class Contact(BaseModel):
+    """Someone Alertmanager notifies: a person or a team, by webhook and/or email."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Who: a person or a team (letters, digits, _ . -).")
+    webhook_url: str | None = Field(default=None, description="Alertmanager posts the alerts here (chat, pager).")
+    email: str | None = Field(default=None, description="Alertmanager mails the alerts here (needs oncall.smtp_*).")
+
+    _url = field_validator("webhook_url")(_http_url)
+
+
+class OnCall(BaseModel):
+    """Who is paged, when, and who next (docs/operations.md). Empty: one webhook per severity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rotation: tuple[Contact, ...] = Field(default=(), description="First line: they take turns.")
+    rotation_days: int = Field(default=7, ge=1, description="Days each first-line person is on call.")
+    rotation_start: date = Field(default=date(2026, 1, 5), description="The day the rotation's first person starts.")
+    second_line: Contact | None = Field(default=None, description="Paged when the first line does not acknowledge.")
+    owner: Contact | None = Field(default=None, description="Paged when nobody acknowledges a critical alert.")
+    escalate_after: str = Field(default="15m", description="Unacknowledged for this long: the second line is paged.")
+    owner_after: str = Field(default="45m", description="Unacknowledged critical alert for this long: the owner.")
+    business_days: str = Field(default="monday:friday", description="Days warnings are sent (Alertmanager weekdays).")
+    business_hours: str = Field(default="08:00-18:00", description="Hours warnings are sent; outside they wait.")
+    timezone: str = Field(default="UTC", description="Time zone of the rotation and business hours (IANA name).")
+    critical_repeat: str = Field(default="1h", description="A firing critical alert is sent again this often.")
+    warning_repeat: str = Field(default="12h", description="A firing warning is sent again this often.")
+    group_interval: str = Field(default="1m", description="How soon an incident's changes (new, resolved) are sent.")
+    deadman_url: str | None = Field(default=None, description="Receives the Watchdog heartbeat every minute.")
+    smtp_smarthost: str | None = Field(default=None, description="host:port of the mail relay for email contacts.")
+    smtp_from: str | None = Field(default=None, description="Sender address of alert mails.")
+
+    _deadman = field_validator("deadman_url")(_http_url)
+
+    @field_validator("escalate_after", "owner_after", "critical_repeat", "warning_repeat", "group_interval")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if not DURATION.match(value):
+            raise ValueError(f"must be a duration like 15m or 1h30m, not {value!r}")
+        return value
+
+    @field_validator("business_days")
+    @classmethod
+    def _days(cls, value: str) -> str:
+        if not re.fullmatch(rf"({WEEKDAYS})(:({WEEKDAYS}))?", value):
+            raise ValueError(f"must be a weekday or a range like monday:friday, not {value!r}")
+        return value
+
+    @field_validator("business_hours")
+    @classmethod
+    def _hours(cls, value: str) -> str:
+        if not re.fullmatch(r"([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-4]):[0-5][0-9]", value):
+            raise ValueError(f"must be HH:MM-HH:MM like 08:00-18:00, not {value!r}")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rotation or self.second_line or self.owner or self.deadman_url)
+
+    def contacts(self) -> tuple[Contact, ...]:
+        return (*self.rotation, *(c for c in (self.second_line, self.owner) if c))
+
+
+def _oncall(raw: Any, source: str) -> OnCall:
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: monitoring.oncall must be a mapping (rotation, second_line, owner, ...)")
+    try:
+        oncall = OnCall.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise SettingsError(f"{source}: monitoring.oncall: {problems}") from None
+    mailed = [c.name for c in oncall.contacts() if c.email]
+    if mailed and not (oncall.smtp_smarthost and oncall.smtp_from):
+        raise SettingsError(
+            f"{source}: monitoring.oncall: {', '.join(mailed)} should get email: set smtp_smarthost and smtp_from"
+        )
+    unreachable = [c.name for c in oncall.contacts() if not (c.webhook_url or c.email)]
+    if unreachable:
+        raise SettingsError(f"{source}: monitoring.oncall: give {', '.join(unreachable)} a webhook_url or an email")
+    return oncall
+
+
 MONITORING_PORTS = {
     "exporter_port": 9400,
     "prometheus_port": 9090,
@@ -142,9 +238,12 @@ MONITORING_PORTS = {
 def _monitoring(raw: Any, source: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SettingsError(f"{source}: monitoring must be a mapping (enabled, webhook_url, ports)")
-    _refuse_unknown(raw, ("enabled", "webhook_url", "scrape_interval", *MONITORING_PORTS), f"{source}: monitoring")
+    _refuse_unknown(
+        raw, ("enabled", "webhook_url", "scrape_interval", "oncall", *MONITORING_PORTS), f"{source}: monitoring"
+    )
     result: dict[str, Any] = {
         "enabled": _bool(raw, "enabled", True, f"{source}: monitoring"),
+        "oncall": _oncall(raw.get("oncall") or {}, source),
         "webhook_url": raw.get("webhook_url"),
         "scrape_interval": str(raw.get("scrape_interval", "15s")),
     }

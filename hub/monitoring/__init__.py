@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+from hub.monitoring.oncall import (
+    heartbeat_route,
+    oncall_receivers,
+    oncall_routes,
+    receiver,
+    smtp_globals,
+    time_intervals,
+)
+from hub.settings import Contact, OnCall
+
 RULES_DIR = Path(__file__).parent
 RULE_FILES = (RULES_DIR / "recording.yml", RULES_DIR / "alerts.yml")
+NODE_JOBS = ("gpu-exporter", "node")  # scraped per machine: they carry its name as the node label
 BINARIES = {
     "prometheus": "prometheus",
     "alertmanager": "prometheus-alertmanager",
@@ -36,10 +48,19 @@ def binaries() -> dict[str, str | None]:
 
 
 def prometheus_config(
-    ports: Ports, hub_token_file: Path, *, node_exporter: bool, interval: str = "15s"
+    ports: Ports, hub_token_file: Path, *, node_exporter: bool, interval: str = "15s", node: str = "localhost"
 ) -> dict[str, Any]:
+    """Scrape the hub, the exporter, Prometheus, Alertmanager (and node_exporter when installed).
+
+    The machine's exporters carry a ``node`` target label (the exporter's Hostname) so that
+    NodeDown and GpuExporterDown name the node their GPUs' alerts are inhibited by.
+    """
+
     def job(name: str, port: int, **extra: Any) -> dict[str, Any]:
-        return {"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}], **extra}
+        target: dict[str, Any] = {"targets": [f"127.0.0.1:{port}"]}
+        if name in NODE_JOBS:
+            target["labels"] = {"node": node}
+        return {"job_name": name, "static_configs": [target], **extra}
 
     jobs = [
         job(
@@ -62,31 +83,60 @@ def prometheus_config(
     }
 
 
-def alertmanager_config(webhook_url: str | None) -> dict[str, Any]:
-    """Route by severity: critical and warning to the webhook (resolved too), info kept in Alertmanager."""
+GPU_ALERTS = ("GpuXidError", "GpuEccDoubleBitErrors", "GpuTemperatureHigh", "GpuHung", "IdleGpuSlicesHeld")
+# Which alert explains which: while the source fires on a node, the targets on that node are
+# part of its incident and are not sent (docs/operations.md).
+INHIBIT_RULES = [
+    {
+        "source_matchers": ['alertname="NodeDown"'],
+        "target_matchers": [f'alertname=~"{"|".join((*GPU_ALERTS, "GpuExporterDown"))}"'],
+        "equal": ["node"],
+    },
+    {
+        "source_matchers": ['alertname="GpuExporterDown"'],
+        "target_matchers": [f'alertname=~"{"|".join(GPU_ALERTS)}"'],
+        "equal": ["node"],
+    },
+    {"source_matchers": ['alertname="JupyterHubDown"'], "target_matchers": ['alertname="SpawnFailureRateHigh"']},
+]
 
-    def receiver(name: str) -> dict[str, Any]:
-        if not webhook_url:
-            return {"name": name}
-        return {"name": name, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
 
-    return {
+def alertmanager_config(
+    webhook_url: str | None, oncall: OnCall | None = None, today: date | None = None
+) -> dict[str, Any]:
+    """Alerts grouped by node (one incident per machine), the Watchdog kept apart, inhibitions by cause.
+
+    Without an on-call rotation: critical and warning to the webhook (resolved too), info
+    kept in Alertmanager. With one: hub/monitoring/oncall.py's routes and escalation.
+    """
+    default = Contact(name="default", webhook_url=webhook_url) if webhook_url else None
+    if oncall and oncall.enabled:
+        routes = oncall_routes(oncall)
+        receivers = [receiver("default", default), *oncall_receivers(oncall)]
+        intervals = time_intervals(oncall, today or datetime.now(UTC).date())
+    else:
+        routes = [
+            heartbeat_route(),
+            {"matchers": ['severity="critical"'], "receiver": "critical", "group_wait": "0s"},
+            {"matchers": ['severity="warning"'], "receiver": "warning"},
+        ]
+        receivers = [receiver(name, default) for name in ("default", "critical", "warning")]
+        receivers.append(receiver("deadman", None))
+        intervals = []
+    config: dict[str, Any] = {
         "route": {
             "receiver": "default",
-            "group_by": ["alertname", "severity"],
+            "group_by": ["node"],
             "group_wait": "10s",
-            "group_interval": "1m",
+            "group_interval": oncall.group_interval if oncall and oncall.enabled else "1m",
             "repeat_interval": "4h",
-            "routes": [
-                {"matchers": ['severity="critical"'], "receiver": "critical", "group_wait": "0s"},
-                {"matchers": ['severity="warning"'], "receiver": "warning"},
-            ],
+            "routes": routes,
         },
-        "receivers": [receiver("default"), receiver("critical"), receiver("warning")],
-        "inhibit_rules": [
-            {
-                "source_matchers": ['alertname="JupyterHubDown"'],
-                "target_matchers": ['alertname="SpawnFailureRateHigh"'],
-            }
-        ],
+        "receivers": receivers,
+        "inhibit_rules": INHIBIT_RULES,
     }
+    if intervals:
+        config["time_intervals"] = intervals
+    if oncall and (smtp := smtp_globals(oncall)):
+        config["global"] = smtp
+    return config

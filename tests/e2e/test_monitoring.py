@@ -57,6 +57,10 @@ def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform
     assert alert["status"] == "firing"
     assert alert["labels"]["gpu"] == "1" and alert["labels"]["severity"] == "critical"
     assert alert["annotations"]["summary"] == "GPU 1 on localhost reported Xid 79"
+    # Incidents are per node: the alert and the exporter's target name the same node (inhibitions use it).
+    assert alert["labels"]["node"] == "localhost"
+    assert [r["metric"]["node"] for r in prometheus.custom_query('up{job="gpu-exporter"}')] == ["localhost"]
+    assert not [a for a in webhook.received if a["labels"]["alertname"] == "Watchdog"]  # the heartbeat goes elsewhere
     am = requests.get(f"http://127.0.0.1:{ports['alertmanager_port']}/api/v2/alerts", timeout=10).json()
     assert any(a["labels"]["alertname"] == "GpuXidError" for a in am)
     webhook.server.shutdown()

@@ -99,3 +99,11 @@ def test_bench_without_the_bench_extra_says_how_to_install_it(monkeypatch: pytes
     with pytest.raises(SystemExit) as stop:
         main(["bench", "class", "--users", "1"])
     assert f"{missing} is missing" in str(stop.value) and "pip install -e '.[bench]'" in str(stop.value)
+
+
+def test_usage_report_says_which_prometheus_did_not_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.e2e.platform import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["usage", "--prometheus", url, "--weeks", "1"]) == 1
+    assert f"Prometheus at {url} did not answer (ConnectionError); is gpuslice up running?" in capsys.readouterr().err

@@ -263,3 +263,9 @@ def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server
     gone = hub.HubClient(hung_server.rsplit(":", 1)[0] + ":1/hub/api", "t", timeout_s=1)
     with pytest.raises(errors.SourceUnavailableError, match="ConnectionError"):
         gone.get("/users")
+
+
+def test_the_watchdog_heartbeat_is_not_listed_as_an_alert() -> None:
+    heartbeat = {"labels": {"alertname": "Watchdog", "severity": "none"}, "annotations": {}, "status": {}}
+    rows = alerts.active_alerts("http://am", FakeSession([heartbeat, *AM_ALERTS]))
+    assert [r.name for r in rows] == ["GpuXidError", "GpuTemperatureHigh"]

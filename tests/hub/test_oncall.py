@@ -1,0 +1,140 @@
+"""On-call settings and the Alertmanager routes built from them (literals; amtool checks the result)."""
+
+import shutil
+import subprocess
+from datetime import date
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hub.monitoring import alertmanager_config
+from hub.monitoring.oncall import date_ranges, days_off, rotation_turns
+from hub.settings import Contact, OnCall, SettingsError, from_mapping
+
+ALICE = Contact(name="alice", webhook_url="http://chat/alice")
+BOB = Contact(name="bob", email="bob@example.org")
+CAROL = Contact(name="carol", webhook_url="http://chat/carol")
+DAVE = Contact(name="dave", webhook_url="http://pager/dave")
+
+
+def test_turns_follow_the_rotation_from_its_start() -> None:
+    oncall = OnCall(rotation=(ALICE, BOB), rotation_days=7, rotation_start=date(2026, 1, 5))
+    turns = rotation_turns(oncall, today=date(2026, 1, 14), horizon_days=14)
+    assert [(c.name, a, b) for c, a, b in turns] == [
+        ("bob", date(2026, 1, 12), date(2026, 1, 18)),
+        ("alice", date(2026, 1, 19), date(2026, 1, 25)),
+        ("bob", date(2026, 1, 26), date(2026, 2, 1)),
+    ]
+
+
+def test_a_turn_across_a_month_end_is_two_ranges() -> None:
+    assert date_ranges(date(2026, 1, 26), date(2026, 2, 1), "UTC") == [
+        {"years": ["2026"], "months": ["1"], "days_of_month": ["26:31"], "location": "UTC"},
+        {"years": ["2026"], "months": ["2"], "days_of_month": ["1:1"], "location": "UTC"},
+    ]
+
+
+def test_days_off_are_the_days_outside_the_business_range() -> None:
+    assert days_off("monday:friday") == ["saturday", "sunday"]
+    assert days_off("friday:monday") == ["tuesday", "wednesday", "thursday"]
+    assert days_off("monday:sunday") == []
+
+
+@pytest.mark.parametrize(
+    ("oncall", "message"),
+    [
+        ({"rotation": [{"name": "bob", "email": "bob@example.org"}]}, "bob should get email: set smtp_smarthost"),
+        ({"rotation": [{"name": "eve"}]}, "give eve a webhook_url or an email"),
+        ({"escalate_after": "soon"}, "escalate_after: Value error, must be a duration like 15m"),
+        ({"business_hours": "9-5"}, "business_hours: Value error, must be HH:MM-HH:MM"),
+        (
+            {"second_line": {"name": "x", "webhook_url": "chat"}},
+            "second_line.webhook_url: Value error, must be an http",
+        ),
+        ({"rotaton": []}, "rotaton: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_oncall_settings_say_what_to_fix(oncall: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=r"monitoring\.oncall") as error:
+        from_mapping({"monitoring": {"oncall": oncall}}, "gpuslice.yaml")
+    assert message in str(error.value)
+
+
+def test_oncall_settings_are_read_from_the_file() -> None:
+    settings = from_mapping(
+        {
+            "monitoring": {
+                "oncall": {"rotation": [{"name": "alice", "webhook_url": "http://chat/alice"}], "rotation_days": 1}
+            }
+        },
+        "gpuslice.yaml",
+    )
+    assert settings.monitoring["oncall"].rotation == (ALICE,)
+    assert not from_mapping({}, "x").monitoring["oncall"].enabled  # no rotation: one webhook per severity, as before
+
+
+def routes_by_receiver(config: dict[str, object]) -> dict[str, dict[str, object]]:
+    found: dict[str, dict[str, object]] = {}
+
+    def walk(route: dict[str, object], severity: str) -> None:
+        for child in route.get("routes", []):  # type: ignore[attr-defined]
+            matchers = child.get("matchers", [])
+            matched = matchers[0] if matchers else severity
+            walk(child, matched)
+            found[f"{matched} -> {child['receiver']}"] = child
+
+    walk(config["route"], "")  # type: ignore[arg-type]
+    return found
+
+
+def test_critical_pages_the_first_line_at_once_then_escalates_warnings_wait_for_business_hours() -> None:
+    oncall = OnCall(
+        rotation=(ALICE, BOB),
+        second_line=CAROL,
+        owner=DAVE,
+        escalate_after="10m",
+        owner_after="30m",
+        smtp_smarthost="mail:25",
+        smtp_from="alerts@example.org",
+        deadman_url="http://deadman/ping",
+    )
+    config = alertmanager_config(None, oncall, today=date(2026, 1, 14))
+    routes = routes_by_receiver(config)
+    critical, warning = 'severity="critical"', 'severity="warning"'
+    assert set(routes) == {
+        'alertname="Watchdog" -> deadman',
+        f"{critical} -> default",
+        f"{critical} -> first-line-alice",
+        f"{critical} -> first-line-bob",
+        f"{critical} -> second-line",
+        f"{critical} -> owner",
+        f"{warning} -> default",
+        f"{warning} -> first-line-alice",
+        f"{warning} -> first-line-bob",
+        f"{warning} -> second-line",
+    }
+    assert routes[f"{critical} -> second-line"]["group_wait"] == "10m"
+    assert routes[f"{critical} -> owner"]["group_wait"] == "30m"
+    assert routes[f"{critical} -> first-line-bob"]["active_time_intervals"] == ["oncall-bob"]
+    assert "mute_time_intervals" not in routes[f"{critical} -> first-line-bob"]
+    assert routes[f"{warning} -> second-line"]["mute_time_intervals"] == ["after-hours"]
+    assert routes[f"{critical} -> owner"]["continue"] is False
+    assert config["global"] == {"smtp_smarthost": "mail:25", "smtp_from": "alerts@example.org"}
+
+
+@pytest.mark.skipif(not shutil.which("amtool"), reason="amtool is missing: apt-get install prometheus-alertmanager")
+@pytest.mark.parametrize("webhook", [None, "http://127.0.0.1:9/all"])
+def test_the_oncall_config_passes_amtool(tmp_path: Path, webhook: str | None) -> None:
+    oncall = OnCall(
+        rotation=(ALICE, BOB),
+        second_line=CAROL,
+        owner=DAVE,
+        smtp_smarthost="mail:25",
+        smtp_from="alerts@example.org",
+        timezone="Europe/Berlin",
+    )
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(alertmanager_config(webhook, oncall, today=date(2026, 12, 20))))
+    result = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
