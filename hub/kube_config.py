@@ -12,11 +12,12 @@ from pathlib import Path
 
 import yaml
 
+from market.store import Store
 from spawner import environ
 from spawner.quotas import group_rules
 
 values = yaml.safe_load(Path(environ.KUBE_VALUES.get()).read_text())
-data = Path("/srv/gpuslice/data")
+data = Path(values.get("dataDir") or "/srv/gpuslice/data")  # the hub's PVC
 c = get_config()  # type: ignore[name-defined]
 
 c.JupyterHub.hub_ip = "0.0.0.0"
@@ -51,6 +52,11 @@ c.KubeGpuSpawner.gpu_profile_groups = {
 c.KubeGpuSpawner.image = values["notebookImage"]
 c.KubeGpuSpawner.gpu_images = {"default": {"container": values["notebookImage"], "description": "CUDA notebook base"}}
 c.KubeGpuSpawner.gpu_market_url = environ.MARKET_URL.get() or f"sqlite:///{data / 'market.sqlite'}"
+# Every spawn reads the market (KubeGpuSpawner.images): its schema must exist before the first.
+# gpuslice up does this on one machine; here the hub does it at start, before it serves anyone.
+_market = Store(c.KubeGpuSpawner.gpu_market_url)
+_market.migrate()
+_market.engine.dispose()
 if values.get("modelsClaim"):
     c.KubeGpuSpawner.gpu_models_volume = {
         "persistentVolumeClaim": {"claimName": values["modelsClaim"], "readOnly": True}
