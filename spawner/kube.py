@@ -30,12 +30,12 @@ from traitlets import Dict, Float, Unicode, default, validate
 
 from market.catalog import check_relative
 from spawner import environ, metrics
-from spawner.backends import Backend, gpushare_unit_bytes, render
+from spawner.backends import Backend, gpushare_unit_bytes, mig_table, render
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
 from spawner.mixin import GpuShareMixin
-from spawner.placement import ClusterState, Demand, explain, held_demands, make_policy
+from spawner.placement import Choice, ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind
@@ -133,6 +133,13 @@ def with_items(configured: list[Any] | dict[str, Any], added: dict[str, Any]) ->
     if isinstance(configured, dict):
         return {**configured, **added}
     return [*configured, *added.values()]
+
+
+def chosen_product(inventory: Inventory, choice: Choice | None) -> str:
+    """The GPU product of the card a placement chose ("" for a CPU-only server)."""
+    if choice is None or not choice.gpus:
+        return ""
+    return inventory.nodes[choice.node].gpus[choice.gpus[0]].model
 
 
 def fits_somewhere(demand: Demand, inventory: Inventory) -> bool:
@@ -289,11 +296,11 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             self._check_profile()
             mounts = self._model_mounts()
             usage = usage_from_pods(pods, self.user.name, self.pod_name)
-            group, _ = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
+            group, choice = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
         except GpuRefused as refusal:
             metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
             raise
-        self._apply(request, self.images()[image].target, group, mounts)
+        self._apply(request, self.images()[image].target, group, mounts, chosen_product(inventory, choice))
         self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
         CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
         self._gpu_api_error = ""
@@ -332,8 +339,13 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         if not self.user.admin and not set(allowed) & mine:
             raise GpuRefused(403, f"Profile {profile!r} is only for the groups {', '.join(sorted(allowed))}.", "quota")
 
-    def _apply(self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]]) -> None:
-        """Put the backend's resources, annotations and env on this spawner's pod settings."""
+    def _apply(
+        self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]], product: str = ""
+    ) -> None:
+        """Put the backend's resources, annotations and env on this spawner's pod settings.
+
+        ``product``: the GPU product of the card the placement chose (MIG's profiles depend on it).
+        """
         if self._gpu_base is None:
             self._gpu_base = PodSettings(
                 dict(self.extra_resource_limits),
@@ -345,11 +357,13 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             )
         limits, annotations, environment, volumes, volume_mounts, scheduler = astuple(self._gpu_base)
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
+        mig = Backend(self.gpu_backend) is Backend.MIG and request.kind is not RequestKind.CPU
         spec = render(
             request,
             Backend(self.gpu_backend),
             card_bytes=card or None,
             gpushare_memory_unit=self.gpushare_memory_unit,
+            mig_profiles=mig_table(product) if mig else (),  # the chosen card's own profiles
         )
         self._gpu_request = request
         self.extra_resource_limits = {**limits, **spec.limits}

@@ -43,7 +43,7 @@ def make(backend: str, user: StubUser | None = None, **options: Any) -> KubeGpuS
 
 def manifest(spawner: KubeGpuSpawner, gpu_memory: str, gpus: int = 0) -> dict[str, Any]:
     request = parse_request(gpu_memory, gpus, largest_card_bytes=40 * GiB, most_cards=8)
-    spawner._apply(request, "ghcr.io/gpuslice/notebook-base:1.0", "ml101", [])
+    spawner._apply(request, "ghcr.io/gpuslice/notebook-base:1.0", "ml101", [], "NVIDIA-A100-SXM4-40GB")
     return pod_of(spawner)
 
 
