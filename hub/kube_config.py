@@ -8,7 +8,9 @@ spawner rules as the single-machine platform, with KubeGpuSpawner instead of the
 
 import os
 import sys
+from pathlib import Path
 
+from hub.accounts import read_admin_password, set_admin_passwords
 from hub.kube_values import load_kube_values
 from market.store import Store
 from spawner import environ
@@ -26,8 +28,15 @@ c.ConfigurableHTTPProxy.api_url = values.proxy_api_url
 c.JupyterHub.cleanup_servers = False  # a hub restart must not stop anyone's notebook
 
 c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
-c.FirstUseAuthenticator.dbm_path = str(data / "passwords.dbm")
+c.FirstUseAuthenticator.dbm_path = str(data / "passwords.dbm")  # on the hub's PVC: kept across restarts
+c.FirstUseAuthenticator.create_users = values.open_signup
 c.Authenticator.admin_users = set(values.admin_users)
+# Admins log in with the Secret's password, set before the hub serves anyone: an admin's
+# name cannot be claimed by whoever logs in first.
+if values.admin_users:
+    set_admin_passwords(
+        data / "passwords.dbm", values.admin_users, read_admin_password(Path(environ.ADMIN_PASSWORD_FILE.require()))
+    )
 c.Authenticator.allow_all = True
 # The chart's camelCase group rules (maxSlice) through the one parser of group rules.
 groups = {g["name"]: {k: v for k, v in g.items() if k != "name"} for g in values.group_list()}

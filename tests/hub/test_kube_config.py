@@ -11,6 +11,7 @@ from traitlets.config import Config, PyFileConfigLoader
 from spawner.images import SpawnImage
 
 REPO = Path(__file__).parents[2]
+ADMIN_PASSWORD = "correct horse battery staple"
 
 
 def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,18 +29,8 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
         "portalEnabled": True,
         "modelsClaim": "gpuslice-models",
     }
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    for name, value in {
-        "GPUSLICE_KUBE_VALUES": str(path),
-        "GPUSLICE_HUB_URL": "http://gs-hub:8081",
-        "GPUSLICE_METRICS_TOKEN": "m",
-        "GPUSLICE_PORTAL_TOKEN": "p",
-        "POD_NAMESPACE": "jupyter",
-    }.items():
-        monkeypatch.setenv(name, value)
-    loader = PyFileConfigLoader("kube_config.py", path=str(REPO / "hub"))
-    config: Config = loader.load_config()
+    values["dataDir"] = str(tmp_path)
+    config = load_kube_config(values, monkeypatch, tmp_path)
     spawner = config.KubeGpuSpawner
     assert config.JupyterHub.spawner_class == "spawner.kube.KubeGpuSpawner"
     assert (spawner.gpu_backend, spawner.gpu_policy, spawner.namespace) == ("hami", "fgd", "jupyter")
@@ -67,6 +58,9 @@ def load_kube_config(values: dict[str, object], monkeypatch: pytest.MonkeyPatch,
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("GPUSLICE_MARKET_URL", raising=False)
+    password = folder / "admin-password"
+    password.write_text(ADMIN_PASSWORD)
+    monkeypatch.setenv("GPUSLICE_ADMIN_PASSWORD_FILE", str(password))
     return PyFileConfigLoader("kube_config.py", path=str(REPO / "hub")).load_config()
 
 
