@@ -86,3 +86,21 @@ def test_an_existing_secret_names_the_admin_password(tmp_path: Path) -> None:
     pod = hub_pod(rendered(tmp_path, {"hub": {"adminSecret": "gpuslice-admin"}}))
     _, volume = mounted_volume(pod, "/etc/gpuslice-admin/password")
     assert volume["secret"] == {"secretName": "gpuslice-admin", "items": [{"key": "password", "path": "password"}]}
+
+
+def test_the_hubs_sqlite_databases_are_absolute_paths_on_its_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hub.kube_values import load_kube_values
+
+    monkeypatch.delenv("GPUSLICE_DB_URL", raising=False)
+    monkeypatch.delenv("GPUSLICE_MARKET_URL", raising=False)
+    docs = rendered(tmp_path, {})
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gs-gpuslice-hub")
+    (tmp_path / "values.yaml").write_text(config["data"]["values.yaml"])
+    values = load_kube_values(tmp_path / "values.yaml")
+    for url in (values.db_url(), values.market_url()):
+        path = url.removeprefix("sqlite:///")
+        assert path.startswith("/"), url  # not relative to the image's working folder
+        _, volume = mounted_volume(hub_pod(docs), path)
+        assert "persistentVolumeClaim" in volume, url
