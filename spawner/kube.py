@@ -34,6 +34,7 @@ from spawner.backends import Backend, gpushare_unit_bytes, mig_table, render
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import USERNAME, Inventory, build_kube, holds_resources
+from spawner.lifecycle import answer_or_exit
 from spawner.mixin import GpuShareMixin
 from spawner.placement import Choice, ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
@@ -190,6 +191,7 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     _gpu_request: GpuRequest | None = None
     _gpu_api_error = ""
     _gpu_base: PodSettings | None = None
+    _gpu_watched = False  # this hub process started the server, or checked it since it restarted
 
     @validate("gpu_backend")
     def _check_backend(self, proposal: dict[str, Any]) -> str:
@@ -289,7 +291,22 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         start.add_done_callback(lambda done: _forget_failed_reflector(KubeSpawner.reflectors, key, done))
         return await asyncio.shield(start)
 
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()
+        if status is None and not self._gpu_watched:
+            # The hub's first look at a server it did not start (it restarted meanwhile): wait
+            # for an answer while watching the pod, as the local backend does.
+            self._gpu_watched = True
+            url = f"{self.server.url}api"
+            status, silent = await answer_or_exit(url, super().poll, self.http_timeout)
+            if silent:
+                message = "gpuslice: %s did not answer at %s within %s s after the hub restarted"
+                self.log.warning(message, self.pod_name, url, self.http_timeout)
+                return -1
+        return status
+
     async def _start(self) -> Any:
+        self._gpu_watched = True  # this hub process watches the start itself
         inventory, pods = await self.cluster()
         try:
             request, image = self.gpu_request()
