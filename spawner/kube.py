@@ -15,16 +15,17 @@ a restarted hub read them from the API, and there is no ledger to lose.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client.models import V1EnvVar, V1Pod, V1ResourceRequirements, V1Volume, V1VolumeMount
 from kubespawner import KubeSpawner
+from kubespawner.utils import get_k8s_model
 from tornado import web
 from traitlets import Dict, Float, Unicode, default, validate
 
@@ -114,26 +115,34 @@ def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str) -> U
 
 
 @dataclass(frozen=True)
-class PodSettings:
-    """The configured pod settings each spawn starts from (never the previous spawn's)."""
+class PodAdditions:
+    """What one spawn adds to the pod KubeSpawner builds from its traits (which stay as configured)."""
 
-    limits: dict[str, Any]
-    annotations: dict[str, Any]
-    environment: dict[str, Any]
-    volumes: list[Any] | dict[str, Any]
-    volume_mounts: list[Any] | dict[str, Any]
-    scheduler_name: str | None
+    limits: dict[str, str]
+    annotations: dict[str, str]
+    env: dict[str, str]
+    image: str
+    scheduler_name: str  # "" : KubeSpawner's scheduler_name
+    volumes: tuple[dict[str, Any], ...] = ()
+    volume_mounts: tuple[dict[str, Any], ...] = ()
 
 
-def with_items(configured: list[Any] | dict[str, Any], added: dict[str, Any]) -> list[Any] | dict[str, Any]:
-    """Volumes or mounts plus ours, in the form they were configured.
-
-    KubeSpawner takes a list as is, and a dict (Zero to JupyterHub's form, so that values files
-    merge) as its values sorted by key; a dict is kept a dict, ours added under their own keys.
-    """
-    if isinstance(configured, dict):
-        return {**configured, **added}
-    return [*configured, *added.values()]
+def add_to_pod(pod: V1Pod, extra: PodAdditions) -> V1Pod:
+    """The pod KubeSpawner made, with a spawn's GPU resources, annotations, env, image and volumes."""
+    container = pod.spec.containers[0]
+    container.image = extra.image
+    resources = container.resources or V1ResourceRequirements()
+    resources.limits = {**(resources.limits or {}), **extra.limits}
+    container.resources = resources
+    pod.metadata.annotations = {**(pod.metadata.annotations or {}), **extra.annotations}
+    kept = [e for e in container.env or [] if e.name not in extra.env]
+    container.env = [*kept, *(V1EnvVar(name=name, value=value) for name, value in extra.env.items())]
+    if extra.scheduler_name:
+        pod.spec.scheduler_name = extra.scheduler_name
+    pod.spec.volumes = [*(pod.spec.volumes or []), *(get_k8s_model(V1Volume, v) for v in extra.volumes)]
+    mounts = (get_k8s_model(V1VolumeMount, m) for m in extra.volume_mounts)
+    container.volume_mounts = [*(container.volume_mounts or []), *mounts]
+    return pod
 
 
 def chosen_product(inventory: Inventory, choice: Choice | None) -> str:
@@ -177,20 +186,11 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": true}}.""",
     ).tag(config=True)
 
-    # KubeSpawner's traits this class rewrites per spawn (declared for the type checker).
-    extra_resource_limits: dict[str, Any]
-    extra_annotations: dict[str, Any]
-    environment: dict[str, Any]
-    # A list, or (as Zero to JupyterHub sets them) a dict whose values KubeSpawner sorts by key.
-    volumes: list[Any] | dict[str, Any]
-    volume_mounts: list[Any] | dict[str, Any]
-    scheduler_name: str | None
-
     gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models", "profile"})
     _gpu_cluster: Inventory | None = None
     _gpu_request: GpuRequest | None = None
     _gpu_api_error = ""
-    _gpu_base: PodSettings | None = None
+    _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
     _gpu_watched = False  # this hub process started the server, or checked it since it restarted
 
     @validate("gpu_backend")
@@ -359,22 +359,14 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     def _apply(
         self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]], product: str = ""
     ) -> None:
-        """Put the backend's resources, annotations and env on this spawner's pod settings.
+        """Decide this spawn's resources, annotations, env, image and volumes (``get_pod_manifest`` adds them).
 
+        KubeSpawner's traits are never changed: each spawn starts from the configuration.
         ``product``: the GPU product of the card the placement chose (MIG's profiles depend on it).
         """
-        if self._gpu_base is None:
-            self._gpu_base = PodSettings(
-                dict(self.extra_resource_limits),
-                dict(self.extra_annotations),
-                dict(self.environment),
-                copy.deepcopy(self.volumes),
-                copy.deepcopy(self.volume_mounts),
-                self.scheduler_name,
-            )
-        limits, annotations, environment, volumes, volume_mounts, scheduler = astuple(self._gpu_base)
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
-        mig = Backend(self.gpu_backend) is Backend.MIG and request.kind is not RequestKind.CPU
+        holds_gpu = request.kind is not RequestKind.CPU
+        mig = Backend(self.gpu_backend) is Backend.MIG and holds_gpu
         spec = render(
             request,
             Backend(self.gpu_backend),
@@ -383,20 +375,25 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             mig_profiles=mig_table(product) if mig else (),  # the chosen card's own profiles
         )
         self._gpu_request = request
-        self.extra_resource_limits = {**limits, **spec.limits}
-        self.extra_annotations = {**annotations, **spec.annotations, **({GROUP_ANNOTATION: group} if group else {})}
-        self.environment = {**environment, **spec.env, environ.MODELS_DIR.name: MODELS_DIR}
-        self.image = container
-        holds_gpu = request.kind is not RequestKind.CPU
-        self.scheduler_name = self.gpu_scheduler_name if holds_gpu and self.gpu_scheduler_name else scheduler
+        env = {**spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         if mounts:
-            self.volumes = with_items(volumes, {MODELS_VOLUME: {"name": MODELS_VOLUME, **self.gpu_models_volume}})
-            self.volume_mounts = with_items(volume_mounts, {f"{MODELS_VOLUME}-{m['mountPath']}": m for m in mounts})
-            self.environment[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
-        else:
-            self.volumes, self.volume_mounts = volumes, volume_mounts
+            env[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
+        self._gpu_pod = PodAdditions(
+            limits=dict(spec.limits),
+            annotations={**spec.annotations, **({GROUP_ANNOTATION: group} if group else {})},
+            env=env,
+            image=container,
+            scheduler_name=self.gpu_scheduler_name if holds_gpu else "",
+            volumes=({"name": MODELS_VOLUME, **self.gpu_models_volume},) if mounts else (),
+            volume_mounts=tuple(mounts),
+        )
         for warning in spec.warnings:
             self.log.warning("gpuslice: %s: %s", self.pod_name, warning)
+
+    async def get_pod_manifest(self) -> V1Pod:
+        """KubeSpawner's pod (from its traits, as configured), with this spawn's additions."""
+        pod = await super().get_pod_manifest()
+        return add_to_pod(pod, self._gpu_pod) if self._gpu_pod is not None else pod
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         async for event in super().progress():
