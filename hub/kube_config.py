@@ -1,8 +1,8 @@
 """JupyterHub configuration in Kubernetes (the Helm chart's hub; images/hub copies it in).
 
-Reads the chart's values (environ.KUBE_VALUES, a ConfigMap) and its secrets (env vars
-from the hub Secret). The same spawner rules as the single-machine platform, with
-KubeGpuSpawner instead of the ledger.
+Reads the chart's values (environ.KUBE_VALUES, a ConfigMap) through hub/kube_values.py,
+the reader the portal shares, and its secrets (env vars from the hub Secret). The same
+spawner rules as the single-machine platform, with KubeGpuSpawner instead of the ledger.
 """
 # ruff: noqa: F821  (`c` is provided by JupyterHub when it loads this file)
 
@@ -10,36 +10,43 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
+from hub.accounts import read_admin_password, set_admin_passwords
+from hub.kube_values import load_kube_values
+from market.store import Store
 from spawner import environ
-from spawner.quotas import group_rules
 
-values = yaml.safe_load(Path(environ.KUBE_VALUES.get()).read_text())
-data = Path("/srv/gpuslice/data")
+values = load_kube_values()
+data = values.data_dir  # the hub's PVC
 c = get_config()  # type: ignore[name-defined]
 
 c.JupyterHub.hub_ip = "0.0.0.0"
 c.JupyterHub.hub_connect_url = environ.HUB_URL.require()  # the hub's Service, as notebooks reach it
-c.JupyterHub.db_url = environ.DB_URL.get() or f"sqlite:///{data / 'jupyterhub.sqlite'}"
+c.JupyterHub.db_url = values.db_url()
 c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own Deployment
-c.ConfigurableHTTPProxy.api_url = values["proxyApiUrl"]
+c.ConfigurableHTTPProxy.api_url = values.proxy_api_url
 c.JupyterHub.cleanup_servers = False  # a hub restart must not stop anyone's notebook
 
 c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
-c.FirstUseAuthenticator.dbm_path = str(data / "passwords.dbm")
-c.Authenticator.admin_users = set(values.get("adminUsers") or [])
+c.FirstUseAuthenticator.dbm_path = str(data / "passwords.dbm")  # on the hub's PVC: kept across restarts
+c.FirstUseAuthenticator.create_users = values.open_signup
+c.Authenticator.admin_users = set(values.admin_users)
+# Admins log in with the Secret's password, set before the hub serves anyone: an admin's
+# name cannot be claimed by whoever logs in first.
+if values.admin_users:
+    set_admin_passwords(
+        data / "passwords.dbm", values.admin_users, read_admin_password(Path(environ.ADMIN_PASSWORD_FILE.require()))
+    )
 c.Authenticator.allow_all = True
 # The chart's camelCase group rules (maxSlice) through the one parser of group rules.
-groups = {name: group_rules(name, rules) for name, rules in (values.get("groups") or {}).items()}
+groups = {g["name"]: {k: v for k, v in g.items() if k != "name"} for g in values.group_list()}
 c.JupyterHub.load_groups = {name: {"users": list(g.get("members") or [])} for name, g in groups.items()}
 
 c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = os.environ.get("POD_NAMESPACE", "default")
-c.KubeGpuSpawner.gpu_backend = values["backend"]
-c.KubeGpuSpawner.gpushare_memory_unit = values.get("gpushareMemoryUnit", "GiB")
-c.KubeGpuSpawner.gpu_policy = values["policy"]
+c.KubeGpuSpawner.gpu_backend = values.backend
+c.KubeGpuSpawner.gpushare_memory_unit = values.gpushare_memory_unit
+c.KubeGpuSpawner.gpu_policy = values.policy
 c.KubeGpuSpawner.gpu_groups = [
     {"name": name, **{k: v for k, v in rules.items() if k not in ("members", "profiles")}}
     for name, rules in groups.items()
@@ -48,20 +55,23 @@ c.KubeGpuSpawner.gpu_profile_groups = {
     profile: [name for name, rules in groups.items() if profile in (rules.get("profiles") or [])]
     for profile in {p for rules in groups.values() for p in rules.get("profiles") or []}
 }
-c.KubeGpuSpawner.image = values["notebookImage"]
-c.KubeGpuSpawner.gpu_images = {"default": {"container": values["notebookImage"], "description": "CUDA notebook base"}}
-c.KubeGpuSpawner.gpu_market_url = environ.MARKET_URL.get() or f"sqlite:///{data / 'market.sqlite'}"
-if values.get("modelsClaim"):
-    c.KubeGpuSpawner.gpu_models_volume = {
-        "persistentVolumeClaim": {"claimName": values["modelsClaim"], "readOnly": True}
-    }
-singleuser = values.get("singleuser") or {}
+c.KubeGpuSpawner.image = values.notebook_image
+c.KubeGpuSpawner.gpu_images = {"default": {"container": values.notebook_image, "description": "CUDA notebook base"}}
+c.KubeGpuSpawner.gpu_market_url = values.market_url()
+# Every spawn reads the market (KubeGpuSpawner.images): its schema must exist before the first.
+# gpuslice up does this on one machine; here the hub does it at start, before it serves anyone.
+_market = Store(c.KubeGpuSpawner.gpu_market_url)
+_market.migrate()
+_market.engine.dispose()
+if values.models_claim:
+    c.KubeGpuSpawner.gpu_models_volume = {"persistentVolumeClaim": {"claimName": values.models_claim, "readOnly": True}}
+singleuser = values.singleuser
 c.KubeGpuSpawner.cpu_guarantee = singleuser.get("cpuGuarantee")
 c.KubeGpuSpawner.mem_guarantee = singleuser.get("memoryGuarantee")
 c.KubeGpuSpawner.mem_limit = singleuser.get("memoryLimit")
 c.KubeGpuSpawner.start_timeout = singleuser.get("startTimeout", 300)
-if values.get("schedulerName"):  # the chart's gpuslice-scheduler (schedulerExtender.enabled)
-    c.KubeGpuSpawner.scheduler_name = values["schedulerName"]
+if values.scheduler_name:  # the chart's gpuslice-scheduler (schedulerExtender.enabled)
+    c.KubeGpuSpawner.scheduler_name = values.scheduler_name
 c.KubeGpuSpawner.uid = 1000
 c.KubeGpuSpawner.fs_gid = 1000
 c.KubeGpuSpawner.allow_privilege_escalation = False
@@ -76,7 +86,7 @@ c.KubeGpuSpawner.container_security_context = {
 c.JupyterHub.services = [
     {
         "name": "idle-culler",
-        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={values.get('idleTimeout', 3600)}"],
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={values.idle_timeout}"],
     },
     {"name": "prometheus", "api_token": environ.METRICS_TOKEN.require()},
 ]
@@ -88,11 +98,11 @@ c.JupyterHub.load_roles = [
     },
     {"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]},
 ]
-if values.get("portalEnabled"):
+if values.portal_enabled:
     c.JupyterHub.services.append(
         {
             "name": "portal",
-            "url": values["portalUrl"],
+            "url": values.portal_url,
             "api_token": environ.PORTAL_TOKEN.require(),
             "oauth_no_confirm": True,
             "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],

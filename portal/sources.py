@@ -9,9 +9,10 @@ from typing import Any
 
 import streamlit as st
 
+from hub.kube_values import KubeValues, load_kube_values
 from hub.settings import Settings, load, market_url
 from hub.settings import models_root as settings_models_root
-from market.store import Store, market_store
+from market.store import MarketError, Store, market_store
 from portal.data import alerts, cluster, hub, prometheus
 from portal.data.hub import HubClient, ServerRow
 from portal.identity import Identity
@@ -24,6 +25,12 @@ from spawner.ledger import Held, ServerEvent
 def settings() -> Settings:
     path = environ.SETTINGS.get()
     return load(Path(path) if path else None)
+
+
+@st.cache_resource
+def kube_values() -> KubeValues:
+    """The chart's values, read as the hub reads them (hub/kube_values.py)."""
+    return load_kube_values()
 
 
 @st.cache_resource
@@ -40,13 +47,23 @@ def _monitoring_on() -> None:
 
 
 def prometheus_url() -> str:
+    if _kubernetes():
+        return _chart_url(kube_values().prometheus_url, "monitoring.prometheusUrl", "Prometheus")
     _monitoring_on()
     return environ.PROMETHEUS_URL.get() or f"http://127.0.0.1:{settings().monitoring['prometheus_port']}"
 
 
 def alertmanager_url() -> str:
+    if _kubernetes():
+        return _chart_url(kube_values().alertmanager_url, "monitoring.alertmanagerUrl", "Alertmanager")
     _monitoring_on()
     return environ.ALERTMANAGER_URL.get() or f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}"
+
+
+def _chart_url(url: str, key: str, what: str) -> str:
+    if not url:
+        raise prometheus.MetricsUnavailableError(f"the chart names no {what} ({key} is empty); ask an admin to set it")
+    return url
 
 
 @st.cache_data(ttl=5)
@@ -55,8 +72,8 @@ def servers(identity: Identity) -> list[ServerRow]:
 
 
 def group_rules() -> tuple[dict[str, Any], ...]:
-    """The classes' rules from the settings (max_slice, budget, ...), as the spawner reads them."""
-    return settings().groups
+    """The classes' rules (max_slice, budget, ...), as the spawner reads them: the chart's or the settings'."""
+    return kube_values().group_list() if _kubernetes() else settings().groups
 
 
 @st.cache_data(ttl=30)
@@ -148,7 +165,19 @@ def spawn_success() -> float | None:
 
 @st.cache_resource
 def market() -> Store:
+    if _kubernetes():
+        url = kube_values().market_url()
+        if url.startswith("sqlite"):  # on the hub's volume, which only the hub's pod mounts
+            raise MarketError(
+                "on Kubernetes the portal reaches the markets only in a database server: the chart's "
+                "markets.existingSecret is empty, so they live in SQLite on the hub's volume. Ask an admin to set it."
+            )
+        return market_store(url)
     return market_store(environ.MARKET_URL.get() or market_url(settings()))
+
+
+def proposals_per_hour() -> int:
+    return kube_values().proposals_per_hour if _kubernetes() else int(settings().market["proposals_per_hour"])
 
 
 def models_root() -> Path:

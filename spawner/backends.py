@@ -12,7 +12,8 @@ stack does not cap memory itself. CPU-only servers are hidden from every GPU.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -73,8 +74,12 @@ class MigProfile:
     compute_slices: int
 
 
-# As `nvidia-smi mig -lgip` reports them (memory the instance really has, which is
-# less than the name says). Clusters with other cards pass their own list.
+# One table per card, keyed by family and memory. A100, A30 and H100-80GB: the memory each
+# instance really has, as `nvidia-smi mig -lgip` reports it (less than the name says).
+# H100-94GB (H100 NVL) and H200-141GB: the profile names of NVIDIA's MIG user guide
+# ("Supported MIG Profiles"), the memory taken from the name in decimal GB, rounded down
+# to MiB, which never promises a kernel more than the instance has. Clusters with other
+# cards pass their own tables.
 MIG_PROFILES: dict[str, tuple[MigProfile, ...]] = {
     "A100-40GB": (
         MigProfile("1g.5gb", 4864, 1),
@@ -99,12 +104,62 @@ MIG_PROFILES: dict[str, tuple[MigProfile, ...]] = {
         MigProfile("4g.40gb", 40448, 4),
         MigProfile("7g.80gb", 80896, 7),
     ),
+    "H100-94GB": (
+        MigProfile("1g.12gb", 11444, 1),
+        MigProfile("1g.24gb", 22888, 1),
+        MigProfile("2g.24gb", 22888, 2),
+        MigProfile("3g.47gb", 44822, 3),
+        MigProfile("4g.47gb", 44822, 4),
+        MigProfile("7g.94gb", 89645, 7),
+    ),
+    "H200-141GB": (
+        MigProfile("1g.18gb", 17166, 1),
+        MigProfile("1g.35gb", 33378, 1),
+        MigProfile("2g.35gb", 33378, 2),
+        MigProfile("3g.71gb", 67710, 3),
+        MigProfile("4g.71gb", 67710, 4),
+        MigProfile("7g.141gb", 134468, 7),
+    ),
     "A30-24GB": (
         MigProfile("1g.6gb", 5836, 1),
         MigProfile("2g.12gb", 11672, 2),
         MigProfile("4g.24gb", 23344, 4),
     ),
 }
+# A product label without a memory size names the card's only size (H100 NVL: 94 GB).
+_MIG_DEFAULT_GB = {"A30": 24, "H200": 141, "H100-NVL": 94, "H100": 80}
+
+
+class MigProductError(ShareError):
+    """A GPU product label with no MIG profile table; the message names the label."""
+
+
+def mig_card(product: str, tables: Mapping[str, tuple[MigProfile, ...]] = MIG_PROFILES) -> str:
+    """The key in ``tables`` for a node's ``nvidia.com/gpu.product`` label.
+
+    GPU feature discovery writes labels such as ``NVIDIA-A100-SXM4-80GB``,
+    ``NVIDIA-H100-80GB-HBM3``, ``NVIDIA-H100-NVL``, ``NVIDIA-A30`` (with ``-MIG-1g.10gb``
+    appended under the single MIG strategy): the family and the memory size are read from
+    its words, so the form factor (SXM4, PCIe) does not matter.
+    """
+    words = re.split(r"[-_ ]+", product.upper().split("-MIG-")[0])
+    family = next((w for w in words if w in {"A100", "A30", "H100", "H200"}), "")
+    sizes = [int(m.group(1)) for w in words if (m := re.fullmatch(r"(\d+)GB", w))]
+    nvl = _MIG_DEFAULT_GB.get(f"{family}-NVL") if "NVL" in words else None
+    size = sizes[0] if sizes else nvl or _MIG_DEFAULT_GB.get(family)
+    key = f"{family}-{size}GB"
+    if not family or size is None or key not in tables:
+        raise MigProductError(
+            f"the GPU product label nvidia.com/gpu.product={product!r} names no card with a MIG profile table "
+            f"(known: {', '.join(sorted(tables))}); label the node with its product or give the spawner a table "
+            "for it"
+        )
+    return key
+
+
+def mig_table(product: str, tables: Mapping[str, tuple[MigProfile, ...]] = MIG_PROFILES) -> tuple[MigProfile, ...]:
+    """The MIG profiles of the card a product label names; MigProductError for an unknown one."""
+    return tables[mig_card(product, tables)]
 
 
 @dataclass(frozen=True)

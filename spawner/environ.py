@@ -56,12 +56,18 @@ NODE_NAME = EnvVar("GPUSLICE_NODE_NAME", "The exporter's Hostname label (default
 
 # -- Kubernetes: set by the chart's Deployments ---------------------------------------------------
 KUBE_VALUES = EnvVar(
-    "GPUSLICE_KUBE_VALUES", "The chart's rendered values file (a ConfigMap) the hub reads.", "/etc/gpuslice/values.yaml"
+    "GPUSLICE_KUBE_VALUES",
+    "The chart's rendered values file (a ConfigMap) the hub and the portal read (hub/kube_values.py).",
+    "/etc/gpuslice/values.yaml",
 )
 HUB_URL = EnvVar("GPUSLICE_HUB_URL", "The hub's Service URL, as notebook pods reach it.")
 DB_URL = EnvVar("GPUSLICE_DB_URL", "JupyterHub's database URL (empty: SQLite on the hub's volume).")
 METRICS_TOKEN = EnvVar("GPUSLICE_METRICS_TOKEN", "API token of the prometheus service (read:metrics).")
 PORTAL_TOKEN = EnvVar("GPUSLICE_PORTAL_TOKEN", "API token of the portal service.")
+ADMIN_PASSWORD_FILE = EnvVar(
+    "GPUSLICE_ADMIN_PASSWORD_FILE",
+    "File holding the admins' password (the chart mounts it from a Secret); the hub sets it at every start.",
+)
 BACKEND = EnvVar("GPUSLICE_BACKEND", '"kubernetes" when the portal runs in the chart (else: the local ledger).')
 SHARING_BACKEND = EnvVar("GPUSLICE_SHARING_BACKEND", "The chart's GPU sharing backend, for the portal.", "gpushare")
 GPUSHARE_MEMORY_UNIT = EnvVar(

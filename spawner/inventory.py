@@ -9,7 +9,6 @@ all read this one model.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -23,8 +22,10 @@ from spawner.backends import (
     NVIDIA_GPU,
     TIMESLICING_RESOURCE,
     Backend,
+    MigProductError,
     MigProfile,
     gpushare_unit_bytes,
+    mig_table,
 )
 from spawner.shares import MiB, ShareError, parse_quantity
 
@@ -316,7 +317,7 @@ def _node(
         except ValueError as exc:
             warnings.append(f"node {node.name}: {exc}; HAMi schedules nothing on it either")
     elif backend is Backend.MIG:
-        node.gpus = _mig_gpus(node.name, allocatable, model, mig_profiles)
+        node.gpus = _mig_gpus(node.name, allocatable, model, mig_profiles, warnings)
     else:
         if backend is Backend.TIMESLICING and GFD_COUNT in labels:
             count = int(labels[GFD_COUNT])
@@ -451,24 +452,33 @@ def _hami_handshake_expired(obj: Obj, now: datetime) -> bool:
     return not int(allocatable.get(NVIDIA_GPU, 0) or 0)
 
 
-def mig_profile_bytes(name: str, mig_profiles: Mapping[str, tuple[MigProfile, ...]], model: str) -> int:
-    """Memory of a MIG instance: from the profile table, else the number in its name (GB)."""
-    for card, profiles in mig_profiles.items():
-        if card.lower() in model.lower() or not model:
-            for profile in profiles:
-                if profile.name == name:
-                    return profile.memory_mib * MiB
-    match = re.search(r"\.(\d+)gb$", name)
-    return int(match.group(1)) * 1000**3 if match else 0
+def mig_profile_bytes(name: str, table: tuple[MigProfile, ...]) -> int:
+    """Memory of a MIG instance from its card's profile table (0: a profile the card does not have)."""
+    return next((p.memory_mib * MiB for p in table if p.name == name), 0)
 
 
-def _mig_gpus(node: str, allocatable: Obj, model: str, mig_profiles: Mapping[str, tuple[MigProfile, ...]]) -> list[Gpu]:
+def _mig_gpus(
+    node: str,
+    allocatable: Obj,
+    model: str,
+    mig_profiles: Mapping[str, tuple[MigProfile, ...]],
+    warnings: list[str],
+) -> list[Gpu]:
+    resources = sorted((r, c) for r, c in allocatable.items() if r.startswith(MIG_PREFIX))
+    if not resources:
+        return []
+    try:
+        table = mig_table(model, mig_profiles)
+    except MigProductError as exc:
+        warnings.append(f"node {node}: {exc}; its MIG instances are left out")
+        return []
     gpus: list[Gpu] = []
-    for resource, count in sorted(allocatable.items()):
-        if not resource.startswith(MIG_PREFIX):
-            continue
+    for resource, count in resources:
         profile = resource[len(MIG_PREFIX) :]
-        size = mig_profile_bytes(profile, mig_profiles, model)
+        size = mig_profile_bytes(profile, table)
+        if not size:
+            warnings.append(f"node {node}: {model} has no MIG profile {profile!r}; those instances are left out")
+            continue
         for _ in range(int(count)):
             gpus.append(Gpu(node, len(gpus), model, size, mig_profile=profile))
     return gpus

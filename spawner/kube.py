@@ -15,27 +15,29 @@ a restarted hub read them from the API, and there is no ledger to lose.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client.models import V1EnvVar, V1Pod, V1ResourceRequirements, V1Volume, V1VolumeMount
 from kubespawner import KubeSpawner
+from kubespawner.utils import get_k8s_model
 from tornado import web
 from traitlets import Dict, Float, Unicode, default, validate
 
 from market.catalog import check_relative
 from spawner import environ, metrics
-from spawner.backends import Backend, gpushare_unit_bytes, render
+from spawner.backends import Backend, gpushare_unit_bytes, mig_table, render
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import GROUP_ANNOTATION, USERNAME, Inventory, build_kube, holds_resources
+from spawner.lifecycle import answer_or_exit
 from spawner.mixin import GpuShareMixin
-from spawner.placement import ClusterState, Demand, explain, held_demands, make_policy
+from spawner.placement import Choice, ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind
@@ -112,26 +114,41 @@ def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str) -> U
 
 
 @dataclass(frozen=True)
-class PodSettings:
-    """The configured pod settings each spawn starts from (never the previous spawn's)."""
+class PodAdditions:
+    """What one spawn adds to the pod KubeSpawner builds from its traits (which stay as configured)."""
 
-    limits: dict[str, Any]
-    annotations: dict[str, Any]
-    environment: dict[str, Any]
-    volumes: list[Any] | dict[str, Any]
-    volume_mounts: list[Any] | dict[str, Any]
-    scheduler_name: str | None
+    limits: dict[str, str]
+    annotations: dict[str, str]
+    env: dict[str, str]
+    image: str
+    scheduler_name: str  # "" : KubeSpawner's scheduler_name
+    volumes: tuple[dict[str, Any], ...] = ()
+    volume_mounts: tuple[dict[str, Any], ...] = ()
 
 
-def with_items(configured: list[Any] | dict[str, Any], added: dict[str, Any]) -> list[Any] | dict[str, Any]:
-    """Volumes or mounts plus ours, in the form they were configured.
+def add_to_pod(pod: V1Pod, extra: PodAdditions) -> V1Pod:
+    """The pod KubeSpawner made, with a spawn's GPU resources, annotations, env, image and volumes."""
+    container = pod.spec.containers[0]
+    container.image = extra.image
+    resources = container.resources or V1ResourceRequirements()
+    resources.limits = {**(resources.limits or {}), **extra.limits}
+    container.resources = resources
+    pod.metadata.annotations = {**(pod.metadata.annotations or {}), **extra.annotations}
+    kept = [e for e in container.env or [] if e.name not in extra.env]
+    container.env = [*kept, *(V1EnvVar(name=name, value=value) for name, value in extra.env.items())]
+    if extra.scheduler_name:
+        pod.spec.scheduler_name = extra.scheduler_name
+    pod.spec.volumes = [*(pod.spec.volumes or []), *(get_k8s_model(V1Volume, v) for v in extra.volumes)]
+    mounts = (get_k8s_model(V1VolumeMount, m) for m in extra.volume_mounts)
+    container.volume_mounts = [*(container.volume_mounts or []), *mounts]
+    return pod
 
-    KubeSpawner takes a list as is, and a dict (Zero to JupyterHub's form, so that values files
-    merge) as its values sorted by key; a dict is kept a dict, ours added under their own keys.
-    """
-    if isinstance(configured, dict):
-        return {**configured, **added}
-    return [*configured, *added.values()]
+
+def chosen_product(inventory: Inventory, choice: Choice | None) -> str:
+    """The GPU product of the card a placement chose ("" for a CPU-only server)."""
+    if choice is None or not choice.gpus:
+        return ""
+    return inventory.nodes[choice.node].gpus[choice.gpus[0]].model
 
 
 def fits_somewhere(demand: Demand, inventory: Inventory) -> bool:
@@ -168,20 +185,12 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": true}}.""",
     ).tag(config=True)
 
-    # KubeSpawner's traits this class rewrites per spawn (declared for the type checker).
-    extra_resource_limits: dict[str, Any]
-    extra_annotations: dict[str, Any]
-    environment: dict[str, Any]
-    # A list, or (as Zero to JupyterHub sets them) a dict whose values KubeSpawner sorts by key.
-    volumes: list[Any] | dict[str, Any]
-    volume_mounts: list[Any] | dict[str, Any]
-    scheduler_name: str | None
-
     gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models", "profile"})
     _gpu_cluster: Inventory | None = None
     _gpu_request: GpuRequest | None = None
     _gpu_api_error = ""
-    _gpu_base: PodSettings | None = None
+    _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
+    _gpu_watched = False  # this hub process started the server, or checked it since it restarted
 
     @validate("gpu_backend")
     def _check_backend(self, proposal: dict[str, Any]) -> str:
@@ -281,18 +290,33 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         start.add_done_callback(lambda done: _forget_failed_reflector(KubeSpawner.reflectors, key, done))
         return await asyncio.shield(start)
 
+    async def poll(self) -> int | None:
+        status: int | None = await super().poll()
+        if status is None and not self._gpu_watched:
+            # The hub's first look at a server it did not start (it restarted meanwhile): wait
+            # for an answer while watching the pod, as the local backend does.
+            self._gpu_watched = True
+            url = f"{self.server.url}api"
+            status, silent = await answer_or_exit(url, super().poll, self.http_timeout)
+            if silent:
+                message = "gpuslice: %s did not answer at %s within %s s after the hub restarted"
+                self.log.warning(message, self.pod_name, url, self.http_timeout)
+                return -1
+        return status
+
     async def _start(self) -> Any:
+        self._gpu_watched = True  # this hub process watches the start itself
         inventory, pods = await self.cluster()
         try:
             request, image = self.gpu_request()
             self._check_profile()
             mounts = self._model_mounts()
             usage = usage_from_pods(pods, self.user.name, self.pod_name)
-            group, _ = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
+            group, choice = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
         except GpuRefused as refusal:
             metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
             raise
-        self._apply(request, self.images()[image].target, group, mounts)
+        self._apply(request, self.images()[image].target, group, mounts, chosen_product(inventory, choice))
         self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
         CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
         self._gpu_api_error = ""
@@ -331,40 +355,44 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         if not self.user.admin and not set(allowed) & mine:
             raise GpuRefused(403, f"Profile {profile!r} is only for the groups {', '.join(sorted(allowed))}.", "quota")
 
-    def _apply(self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]]) -> None:
-        """Put the backend's resources, annotations and env on this spawner's pod settings."""
-        if self._gpu_base is None:
-            self._gpu_base = PodSettings(
-                dict(self.extra_resource_limits),
-                dict(self.extra_annotations),
-                dict(self.environment),
-                copy.deepcopy(self.volumes),
-                copy.deepcopy(self.volume_mounts),
-                self.scheduler_name,
-            )
-        limits, annotations, environment, volumes, volume_mounts, scheduler = astuple(self._gpu_base)
+    def _apply(
+        self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]], product: str = ""
+    ) -> None:
+        """Decide this spawn's resources, annotations, env, image and volumes (``get_pod_manifest`` adds them).
+
+        KubeSpawner's traits are never changed: each spawn starts from the configuration.
+        ``product``: the GPU product of the card the placement chose (MIG's profiles depend on it).
+        """
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
+        holds_gpu = request.kind is not RequestKind.CPU
+        mig = Backend(self.gpu_backend) is Backend.MIG and holds_gpu
         spec = render(
             request,
             Backend(self.gpu_backend),
             card_bytes=card or None,
             gpushare_memory_unit=self.gpushare_memory_unit,
+            mig_profiles=mig_table(product) if mig else (),  # the chosen card's own profiles
         )
         self._gpu_request = request
-        self.extra_resource_limits = {**limits, **spec.limits}
-        self.extra_annotations = {**annotations, **spec.annotations, **({GROUP_ANNOTATION: group} if group else {})}
-        self.environment = {**environment, **spec.env, environ.MODELS_DIR.name: MODELS_DIR}
-        self.image = container
-        holds_gpu = request.kind is not RequestKind.CPU
-        self.scheduler_name = self.gpu_scheduler_name if holds_gpu and self.gpu_scheduler_name else scheduler
+        env = {**spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         if mounts:
-            self.volumes = with_items(volumes, {MODELS_VOLUME: {"name": MODELS_VOLUME, **self.gpu_models_volume}})
-            self.volume_mounts = with_items(volume_mounts, {f"{MODELS_VOLUME}-{m['mountPath']}": m for m in mounts})
-            self.environment[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
-        else:
-            self.volumes, self.volume_mounts = volumes, volume_mounts
+            env[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
+        self._gpu_pod = PodAdditions(
+            limits=dict(spec.limits),
+            annotations={**spec.annotations, **({GROUP_ANNOTATION: group} if group else {})},
+            env=env,
+            image=container,
+            scheduler_name=self.gpu_scheduler_name if holds_gpu else "",
+            volumes=({"name": MODELS_VOLUME, **self.gpu_models_volume},) if mounts else (),
+            volume_mounts=tuple(mounts),
+        )
         for warning in spec.warnings:
             self.log.warning("gpuslice: %s: %s", self.pod_name, warning)
+
+    async def get_pod_manifest(self) -> V1Pod:
+        """KubeSpawner's pod (from its traits, as configured), with this spawn's additions."""
+        pod = await super().get_pod_manifest()
+        return add_to_pod(pod, self._gpu_pod) if self._gpu_pod is not None else pod
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         async for event in super().progress():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,29 +181,22 @@ class LedgerGpuMixin(GpuShareMixin):
         await super().stop(now=now)  # type: ignore[misc]
 
     async def _answer_or_exit(self) -> int | None:
-        """After a hub restart: wait until the server answers HTTP, exits, or ``http_timeout`` passes.
+        """After a hub restart: the server answers (None), exits (its status) or stays silent (-1).
 
-        JupyterHub itself only waits for an answer (up to ``http_timeout``), without
-        looking at the process. A server that was starting while the hub was down gives
-        up on reaching the hub after about 45 s and exits; without this check it stays
-        "pending" and holds its slice for the whole ``http_timeout``.
+        A server that was starting while the hub was down gives up on reaching the hub
+        after about 45 s and exits; without this check it stays "pending" and holds its
+        slice for the whole ``http_timeout`` (``answer_or_exit``).
         """
         timeout = self.http_timeout  # type: ignore[attr-defined]
-        deadline = time.monotonic() + timeout
         url = f"{self.server.url}api"  # type: ignore[attr-defined]
-        while True:
-            if await _answers_http(url):
-                return None
-            status: int | None = await super().poll()  # type: ignore[misc]
-            if status is not None:
-                return status
-            if time.monotonic() > deadline:
-                # Alive but silent: JupyterHub stops it on a non-None status (stop() says why).
-                message = "gpuslice: %s did not answer at %s within %s s after the hub restarted"
-                self.log.warning(message, self._key, url, timeout)  # type: ignore[attr-defined]
-                self._gpu_silent_after_restart = True
-                return -1
-            await asyncio.sleep(1.0)
+        status, silent = await answer_or_exit(url, super().poll, timeout)  # type: ignore[misc]
+        if silent:
+            # Alive but silent: JupyterHub stops it on a non-None status (stop() says why).
+            message = "gpuslice: %s did not answer at %s within %s s after the hub restarted"
+            self.log.warning(message, self._key, url, timeout)  # type: ignore[attr-defined]
+            self._gpu_silent_after_restart = True
+            return -1
+        return status
 
     def _stop_reason(self) -> tuple[str, int, str]:
         # JupyterHub stops a server it gave up on from inside start or the wait for it to answer.
@@ -306,6 +299,29 @@ class Stage:
     progress: int
     message: str
     at: float
+
+
+async def answer_or_exit(
+    url: str, poll: Callable[[], Awaitable[int | None]], timeout: float
+) -> tuple[int | None, bool]:
+    """A server the hub did not start (it restarted): wait until it answers, exits, or ``timeout`` passes.
+
+    Returns (None, False) when it answers, (its exit status, False) when ``poll`` says it
+    ended, (None, True) when it stayed alive and silent. JupyterHub itself, after a restart,
+    polls once and then only waits for an HTTP answer for ``http_timeout``, without looking
+    at the server again: one that dies meanwhile stays "pending" and holds its slice that
+    long. Every backend's first poll after a restart runs this (local and Kubernetes).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if await _answers_http(url):
+            return None, False
+        status = await poll()
+        if status is not None:
+            return status, False
+        if time.monotonic() > deadline:
+            return None, True
+        await asyncio.sleep(1.0)
 
 
 async def _answers_http(url: str) -> bool:

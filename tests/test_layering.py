@@ -50,8 +50,8 @@ STANDALONE = ("spawner.kernel_hook",)
 LAZY_UPWARD = {
     ("hub.cli", "bench"): "`gpuslice bench spawn|class|placement` imports it when asked for",
 }
-# What the portal may take from the hub (layer 4): the settings model only.
-PORTAL_FROM_HUB = ("hub.settings",)
+# What the portal may take from the hub (layer 4): the settings model and the chart's values reader.
+PORTAL_FROM_HUB = ("hub.settings", "hub.kube_values")
 
 
 def layer_of(module: str) -> int | None:
@@ -174,7 +174,7 @@ def test_every_package_imports_only_the_packages_below_it() -> None:
         ("hub/cli.py", "from bench.spawn import run\n", "imports bench.spawn"),  # lazy only
         ("hub/cli.py", "def f():\n    from bench.spawn import run\n", None),
         ("hub/platform.py", "def f():\n    from bench.spawn import run\n", "imports bench.spawn"),
-        ("portal/gate.py", "from hub.with_hub import die_with_parent\n", "takes only hub.settings from the hub"),
+        ("portal/gate.py", "from hub.with_hub import die_with_parent\n", "takes only hub.settings, hub.kube_values"),
         ("portal/x.py", "from spawner.mixin import machine\n", "may not import the spawner runtime"),
         ("portal/y.py", "from spawner.gpus import machine\nfrom hub.settings import load\n", None),  # allowed
         ("spawner/kernel_hook/gpuslice_limits.py", "from spawner import shares\n", "runs standalone"),

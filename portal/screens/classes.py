@@ -8,8 +8,7 @@ from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Classes")
-settings = sources.settings()
-rules = {g["name"]: group_quota(g) for g in settings.groups}
+rules = {g["name"]: group_quota(g) for g in sources.group_rules()}
 groups = sources.groups()
 if not identity.admin:
     groups = {name: members for name, members in groups.items() if identity.name in members}

@@ -12,8 +12,8 @@ from spawner.shares import format_bytes
 identity = st.session_state["identity"]
 st.title("Image market")
 st.caption("Curated notebook environments. Launch one to start your server with it.")
-store = sources.market()
 try:
+    store = sources.market()
     cards = markets.image_cards(
         store, identity, sources.my_groups(identity), sources.image_usage(), platform_prefix=sys.prefix
     )

@@ -7,11 +7,10 @@ from portal.data import markets
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
-settings = sources.settings()
 st.title("Model market")
 st.caption("Models you can mount read-only into your next notebook server, at ~/models/<id>.")
-store = sources.market()
 try:
+    store = sources.market()
     models = markets.visible_models(store, identity)
     chosen = set(store.selected_models(identity.name))
 except MarketError as exc:
@@ -91,9 +90,7 @@ with st.expander("Propose a model"):
             if entry is not None and entry.path is not None:
                 proposal = Model.from_entry(entry, entry.path, None, 0)
                 try:
-                    saved = markets.propose_model(
-                        store, identity, proposal, root, int(settings.market["proposals_per_hour"])
-                    )
+                    saved = markets.propose_model(store, identity, proposal, root, sources.proposals_per_hour())
                 except markets.MarketRefusedError as exc:
                     st.error(str(exc))
                 else:

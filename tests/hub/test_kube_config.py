@@ -1,12 +1,17 @@
 """hub/kube_config.py (the chart's hub configuration) loaded as JupyterHub loads it."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
 import yaml
+from jupyterhub.objects import Hub
 from traitlets.config import Config, PyFileConfigLoader
 
+from spawner.images import SpawnImage
+
 REPO = Path(__file__).parents[2]
+ADMIN_PASSWORD = "correct horse battery staple"
 
 
 def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,18 +29,8 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
         "portalEnabled": True,
         "modelsClaim": "gpuslice-models",
     }
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    for name, value in {
-        "GPUSLICE_KUBE_VALUES": str(path),
-        "GPUSLICE_HUB_URL": "http://gs-hub:8081",
-        "GPUSLICE_METRICS_TOKEN": "m",
-        "GPUSLICE_PORTAL_TOKEN": "p",
-        "POD_NAMESPACE": "jupyter",
-    }.items():
-        monkeypatch.setenv(name, value)
-    loader = PyFileConfigLoader("kube_config.py", path=str(REPO / "hub"))
-    config: Config = loader.load_config()
+    values["dataDir"] = str(tmp_path)
+    config = load_kube_config(values, monkeypatch, tmp_path)
     spawner = config.KubeGpuSpawner
     assert config.JupyterHub.spawner_class == "spawner.kube.KubeGpuSpawner"
     assert (spawner.gpu_backend, spawner.gpu_policy, spawner.namespace) == ("hami", "fgd", "jupyter")
@@ -48,3 +43,45 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     services = {s["name"]: s for s in config.JupyterHub.services}
     assert services["portal"]["url"] == "http://gs-portal:8502" and services["portal"]["api_token"] == "p"
     assert config.Authenticator.admin_users == {"teacher"}
+
+
+def load_kube_config(values: dict[str, object], monkeypatch: pytest.MonkeyPatch, folder: Path) -> Config:
+    """hub/kube_config.py as the hub container loads it, with ``values`` as the chart's ConfigMap."""
+    path = folder / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    for name, value in {
+        "GPUSLICE_KUBE_VALUES": str(path),
+        "GPUSLICE_HUB_URL": "http://gs-hub:8081",
+        "GPUSLICE_METRICS_TOKEN": "m",
+        "GPUSLICE_PORTAL_TOKEN": "p",
+        "POD_NAMESPACE": "jupyter",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("GPUSLICE_MARKET_URL", raising=False)
+    password = folder / "admin-password"
+    password.write_text(ADMIN_PASSWORD)
+    monkeypatch.setenv("GPUSLICE_ADMIN_PASSWORD_FILE", str(password))
+    return PyFileConfigLoader("kube_config.py", path=str(REPO / "hub")).load_config()
+
+
+def test_a_fresh_install_migrates_the_market_so_the_first_spawn_lists_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spawner.kube import KubeGpuSpawner
+
+    values = {
+        "backend": "gpushare",
+        "policy": "default",
+        "notebookImage": "ghcr.io/gpuslice/notebook-base:1.0",
+        "proxyApiUrl": "http://gs-proxy-api:8001",
+        "dataDir": str(tmp_path),  # an empty PVC: no market database yet
+    }
+    config = load_kube_config(values, monkeypatch, tmp_path)
+    assert config.KubeGpuSpawner.gpu_market_url == f"sqlite:///{tmp_path / 'market.sqlite'}"
+
+    async def first_spawns_images() -> dict[str, SpawnImage]:  # KubeSpawner is built in a running loop
+        spawner = KubeGpuSpawner(config=config, hub=Hub(), api_token="t", _mock=True)
+        return spawner.images()  # what every spawn asks first; it failed on a database without tables
+
+    images = asyncio.run(first_spawns_images())
+    assert images["default"].target == "ghcr.io/gpuslice/notebook-base:1.0"

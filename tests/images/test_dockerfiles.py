@@ -63,3 +63,49 @@ def test_notebook_images_carry_the_limits_hook() -> None:
         if entry.dockerfile and entry.dockerfile != "notebook-base/Dockerfile":
             parser = DockerfileParser(str(IMAGES / entry.dockerfile))
             assert parser.baseimage.startswith("ghcr.io/gpuslice/notebook-base"), entry.id
+
+
+def copied(dockerfile: Path) -> set[str]:
+    """The repository folders a Dockerfile COPYs (from the build context, not another stage)."""
+    found = set()
+    for instruction in DockerfileParser(str(dockerfile)).structure:
+        if instruction["instruction"] == "COPY" and "--from" not in instruction["value"]:
+            found.update(part.rstrip("/") for part in instruction["value"].split()[:-1])
+    return found
+
+
+@pytest.mark.parametrize("name", ["hub", "portal"])
+def test_platform_images_copy_every_package_they_import(name: str) -> None:
+    # spawner imports market (the image market, its migrations): an image without it cannot start.
+    assert {"spawner", "market", "hub", "portal"} <= copied(IMAGES / name / "Dockerfile")
+
+
+def test_the_hub_image_works_in_zero_to_jupyterhubs_database_volume() -> None:
+    from tests.kube.z2jh import hub_deployment, render_z2jh
+
+    pod = hub_deployment(render_z2jh())["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    workdirs = [
+        i["value"]
+        for i in DockerfileParser(str(IMAGES / "hub" / "Dockerfile")).structure
+        if i["instruction"] == "WORKDIR"
+    ]
+    # z2jh's config uses the relative sqlite:///jupyterhub.sqlite: the working folder must be its PVC.
+    assert workdirs[-1] == mounts["pvc"]
+
+
+def test_kubespawner_is_pinned_to_the_tested_major() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    dependencies = tomllib.loads((IMAGES.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    kubespawner = next(Requirement(d) for d in dependencies if d.startswith("jupyterhub-kubespawner"))
+    tested = next(
+        line.split("==")[1]
+        for line in (IMAGES / "constraints.txt").read_text().splitlines()
+        if line.startswith("jupyterhub-kubespawner==")
+    )
+    assert kubespawner.specifier.contains(tested)
+    major = int(tested.split(".")[0])
+    assert not kubespawner.specifier.contains(f"{major + 1}.0.0")  # an untested major is not taken

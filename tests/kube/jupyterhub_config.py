@@ -47,3 +47,5 @@ c.KubeGpuSpawner.http_timeout = 60
 c.KubeGpuSpawner.poll_interval = 2  # notice an evicted pod quickly (the fault tests)
 c.KubeGpuSpawner.k8s_api_request_retry_timeout = 20
 c.KubeGpuSpawner.environment = {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}
+if os.environ.get("GPUSLICE_TEST_KEEP_SERVERS"):  # a hub restart leaves the servers running, as the chart's does
+    c.JupyterHub.cleanup_servers = False

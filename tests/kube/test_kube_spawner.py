@@ -1,6 +1,7 @@
 """KubeGpuSpawner's pod manifests and decisions, without an API server (KubeSpawner's _mock mode)."""
 
 import asyncio
+import copy
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,7 +44,7 @@ def make(backend: str, user: StubUser | None = None, **options: Any) -> KubeGpuS
 
 def manifest(spawner: KubeGpuSpawner, gpu_memory: str, gpus: int = 0) -> dict[str, Any]:
     request = parse_request(gpu_memory, gpus, largest_card_bytes=40 * GiB, most_cards=8)
-    spawner._apply(request, "ghcr.io/gpuslice/notebook-base:1.0", "ml101", [])
+    spawner._apply(request, "ghcr.io/gpuslice/notebook-base:1.0", "ml101", [], "NVIDIA-A100-SXM4-40GB")
     return pod_of(spawner)
 
 
@@ -233,3 +234,17 @@ def test_gpu_pods_go_to_the_scheduler_with_the_extender_cpu_pods_keep_the_config
     assert manifest(spawner, "0")["spec"]["schedulerName"] == "jhub-user-scheduler"
     spawner.gpu_scheduler_name = ""
     assert manifest(spawner, "4GiB")["spec"]["schedulerName"] == "jhub-user-scheduler"
+
+
+def test_a_spawn_adds_to_the_pod_and_leaves_kubespawners_traits_as_configured() -> None:
+    spawner = make("gpushare")
+    spawner.gpu_models_volume = {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}}
+    traits = ("extra_resource_limits", "extra_annotations", "environment", "image", "volumes", "volume_mounts")
+    configured = {name: copy.deepcopy(getattr(spawner, name)) for name in (*traits, "scheduler_name")}
+    request = parse_request("4GiB", 0, largest_card_bytes=16 * GiB, most_cards=1)
+    mounts = [{"name": "gpuslice-models", "mountPath": "/models/langid-97", "subPath": "langid-97", "readOnly": True}]
+    spawner._apply(request, "img:2", "ml101", mounts)
+    pod = pod_of(spawner)
+    assert pod["spec"]["containers"][0]["image"] == "img:2"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
+    assert {name: getattr(spawner, name) for name in configured} == configured  # get_pod_manifest added them

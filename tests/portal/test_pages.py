@@ -240,3 +240,17 @@ def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
     at.run()
     assert "Not signed in" in at.error[0].value
     assert not at.title  # nothing else rendered
+
+
+def test_classes_page_on_kubernetes_reads_the_charts_classes(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tests.helm.test_kube_values import CLASSES, rendered_values
+
+    monkeypatch.setenv("GPUSLICE_BACKEND", "kubernetes")
+    monkeypatch.setenv("GPUSLICE_KUBE_VALUES", str(rendered_values(tmp_path, CLASSES)))
+    sources.kube_values.clear()  # type: ignore[attr-defined]
+    assert sources.prometheus_url() == "http://prometheus-operated.monitoring:9090"
+    at = run("screens/classes.py")
+    assert at.subheader[0].value == "ml101"
+    assert {m.label: m.value for m in at.metric}["GPU memory held"] == "4 GiB of 16 GiB"  # the chart's budget

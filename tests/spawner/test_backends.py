@@ -5,8 +5,11 @@ from spawner.backends import (
     NO_ISOLATION_WARNING,
     Backend,
     Isolation,
+    MigProductError,
     MigProfile,
     gpushare_card_units,
+    mig_card,
+    mig_table,
     render,
     smallest_mig_profile,
 )
@@ -154,3 +157,51 @@ def test_builders_return_fresh_dicts() -> None:
     first = render(FOUR_GIB, Backend.TIMESLICING, card_bytes=16 * GiB)
     first.env["MUTATED"] = "1"
     assert "MUTATED" not in render(FOUR_GIB, Backend.TIMESLICING, card_bytes=16 * GiB).env
+
+
+@pytest.mark.parametrize(
+    ("label", "card"),
+    [
+        ("NVIDIA-A100-SXM4-40GB", "A100-40GB"),
+        ("NVIDIA-A100-PCIE-40GB", "A100-40GB"),
+        ("NVIDIA-A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA-A100-80GB-PCIe", "A100-80GB"),
+        ("NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", "A100-80GB"),  # GFD's single MIG strategy
+        ("NVIDIA-A30", "A30-24GB"),
+        ("NVIDIA-H100-80GB-HBM3", "H100-80GB"),
+        ("NVIDIA-H100-PCIe", "H100-80GB"),
+        ("NVIDIA-H100-NVL", "H100-94GB"),
+        ("NVIDIA-H100-SXM5-94GB", "H100-94GB"),
+        ("NVIDIA-H200", "H200-141GB"),
+        ("NVIDIA-H200-NVL", "H200-141GB"),
+    ],
+)
+def test_mig_tables_are_chosen_by_the_gpu_product_label(label: str, card: str) -> None:
+    assert mig_card(label) == card
+
+
+def test_an_a100_80gb_label_sizes_1g_10gb_from_its_table() -> None:
+    table = mig_table("NVIDIA-A100-SXM4-80GB")
+    assert {p.name: p.memory_mib for p in table}["1g.10gb"] == 9728  # not 10 GB read from the name (9,537 MiB)
+    spec = render(GpuRequest(memory_bytes=9 * GiB), Backend.MIG, mig_profiles=table)
+    assert spec.limits == {"nvidia.com/mig-1g.10gb": "1"}
+
+
+def test_the_same_request_takes_each_cards_own_smallest_profile() -> None:
+    request = GpuRequest(memory_bytes=4 * GiB)
+    chosen = {
+        label: next(iter(render(request, Backend.MIG, mig_profiles=mig_table(label)).limits))
+        for label in ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A30", "NVIDIA-H100-NVL", "NVIDIA-H200")
+    }
+    assert chosen == {
+        "NVIDIA-A100-SXM4-40GB": "nvidia.com/mig-1g.5gb",
+        "NVIDIA-A30": "nvidia.com/mig-1g.6gb",
+        "NVIDIA-H100-NVL": "nvidia.com/mig-1g.12gb",
+        "NVIDIA-H200": "nvidia.com/mig-1g.18gb",
+    }
+
+
+@pytest.mark.parametrize("label", ["Tesla-T4", "NVIDIA-L40S", "NVIDIA-A100", "unknown", ""])
+def test_an_unknown_product_is_an_error_naming_the_label(label: str) -> None:
+    with pytest.raises(MigProductError, match=rf"nvidia.com/gpu.product='{label}'.*known: A100-40GB"):
+        mig_table(label)

@@ -226,3 +226,22 @@ def test_local_inventory_leaves_the_machines_gpus_unchanged() -> None:
     assert gpus[0].allocations == []
     assert [a.user for a in first.nodes[0].gpus[0].allocations] == ["alice"]
     assert [a.user for a in second.nodes[0].gpus[0].allocations] == ["bob"]
+
+
+def test_mig_instances_are_sized_by_the_nodes_product_label() -> None:
+    nodes = [
+        node("a100", {"nvidia.com/mig-1g.10gb": "1"}, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}),
+        node("h200", {"nvidia.com/mig-1g.18gb": "1"}, {"nvidia.com/gpu.product": "NVIDIA-H200"}),
+    ]
+    inventory = build_kube(nodes, [], Backend.MIG)
+    sizes = [(g.node, g.mig_profile, g.memory_bytes // MiB) for g in inventory.gpus()]
+    assert sizes == [("a100", "1g.10gb", 9728), ("h200", "1g.18gb", 17166)]  # 1g.10gb is not 9,537 MiB
+    assert inventory.warnings == []
+
+
+def test_mig_instances_of_an_unknown_product_are_left_out_with_a_warning_naming_the_label() -> None:
+    nodes = [node("n1", {"nvidia.com/mig-1g.10gb": "2"}, {"nvidia.com/gpu.product": "NVIDIA-L40S"})]
+    inventory = build_kube(nodes, [], Backend.MIG)
+    assert list(inventory.gpus()) == []
+    assert len(inventory.warnings) == 1
+    assert "node n1" in inventory.warnings[0] and "nvidia.com/gpu.product='NVIDIA-L40S'" in inventory.warnings[0]

@@ -1,0 +1,94 @@
+"""The chart's rendered values (helm/gpuslice/templates/hub/configmap.yaml), read by one typed reader.
+
+On Kubernetes the hub (hub/kube_config.py), the idle culler it starts and the portal
+(portal/sources.py) all read the same ConfigMap, mounted at ``environ.KUBE_VALUES``,
+through ``load_kube_values``: a key the chart renders and the model lacks (or the
+other way round) is an error naming the key, never a silent default. Secrets (database
+URLs, tokens, the admins' password) are not in the ConfigMap: the chart hands them to
+the containers from Secrets, and the methods here combine the two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from spawner import environ
+from spawner.quotas import GroupRulesError, group_rules
+
+DATA_DIR = "/srv/gpuslice/data"  # the hub's PersistentVolumeClaim, mounted by the chart
+
+
+class KubeValuesError(ValueError):
+    """A values file that cannot be used; the message names the file and the key."""
+
+
+class KubeValues(BaseModel):
+    """What the chart renders for gpuslice's containers (camelCase, as in values.yaml)."""
+
+    # The file's keys are the chart's camelCase (gpushareMemoryUnit); the fields are snake_case.
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    backend: str = Field(default="gpushare", description="gpuSharing.backend: how the cluster shares GPUs.")
+    policy: str = Field(default="default", description="gpuSharing.policy: the placement policy.")
+    gpushare_memory_unit: str = Field(default="GiB", description="gpuSharing.gpushareMemoryUnit (GiB or MiB).")
+    admin_users: tuple[str, ...] = Field(default=(), description="Users who may see and stop every server.")
+    groups: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Classes: members, GPU rules (maxSlice, budget, ...), profiles."
+    )
+    idle_timeout: int = Field(
+        default=3600, gt=0, description="hub.idleTimeout: seconds before the culler stops a server."
+    )
+    open_signup: bool = Field(default=True, description="hub.openSignup: anyone may create an account at first login.")
+    singleuser: dict[str, Any] = Field(default_factory=dict, description="hub.singleuser: KubeSpawner's pod settings.")
+    notebook_image: str = Field(description="The notebook image (images.notebook).")
+    proxy_api_url: str = Field(description="The proxy's REST API, as the hub reaches it.")
+    portal_url: str = Field(default="", description="The portal's Service URL, as the proxy reaches it.")
+    portal_enabled: bool = Field(default=False, description="portal.enabled.")
+    models_claim: str = Field(default="", description="markets.models.existingClaim: the model files' volume.")
+    scheduler_name: str = Field(default="", description="The gpuslice scheduler (schedulerExtender.enabled), or ''.")
+    data_dir: Path = Field(default=Path(DATA_DIR), description="The hub's volume: SQLite, the passwords.")
+    prometheus_url: str = Field(default="", description="monitoring.prometheusUrl: the Prometheus the portal queries.")
+    alertmanager_url: str = Field(default="", description="monitoring.alertmanagerUrl: the portal's Alerts page.")
+    proposals_per_hour: int = Field(default=3, gt=0, description="markets.proposalsPerHour: model proposals per user.")
+
+    def db_url(self) -> str:
+        """JupyterHub's database: the Secret's URL (hub.db.existingSecret), else SQLite on the volume."""
+        return environ.DB_URL.get() or f"sqlite:///{self.data_dir / 'jupyterhub.sqlite'}"
+
+    def market_url(self) -> str:
+        """The markets' database: the Secret's URL (markets.existingSecret), else SQLite on the hub's volume."""
+        return environ.MARKET_URL.get() or f"sqlite:///{self.data_dir / 'market.sqlite'}"
+
+    def group_list(self) -> tuple[dict[str, Any], ...]:
+        """The classes as the settings model has them: {"name", "members", "max_slice", ...}."""
+        try:
+            return tuple({"name": name, **group_rules(name, rules)} for name, rules in self.groups.items())
+        except GroupRulesError as exc:
+            raise KubeValuesError(f"groups: {exc}") from None
+
+
+def load_kube_values(path: Path | None = None) -> KubeValues:
+    """The values file at ``path`` (default: environ.KUBE_VALUES); KubeValuesError on anything malformed."""
+    path = path or Path(environ.KUBE_VALUES.get())
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise KubeValuesError(
+            f"{path}: cannot read the chart's values ({exc.strerror}); is the ConfigMap mounted?"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise KubeValuesError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise KubeValuesError(f"{path}: the top level must be a mapping of keys to values")
+    try:
+        values = KubeValues.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise KubeValuesError(f"{path}: {problems} (render the chart and the images from one release)") from None
+    values.group_list()  # a bad group rule is refused here, for every reader alike
+    return values

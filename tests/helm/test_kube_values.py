@@ -1,0 +1,71 @@
+"""The chart's values as the hub, the culler and the portal read them: helm renders, hub/kube_values.py reads."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hub.kube_values import KubeValuesError, load_kube_values
+from tests.helm.test_chart import ALL_FEATURES, render
+
+CLASSES = {
+    "groups": {"ml101": {"members": ["alice", "bob"], "maxSlice": "4GiB", "budget": "16GiB", "profiles": ["t4"]}},
+    "adminUsers": ["teacher"],
+    "monitoring": {
+        "prometheusUrl": "http://prometheus-operated.monitoring:9090",
+        "alertmanagerUrl": "http://alertmanager-operated.monitoring:9093",
+    },
+    "hub": {"idleTimeout": 1800},
+    "markets": {"proposalsPerHour": 5},
+}
+
+
+def rendered_values(folder: Path, values: dict[str, Any] | None = None, *extra: Path) -> Path:
+    """The hub ConfigMap's values.yaml of ``helm template`` with ``values``, written to ``folder``."""
+    given = folder / "given.yaml"
+    given.write_text(yaml.safe_dump(values or {}))
+    docs = render(given, *extra)
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gs-gpuslice-hub")
+    path = folder / "values.yaml"
+    path.write_text(config["data"]["values.yaml"])
+    return path
+
+
+@pytest.mark.parametrize("extra", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
+def test_every_rendered_key_is_read_by_the_one_reader(tmp_path: Path, extra: tuple[Path, ...]) -> None:
+    values = load_kube_values(rendered_values(tmp_path, None, *extra))  # a key the model lacks is refused
+    assert values.proxy_api_url == "http://gs-gpuslice-proxy-api:8001"
+    assert values.data_dir == Path("/srv/gpuslice/data")
+
+
+def test_the_portals_values_come_from_the_chart(tmp_path: Path) -> None:
+    values = load_kube_values(rendered_values(tmp_path, CLASSES))
+    assert values.prometheus_url == "http://prometheus-operated.monitoring:9090"
+    assert values.alertmanager_url == "http://alertmanager-operated.monitoring:9093"
+    assert values.group_list() == (
+        {"name": "ml101", "members": ["alice", "bob"], "max_slice": "4GiB", "budget": "16GiB", "profiles": ["t4"]},
+    )
+    assert (values.admin_users, values.idle_timeout, values.proposals_per_hour) == (("teacher",), 1800, 5)
+
+
+def test_database_urls_come_from_the_secrets_else_the_hubs_volume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = load_kube_values(rendered_values(tmp_path))
+    monkeypatch.delenv("GPUSLICE_DB_URL", raising=False)
+    monkeypatch.delenv("GPUSLICE_MARKET_URL", raising=False)
+    assert values.db_url() == "sqlite:////srv/gpuslice/data/jupyterhub.sqlite"
+    assert values.market_url() == "sqlite:////srv/gpuslice/data/market.sqlite"
+    monkeypatch.setenv("GPUSLICE_MARKET_URL", "postgresql://market@db/market")
+    assert values.market_url() == "postgresql://market@db/market"
+
+
+def test_a_values_file_from_another_release_is_refused_naming_the_key(tmp_path: Path) -> None:
+    path = rendered_values(tmp_path)
+    path.write_text(path.read_text() + "brandNewKey: 1\n")
+    with pytest.raises(KubeValuesError, match="brandNewKey"):
+        load_kube_values(path)
+    path.write_text("notebookImage: x\nproxyApiUrl: y\ngroups: {ml101: {maxSlise: 4GiB}}\n")
+    with pytest.raises(KubeValuesError, match=r"max_slise.*did you mean max_slice"):
+        load_kube_values(path)
