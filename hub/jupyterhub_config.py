@@ -51,6 +51,7 @@ c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)
 c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
 c.LocalGpuSpawner.isolation = settings.isolation
+c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.default_url = "/lab"
 # A class pressing Start together on a small machine: 50 jupyterlab servers on 2 cores take

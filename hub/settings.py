@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spawner.gpus import parse_gpu_spec
 from spawner.quotas import GroupRulesError, group_rules, unknown_keys_message
+from spawner.shares import ShareError, parse_quantity
 
 DEFAULT_SIMULATE = "2x16GiB:T4,1x80GiB:H100"
 
@@ -45,6 +46,10 @@ class Settings(BaseModel):
     isolation: str = Field(default="none", description="none (one account) or unix-users (an account per user).")
     idle_timeout: int = Field(default=3600, description="Seconds of inactivity before a server is stopped.")
     open_signup: bool = Field(default=True, description="Anyone may create an account at first login.")
+    smallest_slice: str = Field(
+        default="256MiB",
+        description="The smallest GPU slice a server may ask for; smaller ones are refused (CUDA needs about this).",
+    )
     monitoring: dict[str, Any] = Field(
         default_factory=lambda: _monitoring({}, "defaults"),
         description="enabled, webhook_url, scrape_interval and the monitoring ports.",
@@ -106,6 +111,7 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         isolation=_choice(raw, "isolation", ("none", "unix-users"), "none", source),
         idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
         open_signup=_bool(raw, "open_signup", True, source),
+        smallest_slice=_amount(raw, "smallest_slice", "256MiB", source),
         monitoring=_monitoring(raw.get("monitoring") or {}, source),
         market=_market(raw.get("market") or {}, source),
     )
@@ -209,6 +215,18 @@ def _positive_int(raw: dict[str, Any], key: str, fallback: int, source: str) -> 
     value = raw.get(key, fallback)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{source}: {key} must be a whole number of seconds above 0, not {value!r}")
+    return value
+
+
+def _amount(raw: dict[str, Any], key: str, fallback: str, source: str) -> str:
+    value = raw.get(key, fallback)
+    try:
+        if not isinstance(value, str):
+            raise ShareError(f"a {type(value).__name__} is not an amount of memory.")
+        if parse_quantity(value) <= 0:
+            raise ShareError(f"{value!r} is not an amount of memory above 0.")
+    except ShareError as exc:
+        raise SettingsError(f"{source}: {key}: {exc} Write for example 256MiB.") from None
     return value
 
 

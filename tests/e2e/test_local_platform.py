@@ -60,6 +60,11 @@ def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform)
         ({"image": "caffe"}, "Unknown image 'caffe'; choose one of: default."),
         ({"models": ["no-such-model"]}, "Model 'no-such-model' is not an approved model in the market."),
         ({"gpu_memory": "4GiB", "colour": "red"}, "Unknown spawn option(s): colour"),
+        ({"gpu_memory": "0.0000001"}, 'below the smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ({"gpu_memory": "1e-400"}, 'below the smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ({"gpu_memory": "1e400"}, "more than a card"),
+        ({"gpu_memory": "9" * 1_000_000}, "1000000 characters long"),
+        ({"gpu_memory": 10**400}, "more than a card"),
     ]
     for options, message in bad:
         response = bob.api("POST", "/users/bob/server", json=options)
@@ -74,7 +79,7 @@ def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform)
     assert platform.ledger() == [("bob/", 0, 8 * GiB)]
     metrics = bob.get(f"{platform.url}/hub/metrics")
     if metrics.status_code == 200:  # admins only by default
-        assert 'gpuslice_spawn_refused_total{reason="invalid"} 10.0' in metrics.text
+        assert 'gpuslice_spawn_refused_total{reason="invalid"} 15.0' in metrics.text
 
 
 def test_no_room_is_refused_with_an_explanation(platform: Platform) -> None:
