@@ -21,6 +21,7 @@ from types import FrameType
 import yaml
 
 from hub import monitoring, recovery
+from hub.accounts import AccountsError, ensure_admin_passwords, signup_words
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
 from market import seeding
@@ -173,6 +174,10 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
 
 def up(settings: Settings, config_path: Path | None) -> int:
     data_dir, env = prepare(settings, config_path)
+    try:
+        generated = ensure_admin_passwords(settings, data_dir)
+    except AccountsError as exc:
+        raise PlatformError(str(exc)) from None
     gpus = machine(settings.simulate)
     env[environ.PROMETHEUS_TOKEN_FILE.name] = str(hub_token(data_dir))
     supervisor = Supervisor(monitoring_children(settings, data_dir, env))
@@ -190,8 +195,9 @@ def up(settings: Settings, config_path: Path | None) -> int:
     if wait_healthy(f"{base}/hub/health", proc):
         print(
             f"gpuslice is up.\n"
-            f"  JupyterHub:  {base}/  (a new user name sets its password at first login)\n"
-            f"  health:      {base}/hub/health\n"
+            f"  JupyterHub:  {base}/  ({signup_words(settings)})\n"
+            + "".join(f"  admin {name}'s password (shown once): {code}\n" for name, code in generated.items())
+            + f"  health:      {base}/hub/health\n"
             f"  GPUs:        {', '.join(f'{g.model} {format_bytes(g.memory_bytes)}' for g in gpus.gpus)}\n"
             f"               ({gpus.source})\n"
             f"  data folder: {data_dir}\n"

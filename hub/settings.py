@@ -46,6 +46,10 @@ class Settings(BaseModel):
     isolation: str = Field(default="none", description="none (one account) or unix-users (an account per user).")
     idle_timeout: int = Field(default=3600, description="Seconds of inactivity before a server is stopped.")
     open_signup: bool = Field(default=True, description="Anyone may create an account at first login.")
+    admin_password_from: str = Field(
+        default="",
+        description='The admins\' first password: "file:PATH" (mode 0600) or "env:NAME"; empty: generated, shown once.',
+    )
     smallest_slice: str = Field(
         default="256MiB",
         description="The smallest GPU slice a server may ask for; smaller ones are refused (CUDA needs about this).",
@@ -111,6 +115,7 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         isolation=_choice(raw, "isolation", ("none", "unix-users"), "none", source),
         idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
         open_signup=_bool(raw, "open_signup", True, source),
+        admin_password_from=_password_source(raw, source),
         smallest_slice=_amount(raw, "smallest_slice", "256MiB", source),
         monitoring=_monitoring(raw.get("monitoring") or {}, source),
         market=_market(raw.get("market") or {}, source),
@@ -215,6 +220,13 @@ def _positive_int(raw: dict[str, Any], key: str, fallback: int, source: str) -> 
     value = raw.get(key, fallback)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{source}: {key} must be a whole number of seconds above 0, not {value!r}")
+    return value
+
+
+def _password_source(raw: dict[str, Any], source: str) -> str:
+    value = raw.get("admin_password_from", "")
+    if not isinstance(value, str) or (value and not value.startswith(("file:", "env:"))):
+        raise SettingsError(f'{source}: admin_password_from must be "file:PATH" or "env:NAME", not {value!r}')
     return value
 
 

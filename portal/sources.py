@@ -26,12 +26,19 @@ def settings() -> Settings:
     return load(Path(path) if path else None)
 
 
+def _hub_api_url() -> str:
+    return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+
 @st.cache_resource
 def hub_client() -> HubClient:
-    return HubClient(
-        os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
-        os.environ.get("JUPYTERHUB_API_TOKEN", ""),
-    )
+    """The portal service's own token: it reads users, servers and groups, and nothing more."""
+    return HubClient(_hub_api_url(), os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+
+
+def acting_client(identity: Identity) -> HubClient:
+    """The reader's own authority (their OAuth token from the gate): for starting and stopping servers."""
+    return HubClient(_hub_api_url(), identity.hub_token)
 
 
 def _monitoring_on() -> None:

@@ -46,7 +46,10 @@ def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("markets: {db: sqlite:///m.db}\n", "unknown key(s) markets (did you mean market?); use admin_users,"),
+        (
+            "markets: {db: sqlite:///m.db}\n",
+            "unknown key(s) markets (did you mean market?); use admin_password_from, admin_users,",
+        ),
         ("prot: 8000\n", "unknown key(s) prot (did you mean port?)"),
         ("monitoring: {enabeld: false}\n", "monitoring: unknown key(s) enabeld (did you mean enabled?)"),
         ("market: {model_root: /m}\n", "market: unknown key(s) model_root (did you mean models_root?)"),
