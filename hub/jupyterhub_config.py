@@ -108,6 +108,7 @@ c.JupyterHub.services.append(
             environ.PROMETHEUS_URL.name: f"http://127.0.0.1:{settings.monitoring['prometheus_port']}",
             environ.ALERTMANAGER_URL.name: f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
             environ.STREAMLIT_PORT.name: str(settings.streamlit_port),  # 0: any free port
+            environ.MONITORING_PASSWORD_FILE.name: environ.MONITORING_PASSWORD_FILE.get(),
         },
     }
 )

@@ -21,7 +21,7 @@ from types import FrameType
 import yaml
 
 from hub import monitoring, recovery
-from hub.accounts import AccountsError, ensure_admin_passwords, signup_words
+from hub.accounts import AccountsError, ensure_admin_passwords, signup_words, write_private
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
 from market import seeding
@@ -104,6 +104,16 @@ def hub_token(data_dir: Path) -> Path:
     return path
 
 
+def monitoring_password(folder: Path) -> Path:
+    """The monitoring password in a 0600 file, and the web config (bcrypt hash) Prometheus and
+    Alertmanager read; made once, kept across restarts."""
+    path = folder / "web-password"
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(24))
+    write_private(folder / "web.yml", yaml.safe_dump(monitoring.web_config(path.read_text().strip())))
+    return path
+
+
 def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[Child]:
     """The exporter, and Prometheus, Alertmanager and node-exporter when installed (not started)."""
     options = settings.monitoring
@@ -111,7 +121,9 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
         print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
         return []
     folder = data_dir / "monitoring"
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(exist_ok=True, mode=0o700)
+    password_file = monitoring_password(folder)
+    env[environ.MONITORING_PASSWORD_FILE.name] = str(password_file)
     found = monitoring.binaries()
     ports = monitoring.Ports(
         settings.hub_port,
@@ -145,7 +157,11 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
     else:
         node = bool(found["node_exporter"])
         config = monitoring.prometheus_config(
-            ports, hub_token(data_dir), node_exporter=node, interval=options["scrape_interval"]
+            ports,
+            hub_token(data_dir),
+            node_exporter=node,
+            interval=options["scrape_interval"],
+            password_file=password_file,
         )
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         (folder / "alertmanager.yml").write_text(
@@ -156,6 +172,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             f"--config.file={folder / 'alertmanager.yml'}",
             f"--storage.path={folder / 'alertmanager-data'}",
             f"--web.listen-address=127.0.0.1:{ports.alertmanager}",
+            f"--web.config.file={folder / 'web.yml'}",
             "--cluster.listen-address=",
         ]
         commands["prometheus"] = [
@@ -163,6 +180,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             f"--config.file={folder / 'prometheus.yml'}",
             f"--storage.tsdb.path={folder / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{ports.prometheus}",
+            f"--web.config.file={folder / 'web.yml'}",
         ]
         if node:
             commands["node_exporter"] = [

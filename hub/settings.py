@@ -142,6 +142,10 @@ def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
     return images
 
 
+# Prometheus and Alertmanager ask for basic auth as this user; the password is in a 0600 file
+# (spawner.environ.MONITORING_PASSWORD_FILE) that only the platform's account can read.
+MONITORING_USER = "gpuslice"
+
 MONITORING_PORTS = {
     "exporter_port": 9400,
     "prometheus_port": 9090,

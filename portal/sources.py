@@ -9,7 +9,7 @@ from typing import Any
 
 import streamlit as st
 
-from hub.settings import Settings, load, market_url
+from hub.settings import MONITORING_USER, Settings, load, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import Store, market_store
 from portal.data import alerts, cluster, hub, prometheus
@@ -49,6 +49,12 @@ def _monitoring_on() -> None:
 def prometheus_url() -> str:
     _monitoring_on()
     return environ.PROMETHEUS_URL.get() or f"http://127.0.0.1:{settings().monitoring['prometheus_port']}"
+
+
+def monitoring_auth() -> tuple[str, str] | None:
+    """Prometheus's and Alertmanager's basic auth, from the 0600 file gpuslice up made (None: none asked)."""
+    path = environ.MONITORING_PASSWORD_FILE.get()
+    return (MONITORING_USER, Path(path).read_text().strip()) if path else None
 
 
 def alertmanager_url() -> str:
@@ -119,22 +125,22 @@ def server_history(identity: Identity, user: str, server: str) -> list[ServerEve
 
 @st.cache_data(ttl=10)
 def gpu_readings() -> dict[tuple[str, str], prometheus.GpuReading]:
-    return prometheus.gpu_readings(prometheus.connect(prometheus_url()))
+    return prometheus.gpu_readings(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
 
 
 @st.cache_data(ttl=10)
 def summary() -> dict[str, float]:
-    return prometheus.summary(prometheus.connect(prometheus_url()))
+    return prometheus.summary(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
 
 
 @st.cache_data(ttl=30)
 def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
-    return prometheus.trend(prometheus.connect(prometheus_url()), expr, hours)
+    return prometheus.trend(prometheus.connect(prometheus_url(), auth=monitoring_auth()), expr, hours)
 
 
 @st.cache_data(ttl=10)
 def active_alerts() -> list[alerts.AlertRow]:
-    return alerts.active_alerts(alertmanager_url())
+    return alerts.active_alerts(alertmanager_url(), auth=monitoring_auth())
 
 
 @st.cache_data(ttl=30)
@@ -145,12 +151,12 @@ def utilization_heatmap(hours: float, per_node: bool = False) -> dict[str, list[
         if per_node
         else "DCGM_FI_DEV_GPU_UTIL"
     )
-    return prometheus.per_gpu_trend(prometheus.connect(prometheus_url()), metric, hours)
+    return prometheus.per_gpu_trend(prometheus.connect(prometheus_url(), auth=monitoring_auth()), metric, hours)
 
 
 @st.cache_data(ttl=30)
 def spawn_success() -> float | None:
-    return prometheus.spawn_success_ratio(prometheus.connect(prometheus_url()))
+    return prometheus.spawn_success_ratio(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
 
 
 @st.cache_resource

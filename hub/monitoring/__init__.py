@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import bcrypt
+
+from hub.settings import MONITORING_USER
+
 RULES_DIR = Path(__file__).parent
 RULE_FILES = (RULES_DIR / "recording.yml", RULES_DIR / "alerts.yml")
 BINARIES = {
@@ -35,9 +39,22 @@ def binaries() -> dict[str, str | None]:
     return {name: shutil.which(binary) for name, binary in BINARIES.items()}
 
 
+def web_config(password: str) -> dict[str, Any]:
+    """Prometheus's and Alertmanager's --web.config.file: basic auth, one user, a bcrypt hash."""
+    return {"basic_auth_users": {MONITORING_USER: bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()}}
+
+
 def prometheus_config(
-    ports: Ports, hub_token_file: Path, *, node_exporter: bool, interval: str = "15s"
+    ports: Ports,
+    hub_token_file: Path,
+    *,
+    node_exporter: bool,
+    interval: str = "15s",
+    password_file: Path | None = None,
 ) -> dict[str, Any]:
+    """Scrape jobs and the Alertmanager to send to; ``password_file``: both ask for basic auth."""
+    auth = {"basic_auth": {"username": MONITORING_USER, "password_file": str(password_file)}} if password_file else {}
+
     def job(name: str, port: int, **extra: Any) -> dict[str, Any]:
         return {"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}], **extra}
 
@@ -49,15 +66,15 @@ def prometheus_config(
             authorization={"type": "Bearer", "credentials_file": str(hub_token_file)},
         ),
         job("gpu-exporter", ports.exporter),
-        job("prometheus", ports.prometheus),
-        job("alertmanager", ports.alertmanager),
+        job("prometheus", ports.prometheus, **auth),
+        job("alertmanager", ports.alertmanager, **auth),
     ]
     if node_exporter:
         jobs.append(job("node", ports.node_exporter))
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in RULE_FILES],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]},
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}], **auth}]},
         "scrape_configs": jobs,
     }
 

@@ -111,6 +111,10 @@ class Platform:
                 self.proc.kill()
                 self.proc.wait()
 
+    def monitoring_auth(self) -> tuple[str, str]:
+        """Prometheus's and Alertmanager's basic auth, read from the 0600 file as the platform's account can."""
+        return ("gpuslice", (self.data_dir / "monitoring" / "web-password").read_text().strip())
+
     def hub_pid(self) -> int:
         return int((self.data_dir / "jupyterhub.pid").read_text())
 
