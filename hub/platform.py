@@ -44,12 +44,22 @@ def hub_command() -> list[str]:
     return [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)]
 
 
+ROOT_WARNING = (
+    "gpuslice: WARNING: isolation is none and gpuslice runs as root, so every notebook runs as root: "
+    "any user can read and change everything on this machine, other users' files and the platform's "
+    "secrets included. For a class set isolation: unix-users (an account per user; docs/security.md)."
+)
+
+
 def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[str, str]]:
     """Check prerequisites, make the data folder, reconcile the ledger; return (data_dir, env)."""
     if not PROXY.exists():
         raise PlatformError(f"configurable-http-proxy is not installed at {PROXY}; run scripts/setup (it runs npm ci).")
     data_dir = settings.data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The hub's database, cookie secret, passwords, tokens, ledger and markets live here: only
+    # the platform's account may enter, whoever made the folder and whatever the umask was.
+    data_dir.chmod(0o700)
     dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
@@ -210,6 +220,8 @@ def up(settings: Settings, config_path: Path | None) -> int:
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     base = f"http://127.0.0.1:{settings.port}"
+    if settings.isolation == "none" and os.geteuid() == 0:
+        print(ROOT_WARNING, flush=True)
     if wait_healthy(f"{base}/hub/health", proc):
         print(
             f"gpuslice is up.\n"
