@@ -9,6 +9,7 @@ Streamlit holds the identity key there) and another user's home.
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -91,3 +92,4 @@ def test_a_student_account_reads_no_secret_no_environment_and_no_other_home(stud
         assert platform.data_dir.stat().st_mode & 0o777 == 0o700
     finally:
         platform.stop()
+        shutil.rmtree(root, ignore_errors=True)
