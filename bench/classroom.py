@@ -34,6 +34,7 @@ from tornado import httpclient, websocket
 
 from bench.portal import PortalLoad
 from bench.spawn import Hub, hubs
+from hub.accounts import passwords_path, set_password
 from spawner.ledger import Ledger
 
 SLICE = "512MiB"  # 50 of them fit on the two simulated 16 GiB cards with room to spare
@@ -238,6 +239,8 @@ def run(users: int, portal_sessions: int = 0) -> dict[str, Any]:
     watchers = [f"watcher-{i:02d}" for i in range(portal_sessions)]
     with hubs(admins=watchers) as (plain, ours):
         baseline = run_class(plain, users, {}, lambda: 0)
+        for watcher in watchers:  # admins log in with a password gpuslice gave them (hub/accounts.py)
+            set_password(passwords_path(ours.data), watcher, "bench-password")
         load = PortalLoad(ours.url.removesuffix("/hub/api"), watchers) if watchers else None
         with load or contextlib.nullcontext():
             result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))

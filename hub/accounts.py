@@ -1,21 +1,161 @@
-"""Admin accounts that nobody can claim: their passwords set from a Secret at every hub start.
+"""Accounts nobody can steal: admins and class members get their first password from us.
 
-FirstUseAuthenticator lets the first login under a name choose its password, which for an
-admin's name means whoever logs in first becomes admin. On Kubernetes the chart keeps an
-admin password in a Secret (generated once, or an existing one, ``hub.adminSecret``) and
-mounts it as a file; the hub writes its bcrypt hash for every admin into the
-authenticator's password store before it serves anyone, so the Secret is what counts.
+JupyterHub's FirstUseAuthenticator lets the first person to type a new name set its
+password. That is fine for open sign-up of new names, and wrong for the names this
+platform already knows: an admin or a roster member who has not logged in yet would
+belong to whichever stranger typed the name first. So:
+
+* admins get a password at the first ``gpuslice up`` (printed once, or read from the
+  file or environment variable that ``admin_password_from`` names);
+* ``gpuslice class add`` gives each new member an invite code, their first password,
+  printed once or written to a 0600 file (they change it at /hub/auth/change-password);
+* ``gpuslice user set-password NAME`` sets or resets one;
+* ``GpusliceAuthenticator`` refuses a login to a known name that has no password yet,
+  instead of letting the login set it.
+
+Passwords are bcrypt hashes in ``DATA/passwords.dbm``, the format FirstUseAuthenticator reads.
+
+On Kubernetes the chart keeps the admins' password in a Secret (generated once, or
+``hub.adminSecret``) mounted as a file; the hub writes its hash for every admin into the
+store at every start (``set_admin_passwords``), so the Secret is what counts.
 """
 
 from __future__ import annotations
 
 import dbm
+import os
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import bcrypt
+from firstuseauthenticator import FirstUseAuthenticator
+from traitlets import Set, Unicode
 
-MIN_LENGTH = 12
+from hub.settings import Settings
+
+MIN_PASSWORD_LENGTH = 7  # FirstUseAuthenticator's own minimum
+NO_PASSWORD_YET = (
+    "This account has no password yet, and it cannot be claimed by typing one: "
+    "ask your teacher for your invite code, or an admin to run `gpuslice user set-password {name}`."
+)
+
+
+class AccountsError(ValueError):
+    """A password or its source that cannot be used; the message says what to do."""
+
+
+def passwords_path(data_dir: Path) -> Path:
+    return data_dir.absolute() / "passwords.dbm"
+
+
+def known_names(settings: Settings) -> set[str]:
+    """Admins and every class member: names whose first password must come from us."""
+    members = {str(m).lower() for group in settings.groups for m in group.get("members") or ()}
+    return members | {a.lower() for a in settings.admin_users}
+
+
+def has_password(store: Path, name: str) -> bool:
+    try:
+        with dbm.open(str(store), "r") as db:
+            return db.get(name.encode()) is not None
+    except dbm.error:  # no password store yet: nobody has a password
+        return False
+
+
+def set_password(store: Path, name: str, password: str) -> None:
+    if len(password) < MIN_PASSWORD_LENGTH:
+        raise AccountsError(f"a password needs at least {MIN_PASSWORD_LENGTH} characters")
+    store.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with dbm.open(str(store), "c", 0o600) as db:
+        db[name.encode()] = bcrypt.hashpw(password.encode(), bcrypt.gensalt())
+
+
+def new_code() -> str:
+    """A password nobody can guess, short enough to read out: 16 URL-safe characters (96 bits)."""
+    return secrets.token_urlsafe(12)
+
+
+def first_passwords(store: Path, names: Iterable[str]) -> dict[str, str]:
+    """A new code for each name without a password (existing ones are kept): name -> code."""
+    given = {}
+    for name in names:
+        if not has_password(store, name):
+            given[name] = new_code()
+            set_password(store, name, given[name])
+    return given
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read (created 0600, never widened)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, 0o600)
+        out.write(text)
+
+
+def admin_password(source: str) -> str | None:
+    """The admins' first password from ``admin_password_from`` ("file:PATH", "env:NAME"); None: generate."""
+    if not source:
+        return None
+    kind, _, where = source.partition(":")
+    if kind == "env":
+        value = os.environ.get(where, "")
+        if not value:
+            raise AccountsError(f"admin_password_from names ${where}, which is not set; export it or use file:PATH")
+        return value
+    if kind == "file":
+        path = Path(where)
+        try:
+            if path.stat().st_mode & 0o077:
+                raise AccountsError(f"{path} can be read by other accounts; chmod 600 {path}")
+            return path.read_text().strip()
+        except OSError as exc:
+            raise AccountsError(f"admin_password_from: cannot read {path} ({exc.strerror})") from None
+    raise AccountsError(f'admin_password_from must be "file:PATH" or "env:NAME", not {source!r}')
+
+
+def ensure_admin_passwords(settings: Settings, data_dir: Path) -> dict[str, str]:
+    """Give every admin without a password one; returns the generated ones (to print once)."""
+    store = passwords_path(data_dir)
+    missing = [a.lower() for a in settings.admin_users if not has_password(store, a.lower())]
+    chosen = admin_password(settings.admin_password_from) if missing else None
+    if chosen is None:
+        return first_passwords(store, missing)
+    for name in missing:
+        set_password(store, name, chosen)
+    return {}
+
+
+def signup_words(settings: Settings) -> str:
+    """What the login page accepts, in the words the startup banner prints."""
+    known = "admins and class members log in with the password or invite code gpuslice gave them"
+    if settings.open_signup:
+        return f"{known}; any other new name sets its own password at first login (open_signup: true)"
+    return f"{known}; nobody else can sign up (open_signup: false)"
+
+
+class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
+    """FirstUseAuthenticator, except that a known name without a password cannot be claimed."""
+
+    known_names = Set(Unicode(), help="Admins and class members: their first password comes from gpuslice.").tag(
+        config=True
+    )
+
+    async def authenticate(self, handler: Any, data: dict[str, str]) -> str | None:
+        name = self.normalize_username(data["username"])
+        if name in self.known_names and not has_password(Path(self.dbm_path), name):
+            handler.custom_login_error = NO_PASSWORD_YET.format(name=name)
+            self.log.warning("refused a first login to %s, which has no password yet", name)
+            return None
+        result: str | None = await super().authenticate(handler, data)
+        return result
+
+
+# -- Kubernetes: the admins' password from the chart's Secret --------------------------------
+
+ADMIN_SECRET_MIN_LENGTH = 12  # the chart's admin Secret (Kubernetes)
 
 
 class AdminPasswordError(ValueError):
@@ -30,8 +170,8 @@ def read_admin_password(path: Path) -> str:
             f"{path}: cannot read the admin password ({exc.strerror}); the chart mounts it from the hub's Secret "
             "(or hub.adminSecret, key 'password')"
         ) from None
-    if len(password) < MIN_LENGTH:
-        raise AdminPasswordError(f"{path}: the admin password must have at least {MIN_LENGTH} characters")
+    if len(password) < ADMIN_SECRET_MIN_LENGTH:
+        raise AdminPasswordError(f"{path}: the admin password must have at least {ADMIN_SECRET_MIN_LENGTH} characters")
     return password
 
 

@@ -31,6 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--budget", help='GPU memory the whole class may hold at once, for example "40GiB"')
     add.add_argument("--servers-per-user", type=int, help="running servers per student")
     add.add_argument("--max-gpus", type=int, help="whole cards per server (0: none)")
+    add.add_argument("--invites", type=Path, help="write the new members' invite codes to this file (mode 0600)")
+
+    users = commands.add_parser("user", help="manage accounts")
+    user_commands = users.add_subparsers(dest="user_command", required=True)
+    reset = user_commands.add_parser("set-password", help="set or reset a user's password (prints a new one)")
+    reset.add_argument("name", help="the user name")
+    reset.add_argument("--config", type=Path, help="settings file (its data_dir holds the passwords)")
+    reset.add_argument("--password-file", type=Path, help="read the password from this file instead of making one")
 
     exporter = commands.add_parser("exporter", help="serve GPU metrics (dcgm-exporter names) on /metrics")
     exporter.add_argument("--port", type=int, default=9400, help="port on 127.0.0.1 (default 9400)")
@@ -91,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _up(args.config)
     if args.command == "class":
         return _class_add(args)
+    if args.command == "user":
+        return _set_password(args)
     if args.command == "exporter":
         return _exporter(args)
     if args.command == "usage":
@@ -133,6 +143,7 @@ def _bench_extra() -> Iterator[None]:
 
 
 def _class_add(args: argparse.Namespace) -> int:
+    from hub.accounts import first_passwords, passwords_path, write_private
     from hub.classes import add_class, read_roster
 
     rules = {
@@ -144,10 +155,36 @@ def _class_add(args: argparse.Namespace) -> int:
     try:
         members = read_roster(args.roster)
         add_class(args.config, args.name, members, rules)
+        settings = settings_mod.load(args.config)
     except settings_mod.SettingsError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
     print(f"class {args.name}: {len(members)} students written to {args.config}; it applies at the next gpuslice up.")
+    codes = first_passwords(passwords_path(settings.data_dir), members)
+    lines = "".join(f"{name},{code}\n" for name, code in codes.items())
+    if args.invites and codes:
+        write_private(args.invites, "username,invite_code\n" + lines)
+        print(f"{len(codes)} invite codes (each member's first password) written to {args.invites}.")
+    elif codes:
+        print("Invite codes, each member's first password (shown once; they change it at /hub/auth/change-password):")
+        print(lines, end="")
+    return 0
+
+
+def _set_password(args: argparse.Namespace) -> int:
+    from hub.accounts import AccountsError, new_code, passwords_path, set_password
+
+    try:
+        settings = settings_mod.load(args.config)
+        password = args.password_file.read_text().strip() if args.password_file else new_code()
+        set_password(passwords_path(settings.data_dir), args.name.lower(), password)
+    except (settings_mod.SettingsError, AccountsError, OSError) as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    if args.password_file:
+        print(f"{args.name}'s password is now the one in {args.password_file}.")
+    else:
+        print(f"{args.name}'s new password (shown once): {password}")
     return 0
 
 

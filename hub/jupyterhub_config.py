@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from hub import metrics
+from hub.accounts import known_names, passwords_path
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -33,10 +34,12 @@ c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
 c.ConfigurableHTTPProxy.command = [str(repo / "node_modules" / ".bin" / "configurable-http-proxy")]
 c.JupyterHub.cleanup_servers = True  # stopping the platform stops every notebook server
 
-# Logins: a new user sets a password at first login (as in The Littlest JupyterHub).
-c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
-c.FirstUseAuthenticator.dbm_path = str(data_dir / "passwords.dbm")
-c.FirstUseAuthenticator.create_users = settings.open_signup
+# Logins (hub/accounts.py): admins and class members log in with the password or invite code
+# gpuslice gave them; with open_signup a new name, and only a new one, sets its password.
+c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
+c.GpusliceAuthenticator.dbm_path = str(passwords_path(data_dir))
+c.GpusliceAuthenticator.create_users = settings.open_signup
+c.GpusliceAuthenticator.known_names = known_names(settings)
 c.Authenticator.admin_users = set(settings.admin_users)
 members = {m for g in settings.groups for m in g["members"]}
 if settings.open_signup:
@@ -51,6 +54,7 @@ c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)
 c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
 c.LocalGpuSpawner.isolation = settings.isolation
+c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.default_url = "/lab"
 # A class pressing Start together on a small machine: 50 jupyterlab servers on 2 cores take
@@ -93,7 +97,9 @@ c.JupyterHub.services.append(
         "url": f"http://127.0.0.1:{settings.portal_port}",
         "command": [*with_hub, "portal.gate"],
         "oauth_no_confirm": True,
-        "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],
+        # The user's own token, handed to Streamlit by the gate: starting one's own server,
+        # and (within each user's permissions: an admin's all, anyone else's their own) stopping.
+        "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user", "servers!user", "delete:servers"],
         "environment": {
             environ.SETTINGS.name: environ.SETTINGS.get(),
             environ.DATA_DIR.name: str(data_dir),
@@ -102,6 +108,7 @@ c.JupyterHub.services.append(
             environ.PROMETHEUS_URL.name: f"http://127.0.0.1:{settings.monitoring['prometheus_port']}",
             environ.ALERTMANAGER_URL.name: f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
             environ.STREAMLIT_PORT.name: str(settings.streamlit_port),  # 0: any free port
+            environ.MONITORING_PASSWORD_FILE.name: environ.MONITORING_PASSWORD_FILE.get(),
         },
     }
 )
@@ -110,7 +117,7 @@ c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", "access:servi
 c.JupyterHub.load_roles.append(
     {
         "name": "portal",
-        "scopes": ["list:users", "read:users", "servers", "list:groups", "read:groups"],
+        "scopes": ["list:users", "read:users", "read:servers", "list:groups", "read:groups"],  # reads only
         "services": ["portal"],
     }
 )

@@ -105,14 +105,21 @@ if values.portal_enabled:
             "url": values.portal_url,
             "api_token": environ.PORTAL_TOKEN.require(),
             "oauth_no_confirm": True,
-            "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user"],
+            # The user's own token, handed to Streamlit by the gate: starting one's own server,
+            # and (within each user's permissions: an admin's all, anyone else's their own) stopping.
+            "oauth_client_allowed_scopes": [
+                "read:users:groups!user",
+                "read:users!user",
+                "servers!user",
+                "delete:servers",
+            ],
         }
     )
     c.JupyterHub.load_roles += [
         {"name": "user", "scopes": ["self", "access:services!service=portal"]},
         {
             "name": "portal",
-            "scopes": ["list:users", "read:users", "servers", "list:groups", "read:groups"],
+            "scopes": ["list:users", "read:users", "read:servers", "list:groups", "read:groups"],  # reads only
             "services": ["portal"],
         },
     ]

@@ -21,6 +21,7 @@ from types import FrameType
 import yaml
 
 from hub import monitoring, recovery
+from hub.accounts import AccountsError, ensure_admin_passwords, signup_words, write_private
 from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
@@ -44,12 +45,22 @@ def hub_command() -> list[str]:
     return [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)]
 
 
+ROOT_WARNING = (
+    "gpuslice: WARNING: isolation is none and gpuslice runs as root, so every notebook runs as root: "
+    "any user can read and change everything on this machine, other users' files and the platform's "
+    "secrets included. For a class set isolation: unix-users (an account per user; docs/security.md)."
+)
+
+
 def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[str, str]]:
     """Check prerequisites, make the data folder, reconcile the ledger; return (data_dir, env)."""
     if not PROXY.exists():
         raise PlatformError(f"configurable-http-proxy is not installed at {PROXY}; run scripts/setup (it runs npm ci).")
     data_dir = settings.data_dir.absolute()
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # The hub's database, cookie secret, passwords, tokens, ledger and markets live here: only
+    # the platform's account may enter, whoever made the folder and whatever the umask was.
+    data_dir.chmod(0o700)
     dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
@@ -104,6 +115,16 @@ def hub_token(data_dir: Path) -> Path:
     return path
 
 
+def monitoring_password(folder: Path) -> Path:
+    """The monitoring password in a 0600 file, and the web config (bcrypt hash) Prometheus and
+    Alertmanager read; made once, kept across restarts."""
+    path = folder / "web-password"
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(24))
+    write_private(folder / "web.yml", yaml.safe_dump(monitoring.web_config(path.read_text().strip())))
+    return path
+
+
 def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[Child]:
     """The exporter, and Prometheus, Alertmanager and node-exporter when installed (not started)."""
     options = settings.monitoring
@@ -111,7 +132,9 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
         print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
         return []
     folder = data_dir / "monitoring"
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(exist_ok=True, mode=0o700)
+    password_file = monitoring_password(folder)
+    env[environ.MONITORING_PASSWORD_FILE.name] = str(password_file)
     found = monitoring.binaries()
     ports = monitoring.Ports(
         settings.hub_port,
@@ -150,6 +173,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             node_exporter=node,
             interval=options["scrape_interval"],
             node=default_hostname(),
+            password_file=password_file,
         )
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         (folder / "alertmanager.yml").write_text(
@@ -160,6 +184,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             f"--config.file={folder / 'alertmanager.yml'}",
             f"--storage.path={folder / 'alertmanager-data'}",
             f"--web.listen-address=127.0.0.1:{ports.alertmanager}",
+            f"--web.config.file={folder / 'web.yml'}",
             "--cluster.listen-address=",
         ]
         commands["prometheus"] = [
@@ -167,6 +192,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             f"--config.file={folder / 'prometheus.yml'}",
             f"--storage.tsdb.path={folder / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{ports.prometheus}",
+            f"--web.config.file={folder / 'web.yml'}",
         ]
         if node:
             commands["node_exporter"] = [
@@ -178,6 +204,10 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
 
 def up(settings: Settings, config_path: Path | None) -> int:
     data_dir, env = prepare(settings, config_path)
+    try:
+        generated = ensure_admin_passwords(settings, data_dir)
+    except AccountsError as exc:
+        raise PlatformError(str(exc)) from None
     gpus = machine(settings.simulate)
     env[environ.PROMETHEUS_TOKEN_FILE.name] = str(hub_token(data_dir))
     supervisor = Supervisor(monitoring_children(settings, data_dir, env))
@@ -192,11 +222,14 @@ def up(settings: Settings, config_path: Path | None) -> int:
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     base = f"http://127.0.0.1:{settings.port}"
+    if settings.isolation == "none" and os.geteuid() == 0:
+        print(ROOT_WARNING, flush=True)
     if wait_healthy(f"{base}/hub/health", proc):
         print(
             f"gpuslice is up.\n"
-            f"  JupyterHub:  {base}/  (a new user name sets its password at first login)\n"
-            f"  health:      {base}/hub/health\n"
+            f"  JupyterHub:  {base}/  ({signup_words(settings)})\n"
+            + "".join(f"  admin {name}'s password (shown once): {code}\n" for name, code in generated.items())
+            + f"  health:      {base}/hub/health\n"
             f"  GPUs:        {', '.join(f'{g.model} {format_bytes(g.memory_bytes)}' for g in gpus.gpus)}\n"
             f"               ({gpus.source})\n"
             f"  data folder: {data_dir}\n"

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from spawner.gpus import parse_gpu_spec
 from spawner.quotas import GroupRulesError, group_rules, unknown_keys_message
+from spawner.shares import ShareError, parse_quantity
 
 DEFAULT_SIMULATE = "2x16GiB:T4,1x80GiB:H100"
 
@@ -47,6 +48,14 @@ class Settings(BaseModel):
     isolation: str = Field(default="none", description="none (one account) or unix-users (an account per user).")
     idle_timeout: int = Field(default=3600, description="Seconds of inactivity before a server is stopped.")
     open_signup: bool = Field(default=True, description="Anyone may create an account at first login.")
+    admin_password_from: str = Field(
+        default="",
+        description='The admins\' first password: "file:PATH" (mode 0600) or "env:NAME"; empty: generated, shown once.',
+    )
+    smallest_slice: str = Field(
+        default="256MiB",
+        description="The smallest GPU slice a server may ask for; smaller ones are refused (CUDA needs about this).",
+    )
     monitoring: dict[str, Any] = Field(
         default_factory=lambda: _monitoring({}, "defaults"),
         description="enabled, webhook_url, scrape_interval, the monitoring ports and oncall (an OnCall).",
@@ -108,6 +117,8 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         isolation=_choice(raw, "isolation", ("none", "unix-users"), "none", source),
         idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
         open_signup=_bool(raw, "open_signup", True, source),
+        admin_password_from=_password_source(raw, source),
+        smallest_slice=_amount(raw, "smallest_slice", "256MiB", source),
         monitoring=_monitoring(raw.get("monitoring") or {}, source),
         market=_market(raw.get("market") or {}, source),
     )
@@ -227,6 +238,10 @@ def _oncall(raw: Any, source: str) -> OnCall:
     return oncall
 
 
+# Prometheus and Alertmanager ask for basic auth as this user; the password is in a 0600 file
+# (spawner.environ.MONITORING_PASSWORD_FILE) that only the platform's account can read.
+MONITORING_USER = "gpuslice"
+
 MONITORING_PORTS = {
     "exporter_port": 9400,
     "prometheus_port": 9090,
@@ -308,6 +323,25 @@ def _positive_int(raw: dict[str, Any], key: str, fallback: int, source: str) -> 
     value = raw.get(key, fallback)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{source}: {key} must be a whole number of seconds above 0, not {value!r}")
+    return value
+
+
+def _password_source(raw: dict[str, Any], source: str) -> str:
+    value = raw.get("admin_password_from", "")
+    if not isinstance(value, str) or (value and not value.startswith(("file:", "env:"))):
+        raise SettingsError(f'{source}: admin_password_from must be "file:PATH" or "env:NAME", not {value!r}')
+    return value
+
+
+def _amount(raw: dict[str, Any], key: str, fallback: str, source: str) -> str:
+    value = raw.get(key, fallback)
+    try:
+        if not isinstance(value, str):
+            raise ShareError(f"a {type(value).__name__} is not an amount of memory.")
+        if parse_quantity(value) <= 0:
+            raise ShareError(f"{value!r} is not an amount of memory above 0.")
+    except ShareError as exc:
+        raise SettingsError(f"{source}: {key}: {exc} Write for example 256MiB.") from None
     return value
 
 

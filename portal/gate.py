@@ -30,8 +30,8 @@ from spawner.ports import free_port
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
 
 
-def identity_of(user: dict[str, Any]) -> Identity:
-    return Identity(str(user["name"]), bool(user.get("admin")), tuple(sorted(user.get("groups") or ())))
+def identity_of(user: dict[str, Any], hub_token: str = "") -> Identity:
+    return Identity(str(user["name"]), bool(user.get("admin")), tuple(sorted(user.get("groups") or ())), hub_token)
 
 
 class Upstream:
@@ -41,10 +41,15 @@ class Upstream:
     def url(self, uri: str, scheme: str = "http") -> str:
         return f"{scheme}://127.0.0.1:{self.port}{uri}"
 
-    def headers(self, incoming: Any, user: dict[str, Any] | None) -> dict[str, str]:
+    def headers(self, incoming: Any, user: dict[str, Any] | None, hub_token: str = "") -> dict[str, str]:
+        """The browser's headers for Streamlit, with the signed identity and the user's hub token.
+
+        The token is the one the hub issued to this user at the portal's OAuth login (its
+        scopes: oauth_client_allowed_scopes, within the user's own permissions).
+        """
         headers = {k: v for k, v in incoming.get_all() if k.lower() not in HOP_BY_HOP}
         if user is not None:
-            headers[HEADER] = sign(identity_of(user), self.secret)
+            headers[HEADER] = sign(identity_of(user, hub_token), self.secret)
         return headers
 
 
@@ -67,7 +72,7 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):  # type: ignore[misc]
         request = httpclient.HTTPRequest(
             self.upstream.url(self.request.uri or "/"),
             method=self.request.method or "GET",
-            headers=self.upstream.headers(self.request.headers, self.current_user),
+            headers=self.upstream.headers(self.request.headers, self.current_user, self.hub_auth.get_token(self) or ""),
             body=self.request.body if self.request.method == "POST" else None,
             follow_redirects=False,
             request_timeout=60,
@@ -117,7 +122,7 @@ class StreamHandler(HubOAuthenticated, websocket.WebSocketHandler):  # type: ign
         return subprotocols[0] if subprotocols else None
 
     async def open(self, *args: Any) -> None:
-        headers = self.upstream.headers(self.request.headers, self.current_user)
+        headers = self.upstream.headers(self.request.headers, self.current_user, self.hub_auth.get_token(self) or "")
         headers.pop("Origin", None)
         for key in [k for k in headers if k.lower().startswith("sec-websocket")]:
             if key.lower() != "sec-websocket-protocol":

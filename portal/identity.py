@@ -3,6 +3,9 @@
 Streamlit listens on loopback where any local user could reach it and send any header.
 The gate signs the logged-in user (name, admin, groups, expiry) with a secret that only
 the gate and Streamlit hold (HMAC-SHA256); every page verifies it before showing data.
+It also carries the user's own OAuth token for the hub: what the portal does on a
+user's behalf (starting their server, an admin stopping one) uses that user's authority,
+never the portal service's.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import hashlib
 import hmac
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 HEADER = "X-Gpuslice-Identity"
 LIFETIME_S = 8 * 3600  # a browser tab's websocket carries the identity it opened with
@@ -27,6 +30,7 @@ class Identity:
     name: str
     admin: bool = False
     groups: tuple[str, ...] = ()
+    hub_token: str = field(default="", repr=False, compare=False)  # the user's own OAuth token
 
 
 def sign(identity: Identity, secret: bytes, now: float | None = None) -> str:
@@ -34,6 +38,7 @@ def sign(identity: Identity, secret: bytes, now: float | None = None) -> str:
         "name": identity.name,
         "admin": identity.admin,
         "groups": list(identity.groups),
+        "hub_token": identity.hub_token,
         "exp": int((time.time() if now is None else now) + LIFETIME_S),
     }
     body = base64.urlsafe_b64encode(json.dumps(payload, sort_keys=True).encode()).decode()
@@ -52,7 +57,12 @@ def verify(value: str | None, secret: bytes, now: float | None = None) -> Identi
         raise IdentityError("the identity is malformed") from exc
     if payload.get("exp", 0) < (time.time() if now is None else now):
         raise IdentityError("the login has expired: reload the page")
-    return Identity(str(payload["name"]), bool(payload.get("admin")), tuple(payload.get("groups") or ()))
+    return Identity(
+        str(payload["name"]),
+        bool(payload.get("admin")),
+        tuple(payload.get("groups") or ()),
+        str(payload.get("hub_token") or ""),
+    )
 
 
 def _mac(body: str, secret: bytes) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import streamlit as st
 
 from hub.kube_values import KubeValues, load_kube_values
-from hub.settings import Settings, load, market_url
+from hub.settings import MONITORING_USER, Settings, load, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
 from portal.data import alerts, cluster, hub, prometheus
@@ -27,6 +27,10 @@ def settings() -> Settings:
     return load(Path(path) if path else None)
 
 
+def _hub_api_url() -> str:
+    return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+
 @st.cache_resource
 def kube_values() -> KubeValues:
     """The chart's values, read as the hub reads them (hub/kube_values.py)."""
@@ -35,10 +39,13 @@ def kube_values() -> KubeValues:
 
 @st.cache_resource
 def hub_client() -> HubClient:
-    return HubClient(
-        os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
-        os.environ.get("JUPYTERHUB_API_TOKEN", ""),
-    )
+    """The portal service's own token: it reads users, servers and groups, and nothing more."""
+    return HubClient(_hub_api_url(), os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+
+
+def acting_client(identity: Identity) -> HubClient:
+    """The reader's own authority (their OAuth token from the gate): for starting and stopping servers."""
+    return HubClient(_hub_api_url(), identity.hub_token)
 
 
 def _monitoring_on() -> None:
@@ -51,6 +58,12 @@ def prometheus_url() -> str:
         return _chart_url(kube_values().prometheus_url, "monitoring.prometheusUrl", "Prometheus")
     _monitoring_on()
     return environ.PROMETHEUS_URL.get() or f"http://127.0.0.1:{settings().monitoring['prometheus_port']}"
+
+
+def monitoring_auth() -> tuple[str, str] | None:
+    """Prometheus's and Alertmanager's basic auth, from the 0600 file gpuslice up made (None: none asked)."""
+    path = environ.MONITORING_PASSWORD_FILE.get()
+    return (MONITORING_USER, Path(path).read_text().strip()) if path else None
 
 
 def alertmanager_url() -> str:
@@ -129,22 +142,22 @@ def server_history(identity: Identity, user: str, server: str) -> list[ServerEve
 
 @st.cache_data(ttl=10)
 def gpu_readings() -> dict[tuple[str, str], prometheus.GpuReading]:
-    return prometheus.gpu_readings(prometheus.connect(prometheus_url()))
+    return prometheus.gpu_readings(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
 
 
 @st.cache_data(ttl=10)
 def summary() -> dict[str, float]:
-    return prometheus.summary(prometheus.connect(prometheus_url()))
+    return prometheus.summary(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
 
 
 @st.cache_data(ttl=30)
 def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
-    return prometheus.trend(prometheus.connect(prometheus_url()), expr, hours)
+    return prometheus.trend(prometheus.connect(prometheus_url(), auth=monitoring_auth()), expr, hours)
 
 
 @st.cache_data(ttl=10)
 def active_alerts() -> list[alerts.AlertRow]:
-    return alerts.active_alerts(alertmanager_url())
+    return alerts.active_alerts(alertmanager_url(), auth=monitoring_auth())
 
 
 @st.cache_data(ttl=30)
@@ -155,12 +168,12 @@ def utilization_heatmap(hours: float, per_node: bool = False) -> dict[str, list[
         if per_node
         else "DCGM_FI_DEV_GPU_UTIL"
     )
-    return prometheus.per_gpu_trend(prometheus.connect(prometheus_url()), metric, hours)
+    return prometheus.per_gpu_trend(prometheus.connect(prometheus_url(), auth=monitoring_auth()), metric, hours)
 
 
 @st.cache_data(ttl=30)
 def spawn_success() -> float | None:
-    return prometheus.spawn_success_ratio(prometheus.connect(prometheus_url()))
+    return prometheus.spawn_success_ratio(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
 
 
 @st.cache_resource

@@ -46,6 +46,10 @@ ALERTMANAGER_URL = EnvVar(
 PROMETHEUS_TOKEN_FILE = EnvVar(
     "GPUSLICE_PROMETHEUS_TOKEN_FILE", "File holding the API token Prometheus scrapes /hub/metrics with."
 )
+MONITORING_PASSWORD_FILE = EnvVar(
+    "GPUSLICE_MONITORING_PASSWORD_FILE",
+    "File (0600) holding the basic-auth password of Prometheus and Alertmanager (user gpuslice); empty: no auth.",
+)
 STREAMLIT_PORT = EnvVar(
     "GPUSLICE_STREAMLIT_PORT", "Port of the Streamlit server behind the portal gate (0: any free port).", "0"
 )

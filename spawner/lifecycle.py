@@ -8,7 +8,6 @@ event, and releases the slice however the server ends.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -230,7 +229,9 @@ class LedgerGpuMixin(GpuShareMixin):
         env: dict[str, str] = super().get_env()  # type: ignore[misc]
         if self._gpu_spec is not None:
             env.update(self._gpu_spec.env)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH", "")]))
+        # Only the kernel hook: the hub's own PYTHONPATH (the platform's source tree) would let
+        # our hub, portal and spawner packages shadow a user's packages of the same names.
+        env["PYTHONPATH"] = str(HOOK_DIR)
         if self._machine.simulated and self._gpu_holds:
             env[environ.SIMULATED.name] = "1"
         if self._gpu_models:

@@ -23,7 +23,15 @@ from spawner.ledger import Held, server_key
 from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
 from spawner.quotas import GroupQuota, Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused, options_from_form, read_request
-from spawner.shares import GpuRequest, RequestKind, ShareError, parse_request
+from spawner.shares import (
+    DEFAULT_SMALLEST_SLICE,
+    GpuRequest,
+    RequestKind,
+    ShareError,
+    parse_quantity,
+    parse_request,
+    quantity_text,
+)
 
 
 class GpuShareMixin(ImagesMixin):
@@ -44,6 +52,10 @@ class GpuShareMixin(ImagesMixin):
         servers_per_user, images (list of image ids). Members come from JupyterHub groups.""",
     ).tag(config=True)
     gpu_default_memory = Unicode("0", help='gpu_memory when a request names none ("0": CPU only).').tag(config=True)
+    gpu_smallest_slice = Unicode(
+        quantity_text(DEFAULT_SMALLEST_SLICE),
+        help="The smallest slice a server may ask for; smaller ones are refused with this size as the fix.",
+    ).tag(config=True)
     gpu_max_cards = Integer(0, help="Most whole cards one server may take (0: as many as the machine has).").tag(
         config=True
     )
@@ -75,7 +87,12 @@ class GpuShareMixin(ImagesMixin):
         options = self.user_options or {}  # type: ignore[attr-defined]
         machine_ = self._machine
         request = read_request(
-            options, self.gpu_default_memory, machine_.gpus, self.gpu_max_cards, self.gpu_option_keys
+            options,
+            self.gpu_default_memory,
+            machine_.gpus,
+            self.gpu_max_cards,
+            self.gpu_option_keys,
+            parse_quantity(self.gpu_smallest_slice),
         )
         return request, self._chosen_image(options.get("image") or self.gpu_default_image)
 

@@ -51,8 +51,9 @@ def bind_command(models_dir: Path, models: dict[str, Path], command: list[str]) 
         "private",
         "--",
         sys.executable,
-        "-m",
-        "spawner.mounts",
+        # By path, not "-m spawner.mounts": the server's Python path holds only the kernel
+        # hook, which hides the platform's packages; this file needs nothing but the stdlib.
+        str(Path(__file__).absolute()),
         str(models_dir),
         *specs,
         "--",

@@ -8,7 +8,7 @@ from tornado import web
 
 from spawner.form import split_gpu_choice
 from spawner.inventory import Gpu
-from spawner.shares import GpuRequest, RequestKind, ShareError, parse_request
+from spawner.shares import DEFAULT_SMALLEST_SLICE, GpuRequest, RequestKind, ShareError, parse_request
 
 OPTION_KEYS = frozenset({"gpu_memory", "gpus", "image", "models"})
 
@@ -27,11 +27,17 @@ def _http_reason(status: int) -> str:
 
 
 def read_request(
-    options: Any, default_memory: str, gpus: tuple[Gpu, ...], max_cards: int, keys: frozenset[str] = OPTION_KEYS
+    options: Any,
+    default_memory: str,
+    gpus: tuple[Gpu, ...],
+    max_cards: int,
+    keys: frozenset[str] = OPTION_KEYS,
+    smallest_slice_bytes: int = DEFAULT_SMALLEST_SLICE,
 ) -> GpuRequest:
     """The GPU request in ``options`` (user_options); GpuRefused(400) saying what to send instead.
 
-    ``keys``: the options this backend takes (Kubernetes adds ``profile``).
+    ``keys``: the options this backend takes (Kubernetes adds ``profile``);
+    ``smallest_slice_bytes``: slices below it are refused (spawner/shares.py).
     """
     if not isinstance(options, dict):
         raise GpuRefused(400, "Spawn options must be a JSON object.", "invalid")
@@ -48,6 +54,7 @@ def read_request(
             options.get("gpus", 0),
             largest_card_bytes=max((g.memory_bytes for g in gpus), default=0),
             most_cards=max_cards or len(gpus),
+            smallest_slice_bytes=smallest_slice_bytes,
         )
     except ShareError as exc:
         raise GpuRefused(400, str(exc), "invalid") from None

@@ -35,6 +35,16 @@ _QUANTITY = re.compile(
 
 EXAMPLES = '"4GiB", "512MiB", "0.25" (a quarter of a card) or "0" for CPU only'
 
+# The smallest slice a server may ask for unless the settings say otherwise: CUDA's own
+# context takes a few hundred MiB before a framework allocates anything, so a slice
+# smaller than this would show the card to a notebook while charging almost nothing.
+DEFAULT_SMALLEST_SLICE = 256 * MiB
+# Longer text is no amount anyone means ("16GiB", "0.25", "1e3Mi"); refusing it first
+# keeps Decimal and int() away from million-digit input.
+MAX_INPUT_CHARS = 32
+# More memory than any GPU will have; larger amounts are refused before arithmetic.
+_MAX_EXPONENT = 30
+
 
 class ShareError(ValueError):
     """A GPU request that cannot be honoured; the message says what to type instead."""
@@ -113,21 +123,46 @@ def parse_quantity(text: str) -> int:
     >>> parse_quantity("4Gi"), parse_quantity("4G"), parse_quantity("1.5MiB")
     (4294967296, 4000000000, 1572864)
     """
+    _refuse_long(text, "an amount of memory", "16GiB or 512MiB")
     match = _QUANTITY.match(text)
     if not match:
         raise ShareError(f"{text!r} is not an amount of memory{_unit_hint(text)}; write for example 16GiB or 512MiB.")
-    try:
-        number = Decimal(match["number"])
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise ShareError(f"{text!r} is not a number.") from exc
-    if match["exp"]:
-        number *= Decimal(10) ** int(match["exp"])
+    number = _decimal(match)
+    if number is None:
+        return _TOO_MANY_BYTES
     unit = match["unit"] or ""
     if unit in _BINARY:
         number *= Decimal(1024) ** _BINARY[unit]
     elif unit in _DECIMAL:
         number *= Decimal(1000) ** _DECIMAL[unit]
     return math.ceil(number)
+
+
+# Stands for "more than any card": larger than any real GPU's memory, small enough for arithmetic.
+_TOO_MANY_BYTES = 2**63
+
+
+def _decimal(match: re.Match[str]) -> Decimal | None:
+    """The number a _QUANTITY match spells, or None when its exponent puts it beyond any card.
+
+    An exponent far below zero gives Decimal zero's neighbourhood, not zero: the caller
+    refuses it as below the smallest slice rather than reading it as CPU only.
+    """
+    exponent = int(match["exp"] or 0)  # at most MAX_INPUT_CHARS digits: int() is safe
+    if exponent > _MAX_EXPONENT:
+        return None
+    try:
+        return Decimal(match["number"]).scaleb(max(exponent, -_MAX_EXPONENT - 10))
+    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+        return None
+
+
+def _refuse_long(text: str, what: str, example: str) -> None:
+    if len(text) > MAX_INPUT_CHARS:
+        raise ShareError(
+            f"{text[:12]!r}... is {len(text)} characters long, which is not {what}; "
+            f"type at most {MAX_INPUT_CHARS} characters, for example {example}."
+        )
 
 
 def parse_gpu_memory(value: object) -> GpuRequest:
@@ -138,11 +173,14 @@ def parse_gpu_memory(value: object) -> GpuRequest:
     """
     if isinstance(value, bool) or value is None:
         raise ShareError(f"gpu_memory must be text or a number, not {value!r}; type {EXAMPLES}.")
+    if isinstance(value, int) and value > 64:  # float() of a huge int overflows: refuse before converting
+        return _share_from_number(_BEYOND_ADVICE, _short_repr(value))
     if isinstance(value, int | float):
         return _share_from_number(float(value), repr(value))
     if not isinstance(value, str):
         raise ShareError(f"gpu_memory must be text or a number, not {type(value).__name__}; type {EXAMPLES}.")
     text = value.strip()
+    _refuse_long(text, "an amount of GPU memory", EXAMPLES)
     if not text:
         return CPU_ONLY
     if text.startswith("-"):
@@ -154,9 +192,15 @@ def parse_gpu_memory(value: object) -> GpuRequest:
         hint = _unit_hint(text)
         raise ShareError(f"{text!r} is not an amount of GPU memory{hint}; type for example {EXAMPLES}.")
     if not match["unit"] and not match["b"]:
-        return _share_from_number(float(Decimal(match["number"]) * (Decimal(10) ** int(match["exp"] or 0))), repr(text))
+        number = _decimal(match)
+        return _share_from_number(_BEYOND_ADVICE if number is None else float(number), repr(text))
     amount = parse_quantity(text)
     return GpuRequest(memory_bytes=amount) if amount else CPU_ONLY
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_INPUT_CHARS else f"a number of {len(text)} digits"
 
 
 def _unit_hint(text: str) -> str:
@@ -178,9 +222,18 @@ def _share_from_number(number: float, shown: str) -> GpuRequest:
     if number > 1:
         raise ShareError(
             f"A number without a unit is a share of one card, from 0 to 1; {shown} is more than a card. "
-            f'For memory add a unit ("{number:g}GiB"); for whole cards ask for gpus={math.ceil(number)}.'
+            f"{_more_than_a_card_advice(number)}"
         )
     return GpuRequest(fraction=number)
+
+
+_BEYOND_ADVICE = 1e9  # a share so large that no unit or card count would make sense of it
+
+
+def _more_than_a_card_advice(number: float) -> str:
+    if number > 64:  # no amount of memory in GiB nor count of cards: say the ranges
+        return 'Type a share from 0 to 1 ("0.25"), an amount with a unit ("4GiB") or whole cards with gpus=1.'
+    return f'For memory add a unit ("{number:g}GiB"); for whole cards ask for gpus={math.ceil(number)}.'
 
 
 def parse_gpus(value: object) -> int:
@@ -189,6 +242,7 @@ def parse_gpus(value: object) -> int:
         raise ShareError(f"gpus must be a whole number of cards, not {value!r}.")
     if isinstance(value, str):
         text = value.strip() or "0"
+        _refuse_long(text, "a number of cards", "0, 1 or 2")
         if not re.fullmatch(r"\+?[0-9]+", text):
             raise ShareError(f"gpus must be a whole number of cards such as 0, 1 or 2, not {value!r}.")
         return int(text)
@@ -209,12 +263,14 @@ def parse_request(
     *,
     largest_card_bytes: int | None = None,
     most_cards: int | None = None,
+    smallest_slice_bytes: int = DEFAULT_SMALLEST_SLICE,
 ) -> GpuRequest:
     """Combine ``gpu_memory`` and ``gpus`` into one request and check it against the cards.
 
     ``largest_card_bytes`` is the memory of the largest card a request could go to,
     ``most_cards`` the most cards one server can get (a node's GPU count); when given,
-    requests beyond them are refused here with the numbers.
+    requests beyond them are refused here with the numbers. A slice smaller than
+    ``smallest_slice_bytes`` (on the largest card, for a share) is refused too.
     """
     count = parse_gpus(gpus)
     share = parse_gpu_memory(gpu_memory)
@@ -227,13 +283,39 @@ def parse_request(
         raise ShareError(f'gpu_memory="1" means one whole card but gpus={count}; set gpu_memory to "0".')
     request = GpuRequest(gpus=count) if count else share
     _check_limits(request, largest_card_bytes, most_cards)
+    _check_floor(request, largest_card_bytes, smallest_slice_bytes)
     return request
+
+
+def _check_floor(request: GpuRequest, largest_card_bytes: int | None, smallest: int) -> None:
+    """A slice below ``smallest`` would show a card while charging almost nothing: refuse it."""
+    if request.kind is not RequestKind.SLICE:
+        return
+    if request.memory_bytes is not None:
+        asked = request.memory_bytes
+    elif largest_card_bytes:
+        asked = request.bytes_on(largest_card_bytes)
+    else:
+        return  # a share with no card to measure it against: the caller refuses it as "no GPU"
+    if asked < smallest:
+        raise ShareError(
+            f"{request.describe()} is below the smallest slice, {format_bytes(smallest)}; "
+            f'ask for "{quantity_text(smallest)}" or more, or "0" for CPU only.'
+        )
+
+
+def quantity_text(n: int) -> str:
+    """Bytes as a quantity people can type back: 268435456 -> "256MiB"."""
+    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if n and n % 1024**power == 0:
+            return f"{n // 1024**power}{unit}"
+    return str(n)
 
 
 def _check_limits(request: GpuRequest, largest_card_bytes: int | None, most_cards: int | None) -> None:
     if request.kind is RequestKind.WHOLE and most_cards is not None and request.gpus > most_cards:
         raise ShareError(
-            f"{request.gpus} whole GPUs is more than any machine has (at most {most_cards}); "
+            f"{_short_repr(request.gpus)} whole GPUs is more than any machine has (at most {most_cards}); "
             f"ask for gpus={most_cards} or fewer."
         )
     asked, largest = request.memory_bytes, largest_card_bytes

@@ -13,6 +13,8 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+import bcrypt
+
 from hub.monitoring.oncall import (
     heartbeat_route,
     oncall_receivers,
@@ -21,7 +23,7 @@ from hub.monitoring.oncall import (
     smtp_globals,
     time_intervals,
 )
-from hub.settings import Contact, OnCall
+from hub.settings import MONITORING_USER, Contact, OnCall
 
 RULES_DIR = Path(__file__).parent
 RULE_FILES = (RULES_DIR / "recording.yml", RULES_DIR / "alerts.yml")
@@ -47,14 +49,27 @@ def binaries() -> dict[str, str | None]:
     return {name: shutil.which(binary) for name, binary in BINARIES.items()}
 
 
+def web_config(password: str) -> dict[str, Any]:
+    """Prometheus's and Alertmanager's --web.config.file: basic auth, one user, a bcrypt hash."""
+    return {"basic_auth_users": {MONITORING_USER: bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()}}
+
+
 def prometheus_config(
-    ports: Ports, hub_token_file: Path, *, node_exporter: bool, interval: str = "15s", node: str = "localhost"
+    ports: Ports,
+    hub_token_file: Path,
+    *,
+    node_exporter: bool,
+    interval: str = "15s",
+    node: str = "localhost",
+    password_file: Path | None = None,
 ) -> dict[str, Any]:
     """Scrape the hub, the exporter, Prometheus, Alertmanager (and node_exporter when installed).
 
     The machine's exporters carry a ``node`` target label (the exporter's Hostname) so that
     NodeDown and GpuExporterDown name the node their GPUs' alerts are inhibited by.
+    ``password_file``: Prometheus and Alertmanager ask for basic auth, and this is its password.
     """
+    auth = {"basic_auth": {"username": MONITORING_USER, "password_file": str(password_file)}} if password_file else {}
 
     def job(name: str, port: int, **extra: Any) -> dict[str, Any]:
         target: dict[str, Any] = {"targets": [f"127.0.0.1:{port}"]}
@@ -70,15 +85,15 @@ def prometheus_config(
             authorization={"type": "Bearer", "credentials_file": str(hub_token_file)},
         ),
         job("gpu-exporter", ports.exporter),
-        job("prometheus", ports.prometheus),
-        job("alertmanager", ports.alertmanager),
+        job("prometheus", ports.prometheus, **auth),
+        job("alertmanager", ports.alertmanager, **auth),
     ]
     if node_exporter:
         jobs.append(job("node", ports.node_exporter))
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in RULE_FILES],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]},
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}], **auth}]},
         "scrape_configs": jobs,
     }
 

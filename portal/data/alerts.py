@@ -22,9 +22,11 @@ class AlertRow:
     state: str
 
 
-def active_alerts(url: str, session: requests.Session | None = None, timeout_s: float = 5) -> list[AlertRow]:
+def active_alerts(
+    url: str, session: requests.Session | None = None, timeout_s: float = 5, auth: tuple[str, str] | None = None
+) -> list[AlertRow]:
     try:
-        response = (session or requests.Session()).get(f"{url.rstrip('/')}/api/v2/alerts", timeout=timeout_s)
+        response = (session or requests.Session()).get(f"{url.rstrip('/')}/api/v2/alerts", timeout=timeout_s, auth=auth)
         response.raise_for_status()
         raw = response.json()
     except (requests.RequestException, ValueError) as exc:

@@ -30,10 +30,10 @@ READING_QUERY = '{__name__=~"DCGM_FI_DEV_(GPU_UTIL|FB_USED|GPU_TEMP|POWER_USAGE|
 SUMMARY_QUERY = '{__name__=~"gpuslice:(gpu_memory_capacity_bytes|gpu_memory_allocated_bytes|gpu_memory_used_bytes):sum|gpuslice:gpu_utilization:avg"}'  # noqa: E501
 
 
-def connect(url: str, timeout_s: float = 5) -> PrometheusConnect:
+def connect(url: str, timeout_s: float = 5, auth: tuple[str, str] | None = None) -> PrometheusConnect:
     """A client that gives up after timeout_s: a hung Prometheus must not hang a page."""
     # No retries: a page shows "unavailable" at once rather than backing off for seconds.
-    return PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s)
+    return PrometheusConnect(url=url, disable_ssl=True, retry=Retry(total=0), timeout=timeout_s, auth=auth)
 
 
 def _query(prom: PrometheusConnect, expr: str) -> list[dict]:  # type: ignore[type-arg]

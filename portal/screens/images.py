@@ -67,7 +67,9 @@ for card in shown:
             action.caption(card.blocker.capitalize())
         elif action.button("Launch", key=f"launch-{image.slug}", type="primary", disabled=busy is not None):
             try:
-                started = markets.launch(sources.hub_client(), store, identity, image.slug, gpu_memory=gpu_choice)
+                started = markets.launch(
+                    sources.acting_client(identity), store, identity, image.slug, gpu_memory=gpu_choice
+                )
                 action.success(started)
                 action.markdown(f"[Open your server]({markets.server_url(identity)})")
                 sources.servers.clear()

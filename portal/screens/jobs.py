@@ -64,7 +64,7 @@ if stoppable:
     choice = st.selectbox("Stop a server", stoppable, format_func=_label)
     if st.button("Stop", type="primary") and choice is not None:
         try:
-            hub.stop_server(sources.hub_client(), identity, choice.user, choice.server)
+            hub.stop_server(sources.acting_client(identity), identity, choice.user, choice.server)
         except PermissionError as exc:
             st.error(str(exc))
         else:

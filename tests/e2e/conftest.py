@@ -18,8 +18,8 @@ def platform(tmp_path: Path) -> Iterator[Platform]:
 def make_platform(tmp_path: Path) -> Iterator[object]:
     made: list[Platform] = []
 
-    def make(**settings: object) -> Platform:
-        created = Platform(tmp_path / f"p{len(made)}", dict(settings))
+    def make(unclaimed: tuple[str, ...] = (), **settings: object) -> Platform:
+        created = Platform(tmp_path / f"p{len(made)}", dict(settings), unclaimed=unclaimed)
         made.append(created)
         return created
 

@@ -15,9 +15,11 @@ from typing import Any
 import requests
 import yaml
 
+from hub.accounts import has_password, passwords_path, set_password, write_private
 from spawner.ports import free_port
 
 GPUSLICE = str(Path(sys.executable).with_name("gpuslice"))
+PASSWORD = "a-long-password"  # every test account's; admins' and class members' set before the hub starts
 
 
 def process_alive(pid: int) -> bool:
@@ -34,6 +36,9 @@ class Platform:
     root: Path
     settings: dict[str, Any] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    # Class members left without a password (as after `gpuslice class add` before they join);
+    # every other member gets PASSWORD before the hub starts, as `gpuslice user set-password` does.
+    unclaimed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -49,6 +54,9 @@ class Platform:
             "gpus": {"simulate": "2x16GiB:T4"},
             "monitoring": {"enabled": False},  # tests that want it pass free ports
         }
+        admin_password = self.root / "admin-password"
+        write_private(admin_password, PASSWORD)
+        base["admin_password_from"] = f"file:{admin_password}"
         self.config = self.root / "gpuslice.yaml"
         self.config.write_text(yaml.safe_dump({**base, **self.settings}))
         self.log = self.root / "platform.log"
@@ -58,6 +66,11 @@ class Platform:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 90) -> None:
+        store = passwords_path(self.data_dir)
+        for group in (self.settings.get("groups") or {}).values():
+            for member in group.get("members") or ():
+                if member not in self.unclaimed and not has_password(store, member):
+                    set_password(store, member, PASSWORD)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen([GPUSLICE, "up", "--config", str(self.config)], stdout=log, stderr=log)
         deadline = time.monotonic() + timeout_s
@@ -79,6 +92,10 @@ class Platform:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def monitoring_auth(self) -> tuple[str, str]:
+        """Prometheus's and Alertmanager's basic auth, read from the 0600 file as the platform's account can."""
+        return ("gpuslice", (self.data_dir / "monitoring" / "web-password").read_text().strip())
 
     def hub_pid(self) -> int:
         return int((self.data_dir / "jupyterhub.pid").read_text())
@@ -107,7 +124,7 @@ class Platform:
             db.close()
         return None if row is None else (str(row[0]), str(row[1]))
 
-    def login(self, user: str, password: str = "a-long-password") -> Session:
+    def login(self, user: str, password: str = PASSWORD) -> Session:
         session = Session(self.url)
         session.get(f"{self.url}/hub/login")
         response = session.post(

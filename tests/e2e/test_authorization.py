@@ -1,8 +1,10 @@
 """Who may do what, checked over real HTTP: anonymous, a student, another class's student, an admin."""
 
+from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 
 from market.store import Image, Store
 from tests.e2e.platform import Platform, Session
@@ -38,6 +40,13 @@ def test_authorization_matrix(make_platform: Any) -> None:
     assert ann.api("POST", "/users/ann/server", json={"image": "ml-lab"}).status_code in (201, 202)
     ann.wait_ready("ann")
 
+    # The portal's service token only reads (issue 13): it cannot start or stop a server.
+    as_portal = {"Authorization": f"token {service_token(platform, 'portal')}"}
+    assert requests.get(f"{hub}/users", headers=as_portal, timeout=10).status_code == 200
+    assert requests.post(f"{hub}/users/cal/server", json={}, headers=as_portal, timeout=10).status_code == 403
+    assert requests.delete(f"{hub}/users/ann/server", headers=as_portal, timeout=10).status_code == 403
+    assert ann.api("GET", "/users/ann").json()["servers"][""]["ready"]
+
     # An admin: everything.
     assert admin.api("GET", "/users").status_code == 200
     assert admin.api("DELETE", "/users/ann/server").status_code in (202, 204)
@@ -52,3 +61,16 @@ def test_authorization_matrix(make_platform: Any) -> None:
     )
     assert response.status_code == 403, response.status_code
     assert "mallory" not in [u["name"] for u in admin.api("GET", "/users").json()]
+
+
+def service_token(platform: Platform, service: str) -> str:
+    """The API token the hub gave a managed service of this platform, read as the test's account can."""
+    hub_port = yaml.safe_load(platform.config.read_text())["hub_port"]
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            env = dict(item.split("=", 1) for item in environ.read_text().split("\0") if "=" in item)
+        except OSError:
+            continue
+        if env.get("JUPYTERHUB_SERVICE_NAME") == service and f":{hub_port}/" in env.get("JUPYTERHUB_API_URL", ""):
+            return env["JUPYTERHUB_API_TOKEN"]
+    raise AssertionError(f"no running {service} service of the hub on port {hub_port}")

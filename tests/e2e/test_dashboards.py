@@ -40,16 +40,18 @@ RULE_FILES = [
 
 
 class Prometheus:
-    def __init__(self, port: int) -> None:
-        self.api = f"http://127.0.0.1:{port}/api/v1"
+    def __init__(self, port: int, auth: tuple[str, str]) -> None:
+        self.api, self.auth = f"http://127.0.0.1:{port}/api/v1", auth
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        answer = requests.get(f"{self.api}/query", params={"query": expr}, timeout=10).json()
+        answer = requests.get(f"{self.api}/query", params={"query": expr}, auth=self.auth, timeout=10).json()
         assert answer["status"] == "success", f"{expr}: {answer}"
         return list(answer["data"]["result"])
 
     def label_values(self, match: str, label: str) -> list[str]:
-        answer = requests.get(f"{self.api}/label/{label}/values", params={"match[]": match}, timeout=10).json()
+        answer = requests.get(
+            f"{self.api}/label/{label}/values", params={"match[]": match}, auth=self.auth, timeout=10
+        ).json()
         return sorted(answer["data"])
 
 
@@ -66,7 +68,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         refused = platform.login("carol").api("POST", "/users/carol/server", json={"gpu_memory": "64GiB"})
         assert refused.status_code >= 400, refused.text
         (platform.data_dir / "monitoring" / "faults.json").write_text(json.dumps([{"gpu": 1, "xid": 79}]))
-        yield Prometheus(ports["prometheus_port"])
+        yield Prometheus(ports["prometheus_port"], platform.monitoring_auth())
     finally:
         platform.stop()
 

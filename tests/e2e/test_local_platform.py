@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,7 @@ def test_login_spawn_with_a_slice_through_the_form_reach_it_and_stop(platform: P
     assert env["GPUSLICE_GPU_MEMORY_FRACTION"] == "0.250000"
     assert env["GPUSLICE_SIMULATED"] == "1"
     assert env["HOME"] == str(platform.data_dir / "homes" / "alice")
+    _notebooks_see_only_the_kernel_hook(pid, env)
 
     kind, message = platform.last_event("alice/") or ("", "")
     assert kind == "started" and f"pid {pid}" in message, (kind, message)
@@ -60,6 +62,11 @@ def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform)
         ({"image": "caffe"}, "Unknown image 'caffe'; choose one of: default."),
         ({"models": ["no-such-model"]}, "Model 'no-such-model' is not an approved model in the market."),
         ({"gpu_memory": "4GiB", "colour": "red"}, "Unknown spawn option(s): colour"),
+        ({"gpu_memory": "0.0000001"}, 'below the smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ({"gpu_memory": "1e-400"}, 'below the smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ({"gpu_memory": "1e400"}, "more than a card"),
+        ({"gpu_memory": "9" * 1_000_000}, "1000000 characters long"),
+        ({"gpu_memory": 10**400}, "more than a card"),
     ]
     for options, message in bad:
         response = bob.api("POST", "/users/bob/server", json=options)
@@ -74,7 +81,7 @@ def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform)
     assert platform.ledger() == [("bob/", 0, 8 * GiB)]
     metrics = bob.get(f"{platform.url}/hub/metrics")
     if metrics.status_code == 200:  # admins only by default
-        assert 'gpuslice_spawn_refused_total{reason="invalid"} 10.0' in metrics.text
+        assert 'gpuslice_spawn_refused_total{reason="invalid"} 15.0' in metrics.text
 
 
 def test_no_room_is_refused_with_an_explanation(platform: Platform) -> None:
@@ -226,6 +233,28 @@ def _server_pid(platform: Platform, user: str) -> int:
             return int(row[0])
         time.sleep(0.25)
     raise AssertionError(f"no pid recorded for {user}")
+
+
+PLATFORM_PACKAGES = ("hub", "spawner", "portal", "market", "bench")
+
+
+def _notebooks_see_only_the_kernel_hook(pid: int, env: dict[str, str]) -> None:
+    """The server's Python path holds the kernel hook and nothing of the platform's (issue 13).
+
+    The server's own interpreter, started with the server's environment as a kernel is,
+    finds none of the platform's packages: a user's ``hub`` package is theirs.
+    """
+    repo = Path(__file__).parents[2]
+    assert env["PYTHONPATH"] == str(repo / "spawner" / "kernel_hook"), env["PYTHONPATH"]
+    assert not any(value == str(repo) or value.startswith(f"{repo}{os.pathsep}") for value in env.values())
+    python = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    probe = "import importlib.util as u, sys; print([n for n in sys.argv[1:] if u.find_spec(n)])"
+    found = subprocess.run(
+        [python, "-c", probe, *PLATFORM_PACKAGES], env=env, cwd=env["HOME"], capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr
+    hook = subprocess.run([python, "-c", "import gpuslice_limits"], env=env, capture_output=True, text=True)
+    assert hook.returncode == 0, hook.stderr
 
 
 def _environ(pid: int) -> dict[str, str]:

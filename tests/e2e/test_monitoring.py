@@ -21,13 +21,16 @@ def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform
     assert bob.api("POST", "/users/bob/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
     bob.wait_ready("bob")
 
-    prometheus = PrometheusConnect(url=f"http://127.0.0.1:{ports['prometheus_port']}", disable_ssl=True)
+    prometheus = PrometheusConnect(
+        url=f"http://127.0.0.1:{ports['prometheus_port']}", disable_ssl=True, auth=platform.monitoring_auth()
+    )
 
     def targets_up() -> bool:
         up = prometheus.custom_query("up")
         return len(up) >= 4 and all(r["value"][1] == "1" for r in up)
 
-    wait_for(targets_up, "every scrape target to be up", 60)
+    wait_for(targets_up, "every scrape target to be up", 60)  # Prometheus scrapes itself and Alertmanager with auth
+    _monitoring_asks_for_credentials(platform, ports["prometheus_port"], ports["alertmanager_port"])
     util = prometheus.custom_query("DCGM_FI_DEV_GPU_UTIL")
     assert sorted(r["metric"]["gpu"] for r in util) == ["0", "1"]
 
@@ -61,6 +64,32 @@ def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform
     assert alert["labels"]["node"] == "localhost"
     assert [r["metric"]["node"] for r in prometheus.custom_query('up{job="gpu-exporter"}')] == ["localhost"]
     assert not [a for a in webhook.received if a["labels"]["alertname"] == "Watchdog"]  # the heartbeat goes elsewhere
-    am = requests.get(f"http://127.0.0.1:{ports['alertmanager_port']}/api/v2/alerts", timeout=10).json()
+    am = requests.get(
+        f"http://127.0.0.1:{ports['alertmanager_port']}/api/v2/alerts", auth=platform.monitoring_auth(), timeout=10
+    ).json()
     assert any(a["labels"]["alertname"] == "GpuXidError" for a in am)
     webhook.server.shutdown()
+
+
+def _monitoring_asks_for_credentials(platform: Platform, prometheus_port: int, alertmanager_port: int) -> None:
+    """Without the password (in 0600 files only the platform's account reads) a local user gets 401:
+    no series, no alerts, no silence (issue 13)."""
+    query = f"http://127.0.0.1:{prometheus_port}/api/v1/query"
+    silences = f"http://127.0.0.1:{alertmanager_port}/api/v2/silences"
+    silence = {
+        "matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
+        "startsAt": "2020-01-01T00:00:00Z",
+        "endsAt": "2099-01-01T00:00:00Z",
+        "createdBy": "a student",
+        "comment": "hide everything",
+    }
+    for auth in (None, ("gpuslice", "a-guess"), ("admin", platform.monitoring_auth()[1])):
+        assert requests.get(query, params={"query": "up"}, auth=auth, timeout=10).status_code == 401
+        assert (
+            requests.get(f"http://127.0.0.1:{alertmanager_port}/api/v2/alerts", auth=auth, timeout=10).status_code
+            == 401
+        )
+        assert requests.post(silences, json=silence, auth=auth, timeout=10).status_code == 401
+    assert requests.get(silences, auth=platform.monitoring_auth(), timeout=10).json() == []  # none was made
+    for name in ("web-password", "web.yml"):
+        assert (platform.data_dir / "monitoring" / name).stat().st_mode & 0o777 == 0o600

@@ -48,7 +48,9 @@ def test_monitoring_down_spawning_and_the_portal_go_on_and_it_recovers(make_plat
         streamlit_port=free_port(),
     )
     platform.start()
-    prometheus = PrometheusConnect(url=f"http://127.0.0.1:{ports['prometheus_port']}", disable_ssl=True)
+    prometheus = PrometheusConnect(
+        url=f"http://127.0.0.1:{ports['prometheus_port']}", disable_ssl=True, auth=platform.monitoring_auth()
+    )
 
     def targets_up() -> bool:
         try:

@@ -3,8 +3,29 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hub.accounts import has_password, passwords_path
 from hub.cli import main
 from hub.settings import load
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default data_dir (the invite codes' store) is relative to here
+
+
+def test_new_members_get_an_invite_code_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "gpuslice.yaml"
+    roster = tmp_path / "r.csv"
+    roster.write_text("carol\ndave\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    printed = capsys.readouterr().out
+    codes = dict(line.split(",") for line in printed.splitlines() if "," in line and " " not in line)
+    assert set(codes) == {"carol", "dave"} and all(len(code) >= 16 for code in codes.values())
+    assert has_password(passwords_path(tmp_path / "gpuslice-data"), "carol")
+    roster.write_text("carol\ndave\nerin\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    again = capsys.readouterr().out
+    assert "erin," in again and "carol," not in again  # an existing password is never replaced
 
 
 def test_class_add_writes_the_group_and_keeps_other_settings(

@@ -46,7 +46,10 @@ def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("markets: {db: sqlite:///m.db}\n", "unknown key(s) markets (did you mean market?); use admin_users,"),
+        (
+            "markets: {db: sqlite:///m.db}\n",
+            "unknown key(s) markets (did you mean market?); use admin_password_from, admin_users,",
+        ),
         ("prot: 8000\n", "unknown key(s) prot (did you mean port?)"),
         ("monitoring: {enabeld: false}\n", "monitoring: unknown key(s) enabeld (did you mean enabled?)"),
         ("market: {model_root: /m}\n", "market: unknown key(s) model_root (did you mean models_root?)"),
@@ -89,6 +92,7 @@ def test_groups_images_and_platform_options(tmp_path: Path) -> None:
     )
     assert settings.images == {"torch": {"path": "/opt/envs/torch", "description": "PyTorch"}}
     assert (settings.idle_timeout, settings.open_signup, settings.hub_port) == (600, False, 9081)
+    assert settings.smallest_slice == "256MiB"
 
 
 @pytest.mark.parametrize(
@@ -102,6 +106,9 @@ def test_groups_images_and_platform_options(tmp_path: Path) -> None:
         ("isolation: docker\n", "isolation must be one of none, unix-users"),
         ("idle_timeout: 0\n", "idle_timeout must be a whole number of seconds above 0"),
         ("open_signup: yes-please\n", "open_signup must be true or false"),
+        ("smallest_slice: 0MiB\n", "smallest_slice: '0MiB' is not an amount of memory above 0"),
+        ('smallest_slice: "' + "9" * 5000 + 'GiB"\n', "5003 characters long"),
+        ("smallest_slice: 256\n", "a int is not an amount of memory"),
     ],
 )
 def test_bad_platform_settings(tmp_path: Path, text: str, message: str) -> None:

@@ -49,7 +49,10 @@ def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, obj
     monkeypatch.setattr(sources, "market", lambda: store)
     monkeypatch.setattr(sources, "models_root", lambda: tmp_path / "models")
     monkeypatch.setattr(sources, "image_usage", lambda: {"default": 3})
-    monkeypatch.setattr(sources, "hub_client", lambda: hub)
+    # The portal's service token may not start servers (the real hub answers 403): a launch
+    # goes through the reader's own client (issue 13).
+    monkeypatch.setattr(sources, "hub_client", lambda: RecordingHub(403, "the portal service may not start servers"))
+    monkeypatch.setattr(sources, "acting_client", lambda identity: hub)
     monkeypatch.setattr(sources, "group_rules", lambda: ({"name": "ml101", "max_slice": "4GiB", "members": ["ann"]},))
     monkeypatch.setattr(sources, "my_groups", lambda identity: {"ml101"} if identity.name == "ann" else set())
     store.hub = hub  # type: ignore[attr-defined]

@@ -170,3 +170,69 @@ def test_parsing_never_fails_other_than_with_share_error(value: object) -> None:
         assert 0 < request.memory_bytes <= 80 * GiB
     if request.fraction is not None:
         assert 0 < request.fraction < 1 and not math.isnan(request.fraction)
+
+
+# -- the floor and the ceiling: tiny, huge and absurd numbers (issue 13) ------------------
+
+HUGE = "9" * 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("gpu_memory", "advice"),
+    [
+        ("0.0000001", 'smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ("1e-400", 'smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ("1e-400GiB", 'smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ("1MiB", 'smallest slice, 256 MiB; ask for "256MiB" or more'),
+        ("1", None),
+        ("255MiB", "256MiB"),
+        (1e-300, "smallest slice"),
+    ],
+)
+def test_a_slice_below_the_smallest_is_refused_never_cpu_only(gpu_memory: object, advice: str | None) -> None:
+    if advice is None:
+        assert parse_request(gpu_memory, largest_card_bytes=16 * GiB).kind is RequestKind.WHOLE
+        return
+    with pytest.raises(ShareError) as error:
+        parse_request(gpu_memory, largest_card_bytes=16 * GiB)
+    assert advice in str(error.value)
+    assert '"0" for CPU only' in str(error.value)
+
+
+def test_the_smallest_slice_is_configurable() -> None:
+    assert parse_request("64MiB", largest_card_bytes=16 * GiB, smallest_slice_bytes=64 * MiB).memory_bytes == 64 * MiB
+    with pytest.raises(ShareError, match='ask for "1GiB" or more'):
+        parse_request("0.05", largest_card_bytes=16 * GiB, smallest_slice_bytes=GiB)
+    assert parse_request("256MiB", largest_card_bytes=16 * GiB).memory_bytes == 256 * MiB
+
+
+@pytest.mark.parametrize(
+    ("gpu_memory", "gpus", "advice"),
+    [
+        ("1e400", 0, "more than a card"),
+        ("1e400GiB", 0, "more than any GPU here has"),
+        ("1e999999999GiB", 0, "more than any GPU here has"),
+        (HUGE, 0, "characters long"),
+        (HUGE + "GiB", 0, "characters long"),
+        ("0." + "0" * 100 + "1", 0, "characters long"),
+        (10**400, 0, "more than a card"),
+        ("0", HUGE, "characters long"),
+        ("0", 10**400, "more than any machine has"),
+    ],
+    ids=[
+        "1e400",
+        "1e400GiB",
+        "huge-exponent",
+        "million-digits",
+        "million-digits-GiB",
+        "long-fraction",
+        "int-10^400",
+        "gpus-million-digits",
+        "gpus-10^400",
+    ],
+)
+def test_overflow_and_absurd_input_say_what_to_type(gpu_memory: object, gpus: object, advice: str) -> None:
+    with pytest.raises(ShareError) as error:
+        parse_request(gpu_memory, gpus, largest_card_bytes=16 * GiB, most_cards=2)
+    assert advice in str(error.value)
+    assert len(str(error.value)) < 400  # the message never repeats a huge input

@@ -1,0 +1,39 @@
+"""The admins' first password and the store it goes to (hub/accounts.py), with literal inputs."""
+
+import os
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from hub.accounts import AccountsError, admin_password, ensure_admin_passwords, has_password, passwords_path
+from hub.settings import Settings
+
+
+def test_generated_once_and_kept(tmp_path: Path) -> None:
+    settings = Settings(admin_users=("teacher", "ta"), data_dir=tmp_path)
+    first = ensure_admin_passwords(settings, tmp_path)
+    assert set(first) == {"teacher", "ta"} and first["teacher"] != first["ta"]
+    assert ensure_admin_passwords(settings, tmp_path) == {}  # shown once: a restart keeps them
+    assert has_password(passwords_path(tmp_path), "teacher")
+    assert not has_password(passwords_path(tmp_path), "stranger")
+
+
+def test_from_a_private_file_or_an_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("correct-horse\n")
+    secret.chmod(0o644)
+    with pytest.raises(AccountsError, match=f"chmod 600 {secret}"):
+        admin_password(f"file:{secret}")
+    secret.chmod(0o600)
+    assert admin_password(f"file:{secret}") == "correct-horse"
+    with pytest.raises(AccountsError, match=r"\$GPUSLICE_TEST_PW, which is not set"):
+        admin_password("env:GPUSLICE_TEST_PW")
+    monkeypatch.setenv("GPUSLICE_TEST_PW", "from-the-env")
+    settings = Settings(admin_users=("teacher",), admin_password_from="env:GPUSLICE_TEST_PW")
+    assert ensure_admin_passwords(settings, tmp_path) == {}  # nothing to print: the admin chose it
+    import dbm
+
+    with dbm.open(str(passwords_path(tmp_path)), "r") as db:
+        assert bcrypt.checkpw(b"from-the-env", db[b"teacher"])
+    assert oct(os.stat(next(tmp_path.glob("passwords.dbm*"))).st_mode & 0o777) == "0o600"
