@@ -235,6 +235,15 @@ def _bench_placement(args: argparse.Namespace) -> int:
     return 0
 
 
+def _monitoring_auth(settings: settings_mod.Settings) -> tuple[str, str] | None:
+    """gpuslice up's Prometheus asks for basic auth; its password is in the data folder (0600)."""
+    path = settings.data_dir / "monitoring" / "web-password"
+    try:
+        return (settings_mod.MONITORING_USER, path.read_text().strip())
+    except OSError:  # another Prometheus (--prometheus URL) or monitoring never started here
+        return None
+
+
 def _usage(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime, timedelta
 
@@ -250,7 +259,7 @@ def _usage(args: argparse.Namespace) -> int:
     url = args.prometheus or f"http://127.0.0.1:{settings.monitoring['prometheus_port']}"
     end = datetime.now(UTC)
     try:
-        query = PrometheusConnect(url).custom_query_range
+        query = PrometheusConnect(url, auth=_monitoring_auth(settings)).custom_query_range
         samples = usage.samples_from_prometheus(query, end - timedelta(weeks=args.weeks), end, args.step)
     except Exception as exc:  # the client raises its own and requests' errors: say which server failed
         print(
