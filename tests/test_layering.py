@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "spawner.quotas": CORE,
     "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
+    "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
