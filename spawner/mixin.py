@@ -26,6 +26,14 @@ from spawner.request import OPTION_KEYS, GpuRefused, options_from_form, read_req
 from spawner.shares import GpuRequest, RequestKind, ShareError, parse_request
 
 
+def asked_bytes(request: GpuRequest, inventory: Inventory) -> int:
+    """GPU memory ``request`` takes in all (charged against group budgets); 0 for CPU only."""
+    if request.kind is RequestKind.CPU:
+        return 0
+    card = max((g.memory_bytes for g in inventory.gpus()), default=0)
+    return request.bytes_on(card) * max(1, request.gpus)
+
+
 class GpuShareMixin(ImagesMixin):
     """What every gpuslice spawner shares: options, images, models, quotas, the form.
 
@@ -87,18 +95,20 @@ class GpuShareMixin(ImagesMixin):
         ``held`` is what the cluster's servers hold now: the policy weighs fragmentation
         against that workload.
         """
-        card = max((g.memory_bytes for g in inventory.gpus()), default=0)
-        asked_bytes = request.bytes_on(card) * max(1, request.gpus) if request.kind is not RequestKind.CPU else 0
-        decision = check(request, asked_bytes, image, self._quota_groups(), usage)
+        decision = check(request, asked_bytes(request, inventory), image, self._quota_groups(), usage)
         if not decision.allowed:
-            raise GpuRefused(403, str(decision), "quota")
+            refused = GpuRefused(403, str(decision), "quota")
+            refused.waitable = decision.rule == "budget"
+            raise refused
         if request.kind is RequestKind.CPU:
             return decision.group, None
         demand = Demand.from_request(request)
         state = ClusterState.from_inventory(inventory)
         choice = make_policy(self.gpu_policy, Workload.from_demands([demand, *held])).choose(state, demand)
         if choice is None:
-            raise GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
+            refused = GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
+            refused.waitable = True
+            raise refused
         return decision.group, choice
 
     # -- the spawn form -----------------------------------------------------------------

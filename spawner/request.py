@@ -20,6 +20,7 @@ class GpuRefused(web.HTTPError):
         super().__init__(status, log_message=message, reason=_http_reason(status))
         self.jupyterhub_message = message  # shown on the spawn page and in progress events
         self.refusal = reason
+        self.waitable = False  # True when waiting in line could get it (no room, or the group's budget)
 
 
 def _http_reason(status: int) -> str:
