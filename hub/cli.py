@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="browser sessions (headless Chromium) refreshing the portal while gpuslice's class spawns (default 0)",
     )
+    day = benches.add_parser("class-day", help="a simulated teaching day: retry vs the waiting line vs reclaiming")
+    day.add_argument(
+        "--design-seeds", action="store_true", help="run the seeds the model was designed on (1-5), not 101-120"
+    )
+    day.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return parser
 
 
@@ -95,6 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bench.classroom import run as run_class
 
         print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
+        return 0
+    if args.bench == "class-day":
+        from bench.classday import DESIGN_SEEDS, REPORT_SEEDS, report
+        from bench.classday import run as run_day
+
+        result = run_day(DESIGN_SEEDS if args.design_seeds else REPORT_SEEDS)
+        print(json.dumps(result, indent=2) if args.json else report(result))
         return 0
     return _bench_placement(args)
 

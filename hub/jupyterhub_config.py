@@ -56,7 +56,8 @@ c.LocalGpuSpawner.default_url = "/lab"
 # A class pressing Start together on a small machine: 50 jupyterlab servers on 2 cores take
 # about 80 s to answer (gpuslice bench class); wait rather than fail them.
 c.LocalGpuSpawner.http_timeout = 180
-c.LocalGpuSpawner.start_timeout = 300
+c.LocalGpuSpawner.start_timeout = 300  # a spawn waiting in the GPU line gets gpu_line_max_wait on top
+c.LocalGpuSpawner.gpu_idle_timeout = settings.idle_timeout  # the line's estimated start times
 # The same for kernels: under that load a new kernel can take over a minute to answer, and
 # jupyter_server presumes it dead after 60 s (measured: 2-4 of 50 cells lost).
 c.LocalGpuSpawner.args = ["--MappingKernelManager.kernel_info_timeout=180"]

@@ -21,7 +21,7 @@ from traitlets import Float, Integer, Unicode
 
 from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
-from spawner.form import in_form_words
+from spawner.form import WaitOffer, in_form_words
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, Ledger, LedgerError
 from spawner.mixin import GpuShareMixin, asked_bytes
@@ -116,6 +116,8 @@ class LedgerGpuMixin(GpuShareMixin):
         budget: the holds are then None and ``start`` waits for its turn.
         """
         self._gpu_stages = []
+        self._gpu_offer = None
+        self._gpu_request = None
         try:
             request, image = self.gpu_request()
             self._gpu_request = (request, image)
@@ -132,6 +134,8 @@ class LedgerGpuMixin(GpuShareMixin):
         metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
         if refusal.waitable:
             refusal.jupyterhub_message += " " + self._choices_text()
+            if self._gpu_request is not None:
+                self._gpu_offer = WaitOffer(self._gpu_request[0].describe(), self.largest_fit_now())
         if self._from_form():
             refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
         self._record("refused", 100, refusal.jupyterhub_message)
@@ -275,7 +279,8 @@ class LedgerGpuMixin(GpuShareMixin):
         hub_spawner: Any = self  # JupyterHub's Spawner, which this class is mixed into
         if self._gpu_base_start_timeout is None:
             self._gpu_base_start_timeout = float(hub_spawner.start_timeout)
-        extra = self.gpu_line_max_wait if self._wants_to_wait() else 0
+        in_line = any(e.key == self._key for e in self._ledger.line())  # back after a hub restart
+        extra = self.gpu_line_max_wait if self._wants_to_wait() or in_line else 0
         hub_spawner.start_timeout = int(self._gpu_base_start_timeout + extra)
         return super().run_pre_spawn_hook()  # type: ignore[misc]
 
@@ -431,7 +436,8 @@ class LedgerGpuMixin(GpuShareMixin):
         # for a dead server), culled, failed to start, or found dead after a restart.
         super().clear_state()  # type: ignore[misc]
         self._ledger.release(self._key)
-        self._ledger.leave_line(self._key)
+        # Not the line: a place survives a hub restart (the new hub clears the spawn it lost);
+        # a waiting spawn that ends in this hub leaves the line itself (_wait_in_line).
         self._gpu_holds = None
 
     def placement_text(self) -> str:

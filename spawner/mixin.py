@@ -15,7 +15,7 @@ from typing import Any
 from traitlets import Dict, Integer, List, Unicode, default
 
 from spawner.backends import ServerGpuSpec
-from spawner.form import FormChoice, form_gpu_value, render_spawn_form, whole_gpus_allowed
+from spawner.form import FormChoice, WaitOffer, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
@@ -61,6 +61,7 @@ class GpuShareMixin(ImagesMixin):
     gpu_option_keys = OPTION_KEYS
     _gpu_starting = False
     _gpu_models: dict[str, Path] | None = None
+    _gpu_offer: WaitOffer | None = None  # the last refusal's buttons, for the form shown again
 
     # -- helpers over JupyterHub's spawner attributes ---------------------------------
 
@@ -128,7 +129,15 @@ class GpuShareMixin(ImagesMixin):
         simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
         most_cards = whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus))
         return render_spawn_form(
-            self, inventory, groups, usage, ceiling, most_cards, simulated, self._previous_choice(largest_card)
+            self,
+            inventory,
+            groups,
+            usage,
+            ceiling,
+            most_cards,
+            simulated,
+            self._previous_choice(largest_card),
+            self._gpu_offer,
         )
 
     def _previous_choice(self, largest_card: int) -> FormChoice | None:

@@ -48,7 +48,7 @@ LAYERS: dict[str, int] = {
 STANDALONE = ("spawner.kernel_hook",)
 # Upward imports allowed inside a function only (lazy), each with its reason.
 LAZY_UPWARD = {
-    ("hub.cli", "bench"): "`gpuslice bench spawn|class|placement` imports it when asked for",
+    ("hub.cli", "bench"): "`gpuslice bench spawn|class|class-day|placement` imports it when asked for",
 }
 # What the portal may take from the hub (layer 4): the settings model only.
 PORTAL_FROM_HUB = ("hub.settings",)

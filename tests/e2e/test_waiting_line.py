@@ -1,0 +1,91 @@
+"""The GPU waiting line on the real hub: wait instead of being refused, start by itself when room frees."""
+
+import json
+import sqlite3
+import time
+
+import requests
+
+from tests.e2e.platform import Platform, admin_api
+
+
+def progress_until(platform: Platform, token: str, user: str, text: str, timeout_s: float = 60) -> str:
+    """Read the spawn's progress event stream until a message contains ``text``."""
+    url = f"{platform.url}/hub/api/users/{user}/server/progress"
+    deadline = time.monotonic() + timeout_s
+    with requests.get(url, headers={"Authorization": f"token {token}"}, stream=True, timeout=timeout_s) as stream:
+        for line in stream.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                message = str(json.loads(line[5:]).get("message", ""))
+                if text in message:
+                    return message
+            if time.monotonic() > deadline:
+                break
+    raise AssertionError(f"no progress message with {text!r} for {user}")
+
+
+def line(platform: Platform) -> list[tuple[str, float]]:
+    db = sqlite3.connect(platform.data_dir / "ledger.sqlite")
+    try:
+        return db.execute("SELECT key, arrived FROM waiting ORDER BY arrived").fetchall()
+    finally:
+        db.close()
+
+
+def test_the_third_student_waits_and_starts_by_itself_when_a_slice_frees(make_platform: object) -> None:
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"})  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2", "s3"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    sessions = {u: platform.login(u) for u in ("s1", "s2", "s3")}
+    for user in ("s1", "s2"):
+        assert sessions[user].api("POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code in (
+            201,
+            202,
+        )
+        sessions[user].wait_ready(user)
+    refused = sessions["s3"].api("POST", "/users/s3/server", json={"gpu_memory": "4GiB"})
+    assert refused.status_code == 409
+    assert (
+        'Or: start CPU-only now (gpu_memory "0"); or wait in line for it (add "wait": true).'
+        in refused.json()["message"]
+    )
+
+    waiting = sessions["s3"].api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True})
+    assert waiting.status_code in (201, 202), waiting.text  # JupyterHub answers once the spawn is slow
+    assert "position 1, 0 ahead" in progress_until(platform, token, "s3", "position")
+    assert [key for key, _ in line(platform)] == ["s3/"]
+    assert sessions["s3"].api("GET", "/users/s3").json()["servers"][""]["pending"] == "spawn"
+
+    assert sessions["s1"].api("DELETE", "/users/s1/server").status_code in (202, 204)
+    sessions["s3"].wait_ready("s3", timeout_s=120)  # nobody pressed anything
+    assert sorted(key for key, _, _ in platform.ledger()) == ["s2/", "s3/"]
+    assert line(platform) == []
+
+
+def test_the_line_survives_a_hub_kill_9_and_stopping_the_spawn_leaves_it(make_platform: object) -> None:
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"})  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    assert admin_api(platform, token, "POST", "/users/s1/server", json={"gpu_memory": "8GiB"}).status_code in (201, 202)
+    waiting = admin_api(platform, token, "POST", "/users/s2/server", json={"gpu_memory": "4GiB", "wait": True})
+    assert waiting.status_code in (201, 202)
+    before = line(platform)
+    assert [key for key, _ in before] == ["s2/"]
+
+    platform.kill_hub()
+    platform.start()
+    assert line(platform) == before  # the same place, the same arrival time
+    again = admin_api(platform, token, "POST", "/users/s2/server", json={"gpu_memory": "4GiB"})
+    assert again.status_code in (201, 202), again.text  # back in line (no "wait" needed: the place is kept)
+    assert line(platform) == before
+
+    assert admin_api(platform, token, "DELETE", "/users/s2/server").status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while line(platform) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert line(platform) == []
+    assert [key for key, _, _ in platform.ledger()] == ["s1/"]
