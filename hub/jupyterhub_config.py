@@ -58,6 +58,7 @@ c.LocalGpuSpawner.default_url = "/lab"
 c.LocalGpuSpawner.http_timeout = 180
 c.LocalGpuSpawner.start_timeout = 300  # a spawn waiting in the GPU line gets gpu_line_max_wait on top
 c.LocalGpuSpawner.gpu_idle_timeout = settings.idle_timeout  # the line's estimated start times
+c.LocalGpuSpawner.gpu_line_max_wait = settings.line_max_wait
 # The same for kernels: under that load a new kernel can take over a minute to answer, and
 # jupyter_server presumes it dead after 60 s (measured: 2-4 of 50 cells lost).
 c.LocalGpuSpawner.args = ["--MappingKernelManager.kernel_info_timeout=180"]

@@ -89,3 +89,36 @@ def test_the_line_survives_a_hub_kill_9_and_stopping_the_spawn_leaves_it(make_pl
         time.sleep(0.5)
     assert line(platform) == []
     assert [key for key, _, _ in platform.ledger()] == ["s1/"]
+
+
+def test_in_the_browser_the_third_student_waits_from_the_refusal_and_lands_in_jupyterlab(make_platform: object) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.browser import ARGS, CHROMIUM, login
+
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"})  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2", "s3"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    for user in ("s1", "s2"):
+        assert admin_api(platform, token, "POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code in (
+            201,
+            202,
+        )
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        login(page, platform, "s3")
+        page.goto(f"{platform.url}/hub/spawn")
+        page.select_option("#gpu", "4GiB")
+        page.click(".feedback-container button[type=submit]")  # JupyterHub's Start
+        page.wait_for_selector("text=Wait in line for 4 GiB of one GPU", timeout=60_000)
+        assert "Start CPU-only now" in page.content()
+        page.click("text=Wait in line for 4 GiB of one GPU")
+        page.wait_for_selector("text=position 1, 0 ahead", timeout=60_000)  # the spawn page's progress log
+        assert [key for key, _ in line(platform)] == ["s3/"]
+        assert admin_api(platform, token, "DELETE", "/users/s1/server").status_code in (202, 204)
+        page.wait_for_url("**/user/s3/lab**", timeout=120_000)  # nobody pressed anything
+        browser.close()
+    assert sorted(key for key, _, _ in platform.ledger()) == ["s2/", "s3/"]
