@@ -20,8 +20,9 @@ The three regimes:
   every 2 minutes;
 * ``line``: the waiting line, no reclaiming;
 * ``line+reclaim``: the line, and while anyone waits a slice whose kernels and GPU have
-  been idle for ``gpu_idle_timeout`` (15 min) is reclaimed; a student reclaimed in the
-  middle of their work joins the line again when they come back.
+  been idle for ``gpu_idle_timeout`` (15 min) is reclaimed (spawner.waitline ``reclaim``:
+  longest idle first, no more than the line needs); a student reclaimed in the middle of
+  their work joins the line again when they come back.
 
 Seeds: the model was written and checked on seeds 1-5 (``DESIGN_SEEDS``); the figures
 reported come from seeds 101-120 (``REPORT_SEEDS``), never looked at while designing.
@@ -38,7 +39,7 @@ from spawner.gpus import simulated_gpus
 from spawner.inventory import Allocation, build_local
 from spawner.placement import Demand
 from spawner.shares import GiB
-from spawner.waitline import Entry, admit
+from spawner.waitline import Entry, Holder, admit, reclaim
 
 DESIGN_SEEDS = tuple(range(1, 6))
 REPORT_SEEDS = tuple(range(101, 121))
@@ -147,14 +148,15 @@ def simulate(regime: str, day: Day, seed: int) -> Outcome:
                 s.phase, s.waiting_since = "gave-up", None
         waiting = [s for s in people if s.phase == "waiting"]
         if regime == "line+reclaim" and waiting:
-            for s in people:
-                if s.holding is not None and s.idle_since is not None and now - s.idle_since >= day.gpu_idle_timeout:
-                    release(s)
-                    out.reclaimed += 1
-                    if s.phase == "gap":  # reclaimed mid-work: back in line when the gap ends
-                        s.phase = "reclaimed"
-                    else:
-                        s.phase = "done"
+            holders = [Holder(s.name, True, s.idle_since, s.idle_since) for s in people if s.holding is not None]
+            _, stop = reclaim(
+                holders, waiting=len(waiting), now=now, gpu_idle_timeout=day.gpu_idle_timeout, warn_before=3.0
+            )
+            for s in [s for s in people if s.name in stop]:
+                release(s)
+                out.reclaimed += 1
+                # Reclaimed in the middle of their work: back in line when they come back.
+                s.phase = "reclaimed" if s.phase == "gap" else "done"
         if regime == "retry":
             due = [s for s in waiting if now >= s.next_retry]
             s_rng = random.Random(seed * 1_000_003 + int(now * 2))

@@ -154,3 +154,35 @@ def put_first(entries: Iterable[Entry], key: str) -> list[Entry]:
     entries = list(entries)
     top = max((e.priority for e in entries), default=0)
     return [replace(e, priority=top + 1) if e.key == key else e for e in entries]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A running server as reclaiming sees it."""
+
+    key: str
+    has_gpu: bool
+    kernels_idle_since: float | None  # None: a kernel is busy now
+    gpu_idle_since: float | None  # None: its processes use the GPU now
+
+
+def reclaim(
+    holders: Iterable[Holder], *, waiting: int, now: float, gpu_idle_timeout: float = 900.0, warn_before: float = 180.0
+) -> tuple[list[str], list[str]]:
+    """GPU-aware reclaiming while anyone waits: (servers to warn, servers to stop), longest idle first.
+
+    Only servers with a GPU, whose kernels *and* GPU have both been idle: for
+    ``gpu_idle_timeout`` they are stopped (at most ``waiting`` of them: the line gets no more
+    than it needs), from ``warn_before`` earlier their owners are warned. Nobody waiting:
+    nothing (the normal idle timeout applies).
+    """
+    if waiting <= 0:
+        return [], []
+    idle: list[tuple[float, str]] = []
+    for h in holders:
+        if h.has_gpu and h.kernels_idle_since is not None and h.gpu_idle_since is not None:
+            idle.append((now - max(h.kernels_idle_since, h.gpu_idle_since), h.key))
+    idle.sort(key=lambda pair: (-pair[0], pair[1]))
+    stop = [key for seconds, key in idle if seconds >= gpu_idle_timeout][:waiting]
+    warn = [key for seconds, key in idle if gpu_idle_timeout - warn_before <= seconds < gpu_idle_timeout]
+    return warn, stop

@@ -143,3 +143,19 @@ def test_no_sequence_over_commits_and_everyone_waiting_is_served(
             del running[sorted(running)[0]]
         step()
         assert running or len(line) < before, f"stuck with nothing running: {line}"
+
+
+def test_reclaiming_takes_only_gpu_servers_idle_on_both_counts_longest_first_and_only_what_the_line_needs() -> None:
+    from spawner.waitline import Holder, reclaim
+
+    holders = [
+        Holder("cpu/", False, 0.0, 0.0),  # no GPU: never reclaimed for the line
+        Holder("busy-kernel/", True, None, 0.0),
+        Holder("busy-gpu/", True, 0.0, None),  # kernels idle, but its processes use the GPU
+        Holder("old/", True, 0.0, 100.0),  # idle since 100
+        Holder("older/", True, 0.0, 50.0),
+        Holder("soon/", True, 0.0, 300.0),  # 14 min idle at 1140: warned
+    ]
+    assert reclaim(holders, waiting=1, now=1140.0) == (["soon/"], ["older/"])
+    assert reclaim(holders, waiting=5, now=1140.0) == (["soon/"], ["older/", "old/"])
+    assert reclaim(holders, waiting=0, now=1140.0) == ([], [])  # nobody waits: the normal idle timeout
