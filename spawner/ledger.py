@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS waiting (
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
-EVENT_KINDS = ("requested", "waiting", "placed", "started", "stopped", "refused", "failed", "died")
+EVENT_KINDS = ("requested", "waiting", "placed", "started", "warned", "stopped", "refused", "failed", "died")
 FAILURE_KINDS = frozenset({"refused", "failed", "died"})
 EVENTS_KEPT_PER_SERVER = 20
 

@@ -58,7 +58,7 @@ class LedgerGpuMixin(GpuShareMixin):
     ).tag(config=True)
     gpu_line_poll = Float(2.0, help="Seconds between a waiting spawn's looks at the line.").tag(config=True)
     gpu_idle_timeout = Integer(
-        3600, help="The idle culler's timeout (seconds), for the line's estimated start times."
+        900, help="Seconds idle before a slice is reclaimed while anyone waits (for the line's estimated start times)."
     ).tag(config=True)
     gpu_option_keys = OPTION_KEYS | {"wait"}
 
@@ -348,7 +348,8 @@ class LedgerGpuMixin(GpuShareMixin):
             missing = self._ledger.missing(self._gpu_holds)
             if missing:
                 self._ledger.restore(missing)
-        if status is not None and not self._gpu_silent_after_restart and self._last_event_kind() == "started":
+        running_events = ("started", "warned")  # "warned": the reclaimer's notice to a running server
+        if status is not None and not self._gpu_silent_after_restart and self._last_event_kind() in running_events:
             # Nobody stopped it (stop() records "stopped"): it crashed, exited or was killed.
             self._record("died", 100, _died_message(status))
         return status

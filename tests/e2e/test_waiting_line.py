@@ -122,3 +122,40 @@ def test_in_the_browser_the_third_student_waits_from_the_refusal_and_lands_in_ju
         page.wait_for_url("**/user/s3/lab**", timeout=120_000)  # nobody pressed anything
         browser.close()
     assert sorted(key for key, _, _ in platform.ledger()) == ["s2/", "s3/"]
+
+
+def events(platform: Platform, key: str) -> list[str]:
+    db = sqlite3.connect(platform.data_dir / "ledger.sqlite")
+    try:
+        return [str(k) for (k,) in db.execute("SELECT kind FROM server_event WHERE key = ? ORDER BY id", (key,))]
+    finally:
+        db.close()
+
+
+def test_an_idle_slice_is_reclaimed_for_the_line_after_a_warning(make_platform: object) -> None:
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"}, gpu_idle_timeout=9)  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2", "s3", "cpu"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    for user, size in (("s1", "4GiB"), ("s2", "4GiB"), ("cpu", "0")):
+        assert admin_api(platform, token, "POST", f"/users/{user}/server", json={"gpu_memory": size}).status_code in (
+            201,
+            202,
+        )
+    session = platform.login("s3")
+    for user in ("s1", "s2", "cpu"):
+        ready = admin_api(platform, token, "GET", f"/users/{user}").json()["servers"][""]
+        deadline = time.monotonic() + 90
+        while not ready.get("ready") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            ready = admin_api(platform, token, "GET", f"/users/{user}").json()["servers"][""]
+        assert ready.get("ready"), ready
+    time.sleep(12)  # everyone idle past the timeout; nobody waits, so nothing is reclaimed
+    assert "warned" not in events(platform, "s1/") + events(platform, "s2/")
+    assert session.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    session.wait_ready("s3", timeout_s=120)
+    reclaimed = [key for key in ("s1/", "s2/") if events(platform, key)[-2:] == ["warned", "stopped"]]
+    assert len(reclaimed) == 1, {key: events(platform, key) for key in ("s1/", "s2/")}  # only what the line needed
+    assert "warned" not in events(platform, "cpu/")  # no GPU: never reclaimed for the line
+    assert sorted(key for key, _, _ in platform.ledger()) == sorted({"s1/", "s2/", "s3/"} - set(reclaimed))
