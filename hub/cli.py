@@ -90,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     alerts.add_argument("--days", type=float, default=7.0, help="days to simulate (default 7)")
     alerts.add_argument("--seed", type=int, default=2, help="random seed (default 2; the rules were tuned on seed 1)")
     alerts.add_argument("--faults-per-kind", type=int, default=3, help="injected faults of each kind (default 3)")
+    day = benches.add_parser("class-day", help="a simulated teaching day: retry vs the waiting line vs reclaiming")
+    day.add_argument(
+        "--design-seeds", action="store_true", help="run the seeds the model was designed on (1-5), not 101-120"
+    )
+    day.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return parser
 
 
@@ -125,6 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_alerts(
             ["--days", str(args.days), "--seed", str(args.seed), "--faults-per-kind", str(args.faults_per_kind)]
         )
+    if args.bench == "class-day":
+        from bench.classday import DESIGN_SEEDS, REPORT_SEEDS, report
+        from bench.classday import run as run_day
+
+        result = run_day(DESIGN_SEEDS if args.design_seeds else REPORT_SEEDS)
+        print(json.dumps(result, indent=2) if args.json else report(result))
+        return 0
     return _bench_placement(args)
 
 

@@ -60,7 +60,9 @@ c.LocalGpuSpawner.default_url = "/lab"
 # A class pressing Start together on a small machine: 50 jupyterlab servers on 2 cores take
 # about 80 s to answer (gpuslice bench class); wait rather than fail them.
 c.LocalGpuSpawner.http_timeout = 180
-c.LocalGpuSpawner.start_timeout = 300
+c.LocalGpuSpawner.start_timeout = 300  # a spawn waiting in the GPU line gets gpu_line_max_wait on top
+c.LocalGpuSpawner.gpu_idle_timeout = settings.gpu_idle_timeout  # estimates: someone waits, so reclaiming applies
+c.LocalGpuSpawner.gpu_line_max_wait = settings.line_max_wait
 # The same for kernels: under that load a new kernel can take over a minute to answer, and
 # jupyter_server presumes it dead after 60 s (measured: 2-4 of 50 cells lost).
 c.LocalGpuSpawner.args = ["--MappingKernelManager.kernel_info_timeout=180"]
@@ -89,6 +91,28 @@ c.JupyterHub.load_roles = [
         "services": ["idle-culler"],
     }
 ]
+# While anyone waits for a GPU, idle slices go to the line (hub/reclaimer.py), after a warning.
+reclaim_after = settings.gpu_idle_timeout
+c.JupyterHub.services.append(
+    {
+        "name": "gpu-reclaimer",
+        "command": [
+            *with_hub,
+            "hub.reclaimer",
+            f"--ledger={ledger_path}",
+            f"--gpu-idle-timeout={reclaim_after}",
+            f"--warn-before={min(180.0, reclaim_after / 3)}",
+            f"--interval={min(30.0, reclaim_after / 10)}",
+        ],
+    }
+)
+c.JupyterHub.load_roles.append(
+    {
+        "name": "gpu-reclaimer",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["gpu-reclaimer"],
+    }
+)
 # The portal: an auth gate (HubOAuth) in front of Streamlit, started by the hub.
 c.JupyterHub.services.append(
     {

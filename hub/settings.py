@@ -47,6 +47,12 @@ class Settings(BaseModel):
     images: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Image id -> {path, description}.")
     isolation: str = Field(default="none", description="none (one account) or unix-users (an account per user).")
     idle_timeout: int = Field(default=3600, description="Seconds of inactivity before a server is stopped.")
+    gpu_idle_timeout: int = Field(
+        default=900, description="While anyone waits for a GPU: seconds idle before a slice is reclaimed."
+    )
+    line_max_wait: int = Field(
+        default=14400, description="Longest a request may wait in the GPU line (seconds); it is then told so."
+    )
     open_signup: bool = Field(default=True, description="Anyone may create an account at first login.")
     admin_password_from: str = Field(
         default="",
@@ -116,6 +122,8 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         images=_images(raw.get("images") or {}, source),
         isolation=_choice(raw, "isolation", ("none", "unix-users"), "none", source),
         idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
+        line_max_wait=_positive_int(raw, "line_max_wait", 14400, source),
+        gpu_idle_timeout=_positive_int(raw, "gpu_idle_timeout", 900, source),
         open_signup=_bool(raw, "open_signup", True, source),
         admin_password_from=_password_source(raw, source),
         smallest_slice=_amount(raw, "smallest_slice", "256MiB", source),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,14 @@ def server_events(identity: Identity) -> dict[str, ServerEvent]:
     if _kubernetes():
         return cluster.kube_server_events(kube_client(), _namespace(), identity)
     return cluster.latest_events(_ledger_path(), identity)
+
+
+@st.cache_data(ttl=5)
+def waiting_line(identity: Identity) -> list[cluster.Waiting]:
+    """The GPU line (the single-machine platform keeps one; on Kubernetes: none yet)."""
+    if _kubernetes():
+        return []
+    return cluster.waiting_line(_ledger_path(), identity, time.time())
 
 
 def server_history(identity: Identity, user: str, server: str) -> list[ServerEvent]:

@@ -83,6 +83,22 @@ class FormChoice:
 WHOLE_PREFIX = "gpus:"
 
 
+@dataclass(frozen=True)
+class WaitOffer:
+    """After a refusal for room or budget: the buttons that start something else now, or wait."""
+
+    asked: str  # what was asked, in words ("8 GiB of one GPU")
+    fits_bytes: int  # the largest slice that would start now (0: none)
+
+    @property
+    def fits_value(self) -> str:
+        return _value(self.fits_bytes)
+
+    @property
+    def fits_label(self) -> str:
+        return format_bytes(self.fits_bytes)
+
+
 def form_gpu_value(request: GpuRequest, largest_card: int) -> str:
     """The GPU select's value for ``request``: "0", a slice ("4GiB") or whole cards ("gpus:2")."""
     if request.kind is RequestKind.WHOLE:
@@ -151,12 +167,14 @@ def render_spawn_form(
     most_cards: int,
     simulated_source: str | None,
     previous: FormChoice | None = None,
+    offer: WaitOffer | None = None,
 ) -> str:
     """The form: GPUs with free memory, the user's group rules, and only the choices allowed now.
 
     ``most_cards``: whole GPUs the user may ask for (0: none offered). ``simulated_source``
     says why the GPUs are simulated ("NVML: no driver"); None on real GPUs. ``previous``:
-    the choices to keep (the form shown again after a refusal).
+    the choices to keep (the form shown again after a refusal). ``offer``: the refusal's
+    buttons (CPU only now, the largest slice that fits now, wait in line).
     """
     previous = previous or FormChoice()
     sizes = sorted(set(slice_choices(ceiling)) | {min(g.max_slice_bytes, ceiling) for g in groups if g.max_slice_bytes})
@@ -197,4 +215,5 @@ def render_spawn_form(
         default_image=chosen_image,
         models=list(source.approved_models()),
         chosen_models=previous.models if previous.models is not None else source.selected_models(),
+        offer=offer,
     )

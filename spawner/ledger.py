@@ -6,18 +6,26 @@ what is held, asks a decision function for a placement and writes it, all inside
 atomic across threads and processes, so two spawns can never both take the last
 free memory of a card. The file survives hub restarts (kill -9 included);
 ``reconcile`` then drops what no running server holds.
+
+The same file holds the GPU waiting line (spawner/waitline.py decides its order).
+``take_turn`` reads the holds and the line and writes either the placement or the
+place in line in the same transaction, so an admission from the line can never race
+a direct spawn for the same memory, and the line survives restarts with the holds.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spawner.inventory import Allocation
+from spawner.placement import Demand
+from spawner.waitline import Entry
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS allocation (
@@ -41,11 +49,22 @@ CREATE TABLE IF NOT EXISTS server_event (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS server_event_key ON server_event (key, id);
+CREATE TABLE IF NOT EXISTS waiting (
+    key TEXT PRIMARY KEY,        -- "user/server": a request waiting in line for a GPU
+    user TEXT NOT NULL,
+    demand TEXT NOT NULL,        -- JSON: gpus, slice_units, slice_fraction, models
+    asked_bytes INTEGER NOT NULL,
+    grp TEXT,                    -- the group whose budget it will be charged to
+    arrived REAL NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    seen REAL,                   -- last time its spawn was alive and waiting
+    label TEXT NOT NULL DEFAULT ''
+);
 """
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
-EVENT_KINDS = ("requested", "placed", "started", "stopped", "refused", "failed", "died")
+EVENT_KINDS = ("requested", "waiting", "placed", "started", "warned", "stopped", "refused", "failed", "died")
 FAILURE_KINDS = frozenset({"refused", "failed", "died"})
 EVENTS_KEPT_PER_SERVER = 20
 
@@ -90,6 +109,9 @@ class LedgerError(RuntimeError):
 
 # A decision sees every current hold and returns the rows to add, or None to refuse.
 Decide = Callable[[list[Held]], list[Held] | None]
+# A turn sees every hold, the rest of the line and this key's own place in it (None: not
+# waiting yet); it returns the rows to hold now, or the entry to keep waiting as (or neither).
+Turn = Callable[[list[Held], list[Entry], Entry | None], tuple[list[Held] | None, Entry | None]]
 
 
 class Ledger:
@@ -143,13 +165,45 @@ class Ledger:
             rows = decide(_read(db))
             if rows is None:
                 return None
-            now = time.time()
-            db.executemany(
-                "INSERT INTO allocation (key, gpu_index, user, server, memory_bytes, whole, grp, pid, created)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(key, r.gpu_index, r.user, r.server, r.memory_bytes, int(r.whole), r.group, r.pid, now) for r in rows],
-            )
+            _insert(db, key, rows)
             return rows
+
+    def take_turn(self, key: str, turn: Turn) -> list[Held] | None:
+        """Atomically: place ``key`` if ``turn`` says so (and take it out of the line), else keep
+        or put it in the line as ``turn`` returns it. Returns the rows held, or None."""
+        with self._write() as db:
+            db.execute("DELETE FROM allocation WHERE key = ?", (key,))
+            line = _read_line(db)
+            mine = next((e for e in line if e.key == key), None)
+            rows, waiting = turn(_read(db), [e for e in line if e.key != key], mine)
+            if rows is not None:
+                _insert(db, key, rows)
+                db.execute("DELETE FROM waiting WHERE key = ?", (key,))
+                return rows
+            if waiting is not None:
+                _insert_entry(db, waiting)
+            return None
+
+    def line(self) -> list[Entry]:
+        """Everyone waiting, in arrival order (spawner.waitline.fair_order gives the line's order)."""
+        db = self._connect()
+        try:
+            return _read_line(db)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"the GPU ledger {self.path} could not be read: {exc}") from exc
+        finally:
+            db.close()
+
+    def leave_line(self, key: str) -> bool:
+        """Take ``key`` out of the line; whether it was waiting."""
+        with self._write() as db:
+            return db.execute("DELETE FROM waiting WHERE key = ?", (key,)).rowcount > 0
+
+    def put_first(self, key: str) -> bool:
+        """A teacher's "put first": ``key`` goes before everyone now waiting; whether it was waiting."""
+        with self._write() as db:
+            top = db.execute("SELECT COALESCE(MAX(priority), 0) FROM waiting").fetchone()[0]
+            return db.execute("UPDATE waiting SET priority = ? WHERE key = ?", (top + 1, key)).rowcount > 0
 
     def restore(self, rows: Iterable[Held]) -> None:
         """Put back holds recorded elsewhere (the hub's spawner state) if they are missing."""
@@ -216,6 +270,39 @@ class Ledger:
         finally:
             db.close()
         return [ServerEvent(*row) for row in rows]
+
+
+def _insert(db: sqlite3.Connection, key: str, rows: list[Held]) -> None:
+    now = time.time()
+    db.executemany(
+        "INSERT INTO allocation (key, gpu_index, user, server, memory_bytes, whole, grp, pid, created)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(key, r.gpu_index, r.user, r.server, r.memory_bytes, int(r.whole), r.group, r.pid, now) for r in rows],
+    )
+
+
+def _insert_entry(db: sqlite3.Connection, e: Entry) -> None:
+    d = e.demand
+    models = sorted(d.models) if d.models is not None else None
+    demand = {"gpus": d.gpus, "slice_units": d.slice_units, "slice_fraction": d.slice_fraction, "models": models}
+    db.execute(
+        "INSERT OR REPLACE INTO waiting (key, user, demand, asked_bytes, grp, arrived, priority, seen, label)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (e.key, e.user, json.dumps(demand), e.asked_bytes, e.group, e.arrived, e.priority, e.seen, e.label),
+    )
+
+
+def _read_line(db: sqlite3.Connection) -> list[Entry]:
+    rows = db.execute(
+        "SELECT key, user, demand, asked_bytes, grp, arrived, priority, seen, label FROM waiting ORDER BY arrived, key"
+    ).fetchall()
+    entries = []
+    for key, user, demand, asked, grp, arrived, priority, seen, label in rows:
+        d = json.loads(demand)
+        models = frozenset(d["models"]) if d.get("models") is not None else None
+        parsed = Demand(gpus=d["gpus"], slice_units=d["slice_units"], slice_fraction=d["slice_fraction"])
+        entries.append(Entry(key, user, replace(parsed, models=models), asked, grp, arrived, priority, seen, label))
+    return entries
 
 
 def _read(db: sqlite3.Connection) -> list[Held]:

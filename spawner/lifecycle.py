@@ -8,6 +8,7 @@ event, and releases the slice however the server ends.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -15,18 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from traitlets import Unicode
+from traitlets import Float, Integer, Unicode
 
 from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
-from spawner.form import in_form_words
+from spawner.form import WaitOffer, in_form_words
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, Ledger, LedgerError
-from spawner.mixin import GpuShareMixin
-from spawner.placement import Demand
-from spawner.quotas import Usage
-from spawner.request import GpuRefused
+from spawner.mixin import GpuShareMixin, asked_bytes
+from spawner.placement import Choice, Demand
+from spawner.quotas import Usage, check, group_quota, largest_slice
+from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.waitline import Entry, admit, estimated_start, never_fits, positions
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 
@@ -48,8 +50,21 @@ class LedgerGpuMixin(GpuShareMixin):
     _gpu_checked_since_restart = False
     _gpu_silent_after_restart = False
 
+    gpu_line_max_wait = Integer(
+        4 * 3600,
+        help="""Longest a request may wait in the GPU line (seconds); it is then told so and leaves the line.
+        A waiting spawn's start_timeout is raised by this much, so JupyterHub never gives up on it first.""",
+    ).tag(config=True)
+    gpu_line_poll = Float(2.0, help="Seconds between a waiting spawn's looks at the line.").tag(config=True)
+    gpu_idle_timeout = Integer(
+        900, help="Seconds idle before a slice is reclaimed while anyone waits (for the line's estimated start times)."
+    ).tag(config=True)
+    gpu_option_keys = OPTION_KEYS | {"wait"}
+
     _gpu_ledger: Ledger | None = None
     _gpu_stages: list[Stage] | None = None
+    _gpu_base_start_timeout: float | None = None
+    _gpu_request: tuple[GpuRequest, str] | None = None
 
     @property
     def _ledger(self) -> Ledger:
@@ -73,6 +88,10 @@ class LedgerGpuMixin(GpuShareMixin):
         group, choice = self.check_and_place(
             request, image, inventory, usage, [Demand.held(h.whole, h.memory_bytes) for h in holds]
         )
+        return self._rows(request, inventory, group, choice)
+
+    def _rows(self, request: GpuRequest, inventory: Inventory, group: str | None, choice: Choice | None) -> list[Held]:
+        """The ledger rows for a placement (none for CPU only)."""
         if choice is None:
             return []
         node = inventory.nodes[choice.node]
@@ -91,23 +110,180 @@ class LedgerGpuMixin(GpuShareMixin):
             for i in choice.gpus
         ]
 
-    def allocate(self) -> tuple[GpuRequest, list[Held]]:
-        """Check and place the request; write it to the ledger. Counts refusals."""
+    def allocate(self) -> tuple[GpuRequest, list[Held] | None]:
+        """Check and place the request; write it to the ledger. Counts refusals.
+
+        With ``wait`` the request joins the line instead of being refused for room or
+        budget: the holds are then None and ``start`` waits for its turn.
+        """
         self._gpu_stages = []
+        self._gpu_offer = None
+        self._gpu_request = None
         try:
             request, image = self.gpu_request()
+            self._gpu_request = (request, image)
             self._gpu_models = self.gpu_model_folders()
             self._record("requested", 10, f"asked for {request.describe()} with image {image}")
             self._stage(10, f"asked for {request.describe()} with image {image}")
-            holds = self._ledger.allocate(self._key, lambda current: self._decide(request, image, current))
+            holds = self._take_turn(request, image, self._wants_to_wait())
         except GpuRefused as refusal:
-            metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
-            if self._from_form():
-                refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
-            self._record("refused", 100, refusal.jupyterhub_message)
+            self._refused(refusal)
             raise
-        assert holds is not None  # _decide raises rather than returning None
         return request, holds
+
+    def _refused(self, refusal: GpuRefused) -> None:
+        metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+        if refusal.waitable:
+            refusal.jupyterhub_message += " " + self._choices_text()
+            if self._gpu_request is not None:
+                self._gpu_offer = WaitOffer(self._gpu_request[0].describe(), self.largest_fit_now())
+        if self._from_form():
+            refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
+        self._record("refused", 100, refusal.jupyterhub_message)
+
+    def _choices_text(self) -> str:
+        """What the user can do instead, now: CPU only, the largest slice that fits, or wait."""
+        fits = self.largest_fit_now()
+        if self._from_form():
+            slice_now = f" start {format_bytes(fits)} now," if fits else ""
+            return f"Or: start CPU-only now,{slice_now} or wait in line for it (the buttons below keep your choices)."
+        slice_now = f' start {format_bytes(fits)} now (gpu_memory "{_compact(fits)}");' if fits else ""
+        return f'Or: start CPU-only now (gpu_memory "0");{slice_now} or wait in line for it (add "wait": true).'
+
+    def largest_fit_now(self) -> int:
+        """The largest slice this user could start now (free on one card and within their groups)."""
+        inventory, usage = self.form_state()
+        largest_free = max((g.free_bytes for g in inventory.gpus() if g.healthy), default=0)
+        card = max((g.memory_bytes for g in inventory.gpus()), default=0)
+        return min(largest_free, largest_slice(self._quota_groups(), usage, card))
+
+    def _wants_to_wait(self) -> bool:
+        return str((self.user_options or {}).get("wait", "")).lower() in {"true", "1", "on", "yes"}  # type: ignore[attr-defined]
+
+    def _take_turn(self, request: GpuRequest, image: str, wait: bool) -> list[Held] | None:
+        return self._ledger.take_turn(
+            self._key, lambda holds, line, mine: self._turn(request, image, wait, holds, line, mine)
+        )
+
+    def _turn(
+        self, request: GpuRequest, image: str, wait: bool, holds: list[Held], line: list[Entry], mine: Entry | None
+    ) -> tuple[list[Held] | None, Entry | None]:
+        """Inside the ledger's transaction: place now, or keep waiting (with ``wait``), or refuse."""
+        now = time.time()
+        wait = wait or mine is not None  # back after a hub restart: keep the place
+        if request.kind is RequestKind.CPU or (not wait and not any(not e.away(now) for e in line)):
+            return self._decide(request, image, holds), None  # nobody waits: the direct path and its refusals
+        inventory = self._inventory(holds)
+        me = self._entry(request, image, inventory, holds, mine, now)
+        budgets = {q.name: q.budget_bytes for q in map(group_quota, self.gpu_groups)}
+        why = never_fits(me, inventory, budgets)
+        if why:
+            raise GpuRefused(409, f"{request.describe()} cannot wait in line: {why}.", "capacity")
+        admitted = admit(
+            [*line, me],
+            inventory,
+            budgets=budgets,
+            group_bytes=_group_bytes(holds),
+            held_by_user=_held_by_user(holds),
+            policy=self.gpu_policy,
+            now=now,
+        )
+        placed = next((a for a in admitted if a.entry.key == self._key), None)
+        if placed is not None:
+            return self._rows(request, inventory, me.group, placed.choice), None
+        if not wait:
+            ahead = sum(1 for e in line if not e.away(now))
+            refused = GpuRefused(409, f"{ahead} request(s) wait in line for a GPU before yours.", "line")
+            refused.waitable = True
+            raise refused
+        if now - me.arrived > self.gpu_line_max_wait:
+            raise GpuRefused(
+                409, f"Waited in line longer than {self.gpu_line_max_wait // 60} minutes; no GPU came free.", "line"
+            )
+        return None, me
+
+    def _entry(
+        self, request: GpuRequest, image: str, inventory: Inventory, holds: list[Held], mine: Entry | None, now: float
+    ) -> Entry:
+        """This request as a line entry; GpuRefused for a group rule that waiting cannot help."""
+        asked = asked_bytes(request, inventory)
+        others = [h for h in holds if h.key != self._key]
+        servers = len({h.key for h in others if h.user == self.user.name})  # type: ignore[attr-defined]
+        decision = check(request, asked, image, self._quota_groups(), Usage(user_servers=servers))  # budgets aside
+        if not decision.allowed:
+            raise GpuRefused(403, str(decision), "quota")
+        arrived, priority = (mine.arrived, mine.priority) if mine else (now, 0)
+        user = self.user.name  # type: ignore[attr-defined]
+        demand = Demand.from_request(request)
+        return Entry(self._key, user, demand, asked, decision.group, arrived, priority, now, request.describe())
+
+    async def _wait_in_line(self, request: GpuRequest, image: str) -> list[Held]:
+        """Look at the line every ``gpu_line_poll`` s until this request is placed; report the place.
+
+        Cancelled (the user stopped the pending server, or JupyterHub gave up): leave the line.
+        """
+        said = ""
+        try:
+            while True:
+                holds = self._take_turn(request, image, wait=True)
+                if holds is not None:
+                    return holds
+                words = self._place_in_line(request)
+                if words != said:
+                    self._record("waiting", 15, words)
+                    self._stage(15, words)
+                    said = words
+                await asyncio.sleep(self.gpu_line_poll)
+        except GpuRefused as refusal:
+            self._ledger.leave_line(self._key)
+            self._refused(refusal)
+            raise
+        except BaseException:
+            self._ledger.leave_line(self._key)
+            raise
+
+    def _place_in_line(self, request: GpuRequest) -> str:
+        """Position, people ahead and an estimated start, in words."""
+        now = time.time()
+        line = [e for e in self._ledger.line() if not e.away(now) or e.key == self._key]
+        holds = self._ledger.holdings()
+        position = positions(line, _held_by_user(holds)).get(self._key, len(line) + 1)
+        eta = estimated_start(position, self._frees_at(holds, now), now)
+        when = time.strftime("%H:%M UTC", time.gmtime(eta)) if eta is not None else "unknown"
+        return (
+            f"waiting in line for {request.describe()}: position {position}, {position - 1} ahead;"
+            f" estimated start {when}"
+        )
+
+    def _frees_at(self, holds: list[Held], now: float) -> list[float]:
+        """When each GPU server is expected to end at the latest if idle: last activity plus the idle timeout."""
+        activity = self._last_activity()
+        return [activity.get(key, now) + self.gpu_idle_timeout for key in {h.key for h in holds}]
+
+    def _last_activity(self) -> dict[str, float]:
+        """Each running server's last activity from JupyterHub's database (empty outside a hub)."""
+        db = getattr(self, "db", None)
+        if db is None:
+            return {}
+        from jupyterhub import orm
+
+        found = {}
+        for spawner in db.query(orm.Spawner).filter(orm.Spawner.server_id.isnot(None)):
+            if spawner.last_activity is not None:
+                stamp = spawner.last_activity.replace(tzinfo=datetime.UTC).timestamp()
+                found[f"{spawner.user.name}/{spawner.name}"] = stamp
+        return found
+
+    def run_pre_spawn_hook(self) -> Any:
+        # JupyterHub reads start_timeout once start() is called: a waiting spawn gets the line's
+        # limit on top, so JupyterHub never gives up on it before the line does.
+        hub_spawner: Any = self  # JupyterHub's Spawner, which this class is mixed into
+        if self._gpu_base_start_timeout is None:
+            self._gpu_base_start_timeout = float(hub_spawner.start_timeout)
+        in_line = any(e.key == self._key for e in self._ledger.line())  # back after a hub restart
+        extra = self.gpu_line_max_wait if self._wants_to_wait() or in_line else 0
+        hub_spawner.start_timeout = int(self._gpu_base_start_timeout + extra)
+        return super().run_pre_spawn_hook()  # type: ignore[misc]
 
     def _spec_for(self, request: GpuRequest, holds: list[Held]) -> ServerGpuSpec:
         if not holds:
@@ -121,6 +297,9 @@ class LedgerGpuMixin(GpuShareMixin):
 
     async def start(self) -> Any:
         request, holds = self.allocate()
+        if holds is None:
+            assert self._gpu_request is not None  # allocate() set it
+            holds = await self._wait_in_line(*self._gpu_request)
         self._gpu_holds = holds
         self._gpu_spec = self._spec_for(request, holds)
         placed = self.placement_text() or "no GPU"
@@ -170,7 +349,8 @@ class LedgerGpuMixin(GpuShareMixin):
             missing = self._ledger.missing(self._gpu_holds)
             if missing:
                 self._ledger.restore(missing)
-        if status is not None and not self._gpu_silent_after_restart and self._last_event_kind() == "started":
+        running_events = ("started", "warned")  # "warned": the reclaimer's notice to a running server
+        if status is not None and not self._gpu_silent_after_restart and self._last_event_kind() in running_events:
             # Nobody stopped it (stop() records "stopped"): it crashed, exited or was killed.
             self._record("died", 100, _died_message(status))
         return status
@@ -253,6 +433,8 @@ class LedgerGpuMixin(GpuShareMixin):
         # for a dead server), culled, failed to start, or found dead after a restart.
         super().clear_state()  # type: ignore[misc]
         self._ledger.release(self._key)
+        # Not the line: a place survives a hub restart (the new hub clears the spawn it lost);
+        # a waiting spawn that ends in this hub leaves the line itself (_wait_in_line).
         self._gpu_holds = None
 
     def placement_text(self) -> str:
@@ -360,3 +542,16 @@ def _group_bytes(holds: list[Held]) -> dict[str, int]:
         if h.group:
             totals[h.group] = totals.get(h.group, 0) + h.memory_bytes
     return totals
+
+
+def _compact(size: int) -> str:
+    """A size as the REST API takes it: "4GiB"."""
+    return format_bytes(size).replace(" ", "")
+
+
+def _held_by_user(holds: list[Held]) -> dict[str, int]:
+    """How many servers with a GPU each user runs (the line's fair share counts them)."""
+    servers: dict[str, set[str]] = {}
+    for h in holds:
+        servers.setdefault(h.user, set()).add(h.key)
+    return {user: len(keys) for user, keys in servers.items()}

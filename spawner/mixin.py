@@ -15,7 +15,7 @@ from typing import Any
 from traitlets import Dict, Integer, List, Unicode, default
 
 from spawner.backends import ServerGpuSpec
-from spawner.form import FormChoice, form_gpu_value, render_spawn_form, whole_gpus_allowed
+from spawner.form import FormChoice, WaitOffer, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
@@ -32,6 +32,14 @@ from spawner.shares import (
     parse_request,
     quantity_text,
 )
+
+
+def asked_bytes(request: GpuRequest, inventory: Inventory) -> int:
+    """GPU memory ``request`` takes in all (charged against group budgets); 0 for CPU only."""
+    if request.kind is RequestKind.CPU:
+        return 0
+    card = max((g.memory_bytes for g in inventory.gpus()), default=0)
+    return request.bytes_on(card) * max(1, request.gpus)
 
 
 class GpuShareMixin(ImagesMixin):
@@ -65,6 +73,7 @@ class GpuShareMixin(ImagesMixin):
     gpu_option_keys = OPTION_KEYS
     _gpu_starting = False
     _gpu_models: dict[str, Path] | None = None
+    _gpu_offer: WaitOffer | None = None  # the last refusal's buttons, for the form shown again
 
     # -- helpers over JupyterHub's spawner attributes ---------------------------------
 
@@ -104,18 +113,20 @@ class GpuShareMixin(ImagesMixin):
         ``held`` is what the cluster's servers hold now: the policy weighs fragmentation
         against that workload.
         """
-        card = max((g.memory_bytes for g in inventory.gpus()), default=0)
-        asked_bytes = request.bytes_on(card) * max(1, request.gpus) if request.kind is not RequestKind.CPU else 0
-        decision = check(request, asked_bytes, image, self._quota_groups(), usage)
+        decision = check(request, asked_bytes(request, inventory), image, self._quota_groups(), usage)
         if not decision.allowed:
-            raise GpuRefused(403, str(decision), "quota")
+            refused = GpuRefused(403, str(decision), "quota")
+            refused.waitable = decision.rule == "budget"
+            raise refused
         if request.kind is RequestKind.CPU:
             return decision.group, None
         demand = Demand.from_request(request)
         state = ClusterState.from_inventory(inventory)
         choice = make_policy(self.gpu_policy, Workload.from_demands([demand, *held])).choose(state, demand)
         if choice is None:
-            raise GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
+            refused = GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
+            refused.waitable = True
+            raise refused
         return decision.group, choice
 
     # -- the spawn form -----------------------------------------------------------------
@@ -135,7 +146,15 @@ class GpuShareMixin(ImagesMixin):
         simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
         most_cards = whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus))
         return render_spawn_form(
-            self, inventory, groups, usage, ceiling, most_cards, simulated, self._previous_choice(largest_card)
+            self,
+            inventory,
+            groups,
+            usage,
+            ceiling,
+            most_cards,
+            simulated,
+            self._previous_choice(largest_card),
+            self._gpu_offer,
         )
 
     def _previous_choice(self, largest_card: int) -> FormChoice | None:

@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "spawner.quotas": CORE,
     "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
+    "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
@@ -48,7 +49,7 @@ LAYERS: dict[str, int] = {
 STANDALONE = ("spawner.kernel_hook",)
 # Upward imports allowed inside a function only (lazy), each with its reason.
 LAZY_UPWARD = {
-    ("hub.cli", "bench"): "`gpuslice bench spawn|class|placement` imports it when asked for",
+    ("hub.cli", "bench"): "`gpuslice bench spawn|class|class-day|placement` imports it when asked for",
 }
 # What the portal may take from the hub (layer 4): the settings model and the chart's values reader.
 PORTAL_FROM_HUB = ("hub.settings", "hub.kube_values")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from spawner.backends import Backend
 from spawner.gpus import machine
 from spawner.inventory import GROUP_ANNOTATION, Inventory, build_kube, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
+from spawner.waitline import positions
 
 
 def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[Held]]:
@@ -37,6 +39,37 @@ def server_history(ledger_path: Path, identity: Identity, user: str, server: str
     if not identity.admin and identity.name != user:
         raise PermissionError(f"{identity.name} may not read {user}'s server history: only admins can")
     return Ledger(ledger_path).history(server_key(user, server)) if ledger_path.exists() else []
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One request in the GPU line, as the Queue view shows it."""
+
+    position: int
+    user: str
+    server: str
+    asked: str
+    group: str | None
+    since: float  # arrival, seconds since the epoch
+    away: bool  # its spawn has not looked at the line for a while (hub restarted, spawn lost)
+
+
+def waiting_line(ledger_path: Path, identity: Identity, now: float) -> list[Waiting]:
+    """The GPU line in its order: everyone's for admins, only their own places for others."""
+    if not ledger_path.exists():
+        return []
+    ledger = Ledger(ledger_path)
+    line = ledger.line()
+    held: dict[str, set[str]] = {}
+    for h in ledger.holdings():
+        held.setdefault(h.user, set()).add(h.key)
+    places = positions(line, {user: len(keys) for user, keys in held.items()})
+    rows = [
+        Waiting(places[e.key], e.user, e.key.split("/", 1)[1], e.label, e.group, e.arrived, e.away(now))
+        for e in line
+        if identity.admin or e.user == identity.name
+    ]
+    return sorted(rows, key=lambda w: w.position)
 
 
 class KubeClient:

@@ -70,3 +70,26 @@ if stoppable:
         else:
             sources.servers.clear()
             st.success(f"Stopping {_label(choice)}.")
+
+st.subheader("Queue")
+waiting = sources.waiting_line(identity)
+if not waiting:
+    st.caption("Nobody waits for a GPU." if identity.admin else "You are not waiting for a GPU.")
+else:
+    st.dataframe(
+        [
+            {
+                "position": w.position,
+                "user": w.user,
+                "server": w.server or "(default)",
+                "asked for": w.asked,
+                "group": w.group or "",
+                "since": views.local_time(w.since),
+                "waiting": views.duration_text(time.time() - w.since),
+                "note": "spawn lost (hub restarted?): keeps its place, starts when asked again" if w.away else "",
+            }
+            for w in waiting
+        ],
+        hide_index=True,
+        width="stretch",
+    )

@@ -72,3 +72,25 @@ def test_a_server_started_again_after_a_failure_is_not_failed() -> None:
 )
 def test_duration_text(seconds: float | None, text: str) -> None:
     assert views.duration_text(seconds) == text
+
+
+def test_the_queue_is_in_line_order_admins_see_everyone_users_their_own_place(tmp_path: Path) -> None:
+    from spawner.ledger import Held
+    from spawner.placement import Demand
+    from spawner.waitline import Entry
+
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    ledger.restore([Held("ann/", 0, "ann", "", 8 * 2**30)])  # ann holds one: her second request goes last
+    slice_ = Demand(slice_units=float(4 * 2**30))
+    for key, arrived in (("ann/lab", 100.0), ("bo/", 200.0), ("cy/", 300.0)):
+        entry = Entry(
+            key, key.split("/")[0], slice_, 4 * 2**30, "ml101", arrived, seen=arrived, label="4 GiB of one GPU"
+        )
+        ledger.take_turn(key, lambda holds, line, mine, e=entry: (None, e))
+    admin = cluster.waiting_line(path, Identity("root", admin=True), now=310.0)
+    assert [(w.position, w.user, w.server) for w in admin] == [(1, "bo", ""), (2, "cy", ""), (3, "ann", "lab")]
+    assert [w.away for w in admin] == [True, False, True]  # not seen for over a minute
+    assert admin[0].asked == "4 GiB of one GPU" and admin[0].group == "ml101" and admin[0].since == 200.0
+    assert [(w.position, w.user) for w in cluster.waiting_line(path, Identity("cy"), now=310.0)] == [(2, "cy")]
+    assert cluster.waiting_line(tmp_path / "missing.sqlite", Identity("cy"), now=0.0) == []

@@ -203,6 +203,19 @@ def test_jobs_page_for_a_user_shows_only_their_servers_and_events(fakes: dict[st
     assert not at.button  # nothing of theirs is running, and nobody else's is offered
 
 
+def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    from portal.data.cluster import Waiting
+
+    line = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
+    monkeypatch.setattr(sources, "waiting_line", lambda identity: line if identity.admin else [])
+    at = run("screens/jobs.py")
+    queue = at.dataframe[2].value
+    assert list(queue["position"]) == [1] and list(queue["user"]) == ["dan"]
+    assert list(queue["asked for"]) == ["4 GiB of one GPU"] and list(queue["group"]) == ["ml101"]
+    fakes["identity"] = Identity("carl")
+    assert "You are not waiting for a GPU." in [c.value for c in run("screens/jobs.py").caption]
+
+
 def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     from hub.settings import from_mapping
 

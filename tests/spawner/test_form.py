@@ -7,6 +7,7 @@ import pytest
 
 from spawner.form import (
     FormChoice,
+    WaitOffer,
     form_gpu_value,
     in_form_words,
     render_spawn_form,
@@ -16,6 +17,7 @@ from spawner.form import (
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.quotas import GroupQuota, Usage
+from spawner.request import options_from_form
 from spawner.shares import ShareError, parse_request
 
 GiB = 2**30
@@ -108,3 +110,35 @@ def test_refusals_use_the_forms_words() -> None:
 def test_a_slice_refused_because_others_took_the_rest_stays_chosen_and_marked() -> None:
     form = _form([GroupQuota("ml101", max_slice_bytes=GiB)], FormChoice(gpu="2GiB"))
     assert '<option value="2GiB" selected>2 GiB of one GPU (more than is left now)</option>' in form
+
+
+def test_a_refusal_for_room_offers_three_buttons_that_keep_the_form() -> None:
+    form = render_spawn_form(
+        _source(),  # type: ignore[arg-type]
+        build_local(MACHINE),
+        [],
+        Usage(),
+        16 * GiB,
+        2,
+        None,
+        FormChoice(gpu="8GiB", image="np"),
+        WaitOffer("8 GiB of one <GPU>", 4 * GiB),
+    )
+    assert '<button type="submit" class="btn btn-default" name="gpu_now" value="0">Start CPU-only now</button>' in form
+    assert 'name="gpu_now" value="4GiB">Start 4 GiB now</button>' in form
+    assert 'name="wait" value="on">Wait in line for 8 GiB of one &lt;GPU&gt;</button>' in form
+    assert _selected(form, "gpu") == "8GiB" and _selected(form, "image") == "np"
+    assert "Wait in line" not in _form([])
+
+
+def test_the_refusal_buttons_become_spawn_options() -> None:
+    form = {"gpu": ["8GiB"], "image": ["np"], "models": ["m"]}
+    assert options_from_form({**form, "wait": ["on"]}, "0", "default") == {
+        "gpu_memory": "8GiB",
+        "gpus": "0",
+        "image": "np",
+        "models": ["m"],
+        "wait": True,
+    }
+    now = options_from_form({**form, "gpu_now": ["4GiB"]}, "0", "default")
+    assert (now["gpu_memory"], now["image"], "wait" in now) == ("4GiB", "np", False)

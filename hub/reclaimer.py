@@ -1,0 +1,126 @@
+"""`python -m hub.reclaimer`: give idle GPU slices to the waiting line (a hub-managed service).
+
+While anyone waits in the GPU line, a server holding a slice whose activity has stopped
+for ``--gpu-idle-timeout`` seconds is stopped, longest idle first and no more than the
+line needs (spawner/waitline.py ``reclaim`` decides). Its owner is warned first: a
+``warned`` event on the server (shown on the portal's Jobs page and in the hub's log),
+and the server is stopped only if it is still idle ``--warn-before`` seconds later.
+With nobody waiting nothing is reclaimed (the idle culler's normal timeout applies);
+servers without a GPU are never reclaimed.
+
+Activity is JupyterHub's ``last_activity`` for the server (kernels, terminals, the
+browser through the proxy). On this machine the GPU's own idleness is taken to be the
+same: the exporter's per-process GPU readings are not joined in yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from spawner.ledger import Ledger, server_key
+from spawner.waitline import Holder, reclaim
+
+log = logging.getLogger("gpuslice.reclaimer")
+
+
+def holders_from_hub(users: Iterable[dict[str, Any]], gpu_keys: set[str]) -> list[Holder]:
+    """Ready servers from JupyterHub's ``GET /users?state=ready`` as reclaiming sees them."""
+    found = []
+    for user in users:
+        for name, server in (user.get("servers") or {}).items():
+            if not server.get("ready"):
+                continue
+            key = server_key(user["name"], name)
+            last = _timestamp(server.get("last_activity"))
+            found.append(Holder(key, key in gpu_keys, last, last))
+    return found
+
+
+def _timestamp(text: str | None) -> float | None:
+    if not text:
+        return None  # never active: treated as busy rather than stopped on a guess
+    stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
+
+
+class Reclaimer:
+    """One look at the line and the servers per ``step``; remembers whom it has warned."""
+
+    def __init__(self, api_url: str, token: str, ledger: Ledger, gpu_idle_timeout: float, warn_before: float) -> None:
+        self.api_url, self.ledger = api_url.rstrip("/"), ledger
+        self.timeout, self.warn_before = gpu_idle_timeout, warn_before
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"token {token}"
+        self.warned: dict[str, float] = {}
+
+    def step(self, now: float) -> list[str]:
+        """Warn and stop as needed; returns the servers stopped."""
+        waiting = sum(1 for e in self.ledger.line() if not e.away(now))
+        gpu_keys = {h.key for h in self.ledger.holdings()}
+        response = self.session.get(f"{self.api_url}/users", params={"state": "ready"}, timeout=30)
+        response.raise_for_status()
+        warn, stop = reclaim(
+            holders_from_hub(response.json(), gpu_keys),
+            waiting=waiting,
+            now=now,
+            gpu_idle_timeout=self.timeout,
+            warn_before=self.warn_before,
+        )
+        self.warned = {k: t for k, t in self.warned.items() if k in {*warn, *stop}}  # active again: forgotten
+        for key in [*warn, *stop]:
+            if key not in self.warned:
+                self.warned[key] = now
+                message = f"idle while others wait for a GPU: stopped in {self.warn_before:.0f} s unless used"
+                self.ledger.record(key, "warned", 100, message)
+                log.info("gpuslice reclaimer: warned %s", key)
+        due = [key for key in stop if now - self.warned[key] >= self.warn_before]
+        for key in due:
+            self._stop(key)
+            self.warned.pop(key, None)
+        return due
+
+    def _stop(self, key: str) -> None:
+        user, name = key.split("/", 1)
+        path = f"/users/{quote(user)}/servers/{quote(name)}" if name else f"/users/{quote(user)}/server"
+        response = self.session.delete(f"{self.api_url}{path}", timeout=60)
+        if response.status_code not in (202, 204):
+            log.warning("gpuslice reclaimer: stopping %s answered HTTP %s", key, response.status_code)
+            return
+        log.info("gpuslice reclaimer: stopped %s (idle while others waited)", key)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ledger", type=Path, required=True, help="the ledger's SQLite file")
+    parser.add_argument("--gpu-idle-timeout", type=float, default=900.0, help="seconds idle before reclaiming")
+    parser.add_argument("--warn-before", type=float, default=180.0, help="seconds between the warning and the stop")
+    parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
+    reclaimer = Reclaimer(
+        os.environ["JUPYTERHUB_API_URL"],
+        os.environ["JUPYTERHUB_API_TOKEN"],
+        Ledger(args.ledger),
+        args.gpu_idle_timeout,
+        args.warn_before,
+    )
+    while True:
+        try:
+            reclaimer.step(time.time())
+        except (requests.RequestException, OSError) as exc:
+            log.warning("gpuslice reclaimer: the hub did not answer (%s); trying again", exc)
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    main()

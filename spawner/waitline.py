@@ -1,0 +1,188 @@
+"""The GPU waiting line: who waits for what, in which order, and who is placed now. Pure code.
+
+A request that cannot be placed now (no room, or its group's budget is used up) may wait
+here instead of being refused. The order is fair share:
+
+* a teacher's "put first" (``priority``) goes before everything else;
+* then round-robin between users: a user's n-th waiting request counts as their
+  n-th turn, plus one turn per server they already hold, so someone holding nothing
+  goes before a second server for someone else;
+* then arrival time.
+
+``admit`` walks that order against the free room and places what fits, committing each
+placement to its copy of the cluster so that two admissions never share the same memory.
+It is strict: the first entry that the cluster cannot hold stops the walk (nobody behind
+it jumps ahead, so a large request is not starved by a stream of small ones). An entry
+held back by its group's budget only blocks later entries of the same group. Entries
+whose spawn has not been seen for ``away_after_s`` (the hub restarted, the tab went
+away and the spawn ended) keep their place but do not hold up the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from spawner.inventory import Inventory
+from spawner.placement import Choice, ClusterState, Demand, Workload, held_demands, make_policy
+from spawner.shares import format_bytes
+
+AWAY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One request waiting for a GPU."""
+
+    key: str  # "user/server"
+    user: str
+    demand: Demand  # what placement needs
+    asked_bytes: int  # GPU memory charged against the group's budget
+    group: str | None  # the group charged (None: no group rules)
+    arrived: float  # seconds since the epoch
+    priority: int = 0  # > 0: put first by a teacher (higher first)
+    seen: float | None = None  # last time the waiting spawn was alive; None: at arrival
+    label: str = ""  # what was asked, in words (for people)
+
+    def last_seen(self) -> float:
+        return self.arrived if self.seen is None else self.seen
+
+    def away(self, now: float, away_after_s: float = AWAY_AFTER_S) -> bool:
+        return now - self.last_seen() > away_after_s
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An entry placed now, and where (``choice.gpus`` index the node's GPU list)."""
+
+    entry: Entry
+    choice: Choice
+
+
+def fair_order(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None = None) -> list[Entry]:
+    """The line in fair-share order (see the module's docstring)."""
+    held = held_by_user or {}
+    turns: dict[str, int] = {}
+    keyed = []
+    for entry in sorted(entries, key=lambda e: (e.arrived, e.key)):
+        turn = turns.get(entry.user, 0)
+        turns[entry.user] = turn + 1
+        keyed.append(((-entry.priority, held.get(entry.user, 0) + turn, entry.arrived, entry.key), entry))
+    return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def positions(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Each entry's place in line, 1 for the first."""
+    return {e.key: i for i, e in enumerate(fair_order(entries, held_by_user), start=1)}
+
+
+def admit(
+    entries: Iterable[Entry],
+    inventory: Inventory,
+    *,
+    budgets: Mapping[str, int | None],
+    group_bytes: Mapping[str, int],
+    held_by_user: Mapping[str, int] | None = None,
+    policy: str = "default",
+    now: float,
+    away_after_s: float = AWAY_AFTER_S,
+) -> list[Admission]:
+    """The entries that can be placed now, first in line first, with where they go.
+
+    ``budgets``: each group's GPU budget in bytes (None or missing: no budget);
+    ``group_bytes``: what each group holds now. Never places more than is free.
+    """
+    state = ClusterState.from_inventory(inventory)
+    held = held_demands(inventory)
+    used = dict(group_bytes)
+    blocked_groups: set[str | None] = set()
+    admitted: list[Admission] = []
+    for entry in fair_order(entries, held_by_user):
+        if entry.away(now, away_after_s) or (entry.group is not None and entry.group in blocked_groups):
+            continue
+        if not _within_budget(entry, budgets, used):
+            blocked_groups.add(entry.group)
+            continue
+        demands = [entry.demand, *held, *(a.entry.demand for a in admitted)]
+        choice = make_policy(policy, Workload.from_demands(demands)).choose(state, entry.demand)
+        if choice is None:
+            break  # strict: nobody behind the first that does not fit goes ahead of it
+        state.commit(choice, entry.demand)
+        if entry.group is not None:
+            used[entry.group] = used.get(entry.group, 0) + entry.asked_bytes
+        admitted.append(Admission(entry, choice))
+    return admitted
+
+
+def _within_budget(entry: Entry, budgets: Mapping[str, int | None], used: Mapping[str, int]) -> bool:
+    if entry.group is None:
+        return True
+    budget = budgets.get(entry.group)
+    return budget is None or used.get(entry.group, 0) + entry.asked_bytes <= budget
+
+
+def never_fits(entry: Entry, inventory: Inventory, budgets: Mapping[str, int | None]) -> str | None:
+    """Why ``entry`` could not be placed even on an empty machine (then it must not wait); None if it could."""
+    budget = budgets.get(entry.group) if entry.group is not None else None
+    if budget is not None and entry.asked_bytes > budget:
+        return (
+            f"group {entry.group!r} has a GPU budget of {format_bytes(budget)} in all,"
+            f" less than the {format_bytes(entry.asked_bytes)} asked for"
+        )
+    empty = ClusterState.from_inventory(inventory)
+    empty.free = empty.cap.copy()
+    if make_policy("default", Workload.from_demands([entry.demand])).choose(empty, entry.demand) is None:
+        return "no machine here could hold it even with every GPU free"
+    return None
+
+
+def estimated_start(position: int, frees_at: Sequence[float], now: float) -> float | None:
+    """When the ``position``-th in line may start: when that many running servers have ended.
+
+    ``frees_at``: for each running GPU server, the latest time it is expected to end (for
+    example its last activity plus the idle timeout). None when fewer servers run than
+    are ahead (nobody can say).
+    """
+    ends = sorted(max(now, t) for t in frees_at)
+    if position < 1 or position > len(ends):
+        return None
+    return ends[position - 1]
+
+
+def put_first(entries: Iterable[Entry], key: str) -> list[Entry]:
+    """A teacher's "put first": ``key`` gets a priority above every other entry's."""
+    entries = list(entries)
+    top = max((e.priority for e in entries), default=0)
+    return [replace(e, priority=top + 1) if e.key == key else e for e in entries]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A running server as reclaiming sees it."""
+
+    key: str
+    has_gpu: bool
+    kernels_idle_since: float | None  # None: a kernel is busy now
+    gpu_idle_since: float | None  # None: its processes use the GPU now
+
+
+def reclaim(
+    holders: Iterable[Holder], *, waiting: int, now: float, gpu_idle_timeout: float = 900.0, warn_before: float = 180.0
+) -> tuple[list[str], list[str]]:
+    """GPU-aware reclaiming while anyone waits: (servers to warn, servers to stop), longest idle first.
+
+    Only servers with a GPU, whose kernels *and* GPU have both been idle: for
+    ``gpu_idle_timeout`` they are stopped (at most ``waiting`` of them: the line gets no more
+    than it needs), from ``warn_before`` earlier their owners are warned. Nobody waiting:
+    nothing (the normal idle timeout applies).
+    """
+    if waiting <= 0:
+        return [], []
+    idle: list[tuple[float, str]] = []
+    for h in holders:
+        if h.has_gpu and h.kernels_idle_since is not None and h.gpu_idle_since is not None:
+            idle.append((now - max(h.kernels_idle_since, h.gpu_idle_since), h.key))
+    idle.sort(key=lambda pair: (-pair[0], pair[1]))
+    stop = [key for seconds, key in idle if seconds >= gpu_idle_timeout][:waiting]
+    warn = [key for seconds, key in idle if gpu_idle_timeout - warn_before <= seconds < gpu_idle_timeout]
+    return warn, stop

@@ -1,0 +1,161 @@
+"""The GPU waiting line on the real hub: wait instead of being refused, start by itself when room frees."""
+
+import json
+import sqlite3
+import time
+
+import requests
+
+from tests.e2e.platform import Platform, admin_api
+
+
+def progress_until(platform: Platform, token: str, user: str, text: str, timeout_s: float = 60) -> str:
+    """Read the spawn's progress event stream until a message contains ``text``."""
+    url = f"{platform.url}/hub/api/users/{user}/server/progress"
+    deadline = time.monotonic() + timeout_s
+    with requests.get(url, headers={"Authorization": f"token {token}"}, stream=True, timeout=timeout_s) as stream:
+        for line in stream.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                message = str(json.loads(line[5:]).get("message", ""))
+                if text in message:
+                    return message
+            if time.monotonic() > deadline:
+                break
+    raise AssertionError(f"no progress message with {text!r} for {user}")
+
+
+def line(platform: Platform) -> list[tuple[str, float]]:
+    db = sqlite3.connect(platform.data_dir / "ledger.sqlite")
+    try:
+        return db.execute("SELECT key, arrived FROM waiting ORDER BY arrived").fetchall()
+    finally:
+        db.close()
+
+
+def test_the_third_student_waits_and_starts_by_itself_when_a_slice_frees(make_platform: object) -> None:
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"})  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2", "s3"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    sessions = {u: platform.login(u) for u in ("s1", "s2", "s3")}
+    for user in ("s1", "s2"):
+        assert sessions[user].api("POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code in (
+            201,
+            202,
+        )
+        sessions[user].wait_ready(user)
+    refused = sessions["s3"].api("POST", "/users/s3/server", json={"gpu_memory": "4GiB"})
+    assert refused.status_code == 409
+    assert (
+        'Or: start CPU-only now (gpu_memory "0"); or wait in line for it (add "wait": true).'
+        in refused.json()["message"]
+    )
+
+    waiting = sessions["s3"].api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True})
+    assert waiting.status_code in (201, 202), waiting.text  # JupyterHub answers once the spawn is slow
+    assert "position 1, 0 ahead" in progress_until(platform, token, "s3", "position")
+    assert [key for key, _ in line(platform)] == ["s3/"]
+    assert sessions["s3"].api("GET", "/users/s3").json()["servers"][""]["pending"] == "spawn"
+
+    assert sessions["s1"].api("DELETE", "/users/s1/server").status_code in (202, 204)
+    sessions["s3"].wait_ready("s3", timeout_s=120)  # nobody pressed anything
+    assert sorted(key for key, _, _ in platform.ledger()) == ["s2/", "s3/"]
+    assert line(platform) == []
+
+
+def test_the_line_survives_a_hub_kill_9_and_stopping_the_spawn_leaves_it(make_platform: object) -> None:
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"})  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    assert admin_api(platform, token, "POST", "/users/s1/server", json={"gpu_memory": "8GiB"}).status_code in (201, 202)
+    waiting = admin_api(platform, token, "POST", "/users/s2/server", json={"gpu_memory": "4GiB", "wait": True})
+    assert waiting.status_code in (201, 202)
+    before = line(platform)
+    assert [key for key, _ in before] == ["s2/"]
+
+    platform.kill_hub()
+    platform.start()
+    assert line(platform) == before  # the same place, the same arrival time
+    again = admin_api(platform, token, "POST", "/users/s2/server", json={"gpu_memory": "4GiB"})
+    assert again.status_code in (201, 202), again.text  # back in line (no "wait" needed: the place is kept)
+    assert line(platform) == before
+
+    assert admin_api(platform, token, "DELETE", "/users/s2/server").status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while line(platform) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert line(platform) == []
+    assert [key for key, _, _ in platform.ledger()] == ["s1/"]
+
+
+def test_in_the_browser_the_third_student_waits_from_the_refusal_and_lands_in_jupyterlab(make_platform: object) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.browser import ARGS, CHROMIUM, login
+
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"})  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2", "s3"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    for user in ("s1", "s2"):
+        assert admin_api(platform, token, "POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code in (
+            201,
+            202,
+        )
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        login(page, platform, "s3")
+        page.goto(f"{platform.url}/hub/spawn")
+        page.select_option("#gpu", "4GiB")
+        page.click(".feedback-container button[type=submit]")  # JupyterHub's Start
+        page.wait_for_selector("text=Wait in line for 4 GiB of one GPU", timeout=60_000)
+        assert "Start CPU-only now" in page.content()
+        page.click("text=Wait in line for 4 GiB of one GPU")
+        page.wait_for_selector("text=position 1, 0 ahead", timeout=60_000)  # the spawn page's progress log
+        assert [key for key, _ in line(platform)] == ["s3/"]
+        assert admin_api(platform, token, "DELETE", "/users/s1/server").status_code in (202, 204)
+        page.wait_for_url("**/user/s3/lab**", timeout=120_000)  # nobody pressed anything
+        browser.close()
+    assert sorted(key for key, _, _ in platform.ledger()) == ["s2/", "s3/"]
+
+
+def events(platform: Platform, key: str) -> list[str]:
+    db = sqlite3.connect(platform.data_dir / "ledger.sqlite")
+    try:
+        return [str(k) for (k,) in db.execute("SELECT kind FROM server_event WHERE key = ? ORDER BY id", (key,))]
+    finally:
+        db.close()
+
+
+def test_an_idle_slice_is_reclaimed_for_the_line_after_a_warning(make_platform: object) -> None:
+    platform: Platform = make_platform(gpus={"simulate": "1x8GiB:T4"}, gpu_idle_timeout=9)  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2", "s3", "cpu"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    for user, size in (("s1", "4GiB"), ("s2", "4GiB"), ("cpu", "0")):
+        assert admin_api(platform, token, "POST", f"/users/{user}/server", json={"gpu_memory": size}).status_code in (
+            201,
+            202,
+        )
+    session = platform.login("s3")
+    for user in ("s1", "s2", "cpu"):
+        ready = admin_api(platform, token, "GET", f"/users/{user}").json()["servers"][""]
+        deadline = time.monotonic() + 90
+        while not ready.get("ready") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            ready = admin_api(platform, token, "GET", f"/users/{user}").json()["servers"][""]
+        assert ready.get("ready"), ready
+    time.sleep(12)  # everyone idle past the timeout; nobody waits, so nothing is reclaimed
+    assert "warned" not in events(platform, "s1/") + events(platform, "s2/")
+    assert session.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    session.wait_ready("s3", timeout_s=120)
+    reclaimed = [key for key in ("s1/", "s2/") if events(platform, key)[-2:] == ["warned", "stopped"]]
+    assert len(reclaimed) == 1, {key: events(platform, key) for key in ("s1/", "s2/")}  # only what the line needed
+    assert "warned" not in events(platform, "cpu/")  # no GPU: never reclaimed for the line
+    assert sorted(key for key, _, _ in platform.ledger()) == sorted({"s1/", "s2/", "s3/"} - set(reclaimed))

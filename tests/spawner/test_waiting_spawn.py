@@ -1,0 +1,112 @@
+"""A local spawn that waits in line: placed when room frees, cancelled cleanly, refused with choices."""
+
+import asyncio
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from spawner.ledger import Ledger
+from spawner.lifecycle import LedgerGpuMixin
+from spawner.request import GpuRefused
+
+GiB = 2**30
+
+
+class _HubSpawner:
+    """What the mixin uses of JupyterHub's Spawner here."""
+
+    start_timeout = 300
+
+    def run_pre_spawn_hook(self) -> None:
+        return None
+
+    def clear_state(self) -> None:
+        return None
+
+
+class Spawner(LedgerGpuMixin, _HubSpawner):
+    def __init__(self, ledger: Path, user: str, **options: Any) -> None:
+        super().__init__(gpu_simulate="2x16GiB:T4", gpu_ledger_path=str(ledger), gpu_line_poll=0.05)
+        self.user = SimpleNamespace(name=user, groups=[], admin=False)
+        self.name = ""
+        self.user_options = options
+        self.log = logging.getLogger("test")
+
+
+def fill(ledger: Path) -> list[Spawner]:
+    """Four 8 GiB servers: both cards full."""
+    running = []
+    for user in ("a", "b", "c", "d"):
+        spawner = Spawner(ledger, user, gpu_memory="8GiB")
+        _, spawner._gpu_holds = spawner.allocate()
+        running.append(spawner)
+    return running
+
+
+async def wait_for_stage(spawner: Spawner, text: str) -> str:
+    for _ in range(200):
+        for stage in spawner._gpu_stages or []:
+            if text in stage.message:
+                return stage.message
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no stage with {text!r}: {spawner._gpu_stages}")
+
+
+def test_a_waiting_spawn_is_placed_when_a_server_stops(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    running = fill(ledger)
+    late = Spawner(ledger, "late", gpu_memory="8GiB", wait=True)
+    later = Spawner(ledger, "later", gpu_memory="8GiB", wait=True)
+
+    async def scenario() -> None:
+        request, holds = late.allocate()
+        assert holds is None
+        assert later.allocate()[1] is None
+        waiting = asyncio.ensure_future(late._wait_in_line(request, "default"))
+        also = asyncio.ensure_future(later._wait_in_line(request, "default"))
+        assert "position 1, 0 ahead" in await wait_for_stage(late, "position")
+        assert "position 2, 1 ahead" in await wait_for_stage(later, "position")
+        running[0].clear_state()  # a classmate stops: 8 GiB free
+        holds = await asyncio.wait_for(waiting, 10)
+        assert [(h.key, h.memory_bytes) for h in holds] == [("late/", 8 * GiB)]
+        assert not also.done()
+        also.cancel()  # the user stops the pending spawn
+        with pytest.raises(asyncio.CancelledError):
+            await also
+
+    asyncio.run(scenario())
+    assert Ledger(ledger).line() == []
+    assert sorted(h.key for h in Ledger(ledger).holdings()) == ["b/", "c/", "d/", "late/"]
+
+
+def test_without_wait_the_refusal_offers_cpu_the_largest_fit_and_the_line(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    fill(ledger)[0].clear_state()
+    Spawner(ledger, "e", gpu_memory="4GiB").allocate()  # 4 GiB left on one card
+    with pytest.raises(GpuRefused) as refused:
+        Spawner(ledger, "f", gpu_memory="8GiB").allocate()
+    message = refused.value.jupyterhub_message
+    assert 'Or: start CPU-only now (gpu_memory "0"); start 4 GiB now (gpu_memory "4GiB");' in message
+    assert 'wait in line for it (add "wait": true)' in message
+    assert Ledger(ledger).line() == []
+
+
+def test_nobody_jumps_the_line_without_waiting(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    running = fill(ledger)
+    assert Spawner(ledger, "late", gpu_memory="8GiB", wait=True).allocate()[1] is None
+    running[0].clear_state()
+    with pytest.raises(GpuRefused, match="1 request"):
+        Spawner(ledger, "pushy", gpu_memory="8GiB").allocate()
+
+
+def test_only_a_waiting_spawn_gets_the_line_on_top_of_start_timeout(tmp_path: Path) -> None:
+    spawner = Spawner(tmp_path / "ledger.sqlite", "w", gpu_memory="4GiB", wait=True)
+    spawner.run_pre_spawn_hook()
+    assert spawner.start_timeout == 300 + spawner.gpu_line_max_wait
+    spawner.user_options = {"gpu_memory": "4GiB"}
+    spawner.run_pre_spawn_hook()
+    assert spawner.start_timeout == 300

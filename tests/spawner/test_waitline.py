@@ -1,0 +1,161 @@
+"""The waiting line's order and admissions, from literal inputs."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spawner.gpus import simulated_gpus
+from spawner.inventory import Allocation, Inventory, build_local
+from spawner.placement import Demand
+from spawner.shares import GiB
+from spawner.waitline import Entry, admit, estimated_start, fair_order, never_fits, positions, put_first
+
+TWO_CARDS = simulated_gpus("2x16GiB:T4")
+
+
+def entry(key: str, arrived: float, gib: int = 4, group: str | None = None, priority: int = 0) -> Entry:
+    user = key.split("/")[0]
+    demand = Demand(slice_units=float(gib * GiB))
+    return Entry(key, user, demand, gib * GiB, group, arrived, priority, seen=arrived)
+
+
+def machine(held: dict[str, tuple[int, int]]) -> Inventory:
+    """The two simulated cards with ``held``: key -> (GPU index, GiB)."""
+    allocations = [(gpu, Allocation(k.split("/")[0], "", gib * GiB, k)) for k, (gpu, gib) in held.items()]
+    return build_local(TWO_CARDS, allocations)
+
+
+def full_machine() -> Inventory:
+    return machine({f"u{i}/": (i % 2, 4) for i in range(8)})
+
+
+def test_round_robin_between_users_then_arrival() -> None:
+    line = [entry("ann/a", 1), entry("ann/b", 2), entry("bob/", 3), entry("cy/", 4)]
+    assert [e.key for e in fair_order(line)] == ["ann/a", "bob/", "cy/", "ann/b"]
+
+
+def test_a_user_already_holding_a_server_goes_after_those_holding_none() -> None:
+    line = [entry("ann/", 1), entry("bob/", 2)]
+    assert [e.key for e in fair_order(line, {"ann": 1})] == ["bob/", "ann/"]
+
+
+def test_put_first_beats_arrival_and_fair_share() -> None:
+    line = put_first([entry("ann/", 1), entry("bob/", 2), entry("cy/", 3)], "cy/")
+    assert positions(line) == {"cy/": 1, "ann/": 2, "bob/": 3}
+
+
+def test_nothing_is_admitted_while_the_cards_are_full() -> None:
+    line = [entry("ann/", 1), entry("bob/", 2)]
+    assert admit(line, full_machine(), budgets={}, group_bytes={}, now=10) == []
+
+
+def test_one_free_slice_goes_to_the_first_in_line_only() -> None:
+    held = {f"u{i}/": (i % 2, 4) for i in range(7)}  # one 4 GiB slice free on GPU 1
+    line = [entry("bob/", 2), entry("ann/", 1)]
+    admitted = admit(line, machine(held), budgets={}, group_bytes={}, now=10)
+    assert [(a.entry.key, a.choice.gpus) for a in admitted] == [("ann/", (1,))]
+
+
+def test_admissions_never_share_memory() -> None:
+    held = {f"u{i}/": (i % 2, 4) for i in range(6)}  # 4 GiB free on each card
+    line = [entry(f"s{i}/", i) for i in range(5)]
+    admitted = admit(line, machine(held), budgets={}, group_bytes={}, now=10)
+    assert sorted(a.choice.gpus for a in admitted) == [(0,), (1,)]
+
+
+def test_the_first_that_does_not_fit_blocks_those_behind_it() -> None:
+    held = {f"u{i}/": (i % 2, 4) for i in range(6)}  # 4 GiB free on each card
+    line = [entry("big/", 1, gib=8), entry("small/", 2, gib=4)]
+    assert admit(line, machine(held), budgets={}, group_bytes={}, now=10) == []
+
+
+def test_a_group_over_budget_waits_and_other_groups_go_ahead() -> None:
+    line = [entry("ann/", 1, group="a"), entry("amy/", 2, group="a"), entry("bob/", 3, group="b")]
+    admitted = admit(line, machine({}), budgets={"a": 8 * GiB}, group_bytes={"a": 4 * GiB}, now=10)
+    assert [a.entry.key for a in admitted] == ["ann/", "bob/"]
+
+
+def test_an_entry_not_seen_for_a_while_keeps_its_place_but_does_not_block() -> None:
+    held = {f"u{i}/": (i % 2, 4) for i in range(7)}
+    line = [entry("gone/", 1), entry("here/", 190)]
+    admitted = admit(line, machine(held), budgets={}, group_bytes={}, now=200)
+    assert [a.entry.key for a in admitted] == ["here/"]
+    assert positions(line)["gone/"] == 1
+
+
+def test_requests_that_could_never_fit_are_named() -> None:
+    assert never_fits(entry("ann/", 1, gib=32), machine({}), {}) is not None
+    assert "budget" in (never_fits(entry("ann/", 1, gib=8, group="a"), machine({}), {"a": 4 * GiB}) or "")
+    assert never_fits(entry("ann/", 1, gib=8), full_machine(), {}) is None
+
+
+def test_estimated_start_is_when_enough_servers_have_ended() -> None:
+    assert estimated_start(2, [300.0, 100.0, 200.0], now=150.0) == 200.0
+    assert estimated_start(1, [100.0], now=150.0) == 150.0
+    assert estimated_start(3, [100.0], now=0.0) is None
+
+
+# One step: ("arrive", user, GiB) or ("leave", index of a running server).
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.integers(0, 5), st.sampled_from([2, 4, 8, 16])),
+        st.tuples(st.just("leave"), st.integers(0, 40), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps, st.sampled_from([None, 24]))
+def test_no_sequence_over_commits_and_everyone_waiting_is_served(
+    ops: list[tuple[str, int, int]], budget: int | None
+) -> None:
+    running: dict[str, tuple[int, int]] = {}  # key -> (GPU index, GiB)
+    line: list[Entry] = []
+    budgets = {"class": None if budget is None else budget * GiB}
+    clock = 0.0
+
+    def step() -> None:
+        group_bytes = {"class": sum(gib for _, gib in running.values()) * GiB}
+        held_by_user: dict[str, int] = {}
+        for key in running:
+            held_by_user[key.split("/")[0]] = held_by_user.get(key.split("/")[0], 0) + 1
+        fresh = [Entry(e.key, e.user, e.demand, e.asked_bytes, e.group, e.arrived, seen=clock) for e in line]
+        for a in admit(
+            fresh, machine(running), budgets=budgets, group_bytes=group_bytes, held_by_user=held_by_user, now=clock
+        ):
+            running[a.entry.key] = (a.choice.gpus[0], a.entry.asked_bytes // GiB)
+            line[:] = [e for e in line if e.key != a.entry.key]
+        for gpu in (0, 1):  # checked against the cards directly, not through the line's own arithmetic
+            assert sum(gib for g, gib in running.values() if g == gpu) <= 16
+        assert sum(gib for _, gib in running.values()) * GiB <= (budgets["class"] or 1 << 60)
+
+    for n, (kind, who, gib) in enumerate(ops):
+        clock += 1
+        if kind == "arrive":
+            line.append(entry(f"u{who}/{n}", clock, gib=gib, group="class"))
+        elif running:
+            del running[sorted(running)[who % len(running)]]
+        step()
+    while line:  # everyone leaves in turn: the line must empty
+        clock += 1
+        before = len(line)
+        if running:
+            del running[sorted(running)[0]]
+        step()
+        assert running or len(line) < before, f"stuck with nothing running: {line}"
+
+
+def test_reclaiming_takes_only_gpu_servers_idle_on_both_counts_longest_first_and_only_what_the_line_needs() -> None:
+    from spawner.waitline import Holder, reclaim
+
+    holders = [
+        Holder("cpu/", False, 0.0, 0.0),  # no GPU: never reclaimed for the line
+        Holder("busy-kernel/", True, None, 0.0),
+        Holder("busy-gpu/", True, 0.0, None),  # kernels idle, but its processes use the GPU
+        Holder("old/", True, 0.0, 100.0),  # idle since 100
+        Holder("older/", True, 0.0, 50.0),
+        Holder("soon/", True, 0.0, 300.0),  # 14 min idle at 1140: warned
+    ]
+    assert reclaim(holders, waiting=1, now=1140.0) == (["soon/"], ["older/"])
+    assert reclaim(holders, waiting=5, now=1140.0) == (["soon/"], ["older/", "old/"])
+    assert reclaim(holders, waiting=0, now=1140.0) == ([], [])  # nobody waits: the normal idle timeout
