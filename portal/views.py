@@ -12,7 +12,7 @@ from market.store import Image, Model
 from portal.data.hub import ServerRow
 from portal.data.prometheus import GpuReading
 from spawner import environ
-from spawner.inventory import Inventory
+from spawner.inventory import Allocation, Inventory
 from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
 from spawner.shares import format_bytes
@@ -39,11 +39,7 @@ def gpu_rows(inventory: Inventory, readings: dict[tuple[str, str], GpuReading] |
     for node in inventory.nodes:
         for gpu in node.gpus:
             reading = None if readings is None else readings.get((node.name, str(gpu.index)))
-            holders = ", ".join(
-                f"{a.user}{'/' + a.server if a.server else ''} "
-                + ("whole card" if a.whole else format_bytes(a.memory_bytes))
-                for a in gpu.allocations
-            )
+            holders = holders_text(gpu.allocations)
             rows.append(
                 GpuRow(
                     node=node.name,
@@ -61,6 +57,20 @@ def gpu_rows(inventory: Inventory, readings: dict[tuple[str, str], GpuReading] |
                 )
             )
     return rows
+
+
+def holders_text(allocations: list[Allocation]) -> str:
+    """'alice 4 GiB, 2 others 6 GiB': names only of the allocations the data layer left named."""
+    named = [
+        f"{a.user}{'/' + a.server if a.server else ''} " + ("whole card" if a.whole else format_bytes(a.memory_bytes))
+        for a in allocations
+        if a.user
+    ]
+    others = [a for a in allocations if not a.user]
+    if others:
+        size = "whole card" if any(a.whole for a in others) else format_bytes(sum(a.memory_bytes for a in others))
+        named.append(f"{len(others)} other{'s' if len(others) > 1 else ''} {size}")
+    return ", ".join(named)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import Any
 
 import requests
 
+from portal.data import access
+from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
-from portal.identity import Identity
 from spawner.backends import Backend
 from spawner.gpus import machine
 from spawner.inventory import Inventory, build_kube, build_local
@@ -24,20 +25,16 @@ def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[H
     return build_local(machine(simulate).gpus, [(h.gpu_index, h.allocation()) for h in holds]), holds
 
 
-def latest_events(ledger_path: Path, identity: Identity) -> dict[str, ServerEvent]:
-    """Each server's latest event: every server's for admins, only their own for others."""
+def latest_events(ledger_path: Path, scope: Scope) -> dict[str, ServerEvent]:
+    """Each server's latest event, of the servers the viewer may see (access.Scope)."""
     if not ledger_path.exists():
         return {}
-    events = Ledger(ledger_path).latest_events()
-    if identity.admin:
-        return events
-    return {key: e for key, e in events.items() if key.split("/", 1)[0] == identity.name}
+    return access.events(Ledger(ledger_path).latest_events(), scope)
 
 
-def server_history(ledger_path: Path, identity: Identity, user: str, server: str) -> list[ServerEvent]:
-    """One server's events, oldest first; PermissionError for someone else's unless admin."""
-    if not identity.admin and identity.name != user:
-        raise PermissionError(f"{identity.name} may not read {user}'s server history: only admins can")
+def server_history(ledger_path: Path, scope: Scope, user: str, server: str) -> list[ServerEvent]:
+    """One server's events, oldest first; PermissionError for a server outside the viewer's scope."""
+    access.require(scope, user, "server history")
     return Ledger(ledger_path).history(server_key(user, server)) if ledger_path.exists() else []
 
 
@@ -86,15 +83,11 @@ def kube_inventory(
     return inventory, holds
 
 
-def kube_server_events(client: KubeClient, namespace: str, identity: Identity) -> dict[str, ServerEvent]:
-    """Why each notebook pod waits or failed, from its status and latest event (own pods only, unless admin)."""
+def kube_server_events(client: KubeClient, namespace: str, scope: Scope) -> dict[str, ServerEvent]:
+    """Why each notebook pod waits or failed, from its status and latest event (the viewer's scope only)."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector=component%3Dsingleuser-server")
     events = client.items(f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind%3DPod")
-    return {
-        key: event
-        for key, event in server_events_from_pods(pods, events).items()
-        if identity.admin or key.split("/", 1)[0] == identity.name
-    }
+    return access.events(server_events_from_pods(pods, events), scope)
 
 
 def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, ServerEvent]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import requests
 
+from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
 from portal.identity import Identity
 
@@ -36,6 +37,14 @@ class HubClient:
 
     def get(self, path: str) -> Any:
         response = self._send("GET", path)
+        response.raise_for_status()
+        return response.json()
+
+    def get_if_exists(self, path: str) -> Any:
+        """GET JSON, or None where the hub answers 404 (a roster name who never logged in)."""
+        response = self._send("GET", path)
+        if response.status_code == 404:
+            return None
         response.raise_for_status()
         return response.json()
 
@@ -90,12 +99,14 @@ def rows_of(user: dict[str, Any]) -> list[ServerRow]:
     return rows
 
 
-def list_servers(client: HubClient, identity: Identity) -> list[ServerRow]:
-    """Admins see every server; everyone else only their own (checked here, not in the page)."""
-    if identity.admin:
+def list_servers(client: HubClient, scope: Scope) -> list[ServerRow]:
+    """Admins see every server; a teacher their classes' too; everyone else only their own (checked here)."""
+    if scope.everyone:
         users = client.get("/users?include_stopped_servers=1")
     else:
-        users = [client.get(f"/users/{identity.name}?include_stopped_servers=1")]
+        names = [scope.viewer, *sorted(scope.users - {scope.viewer})]
+        found = (client.get_if_exists(f"/users/{name}?include_stopped_servers=1") for name in names)
+        users = [user for user in found if user is not None]
     return [row for user in users for row in rows_of(user)]
 
 

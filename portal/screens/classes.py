@@ -10,10 +10,8 @@ identity = st.session_state["identity"]
 st.title("Classes")
 settings = sources.settings()
 rules = {g["name"]: group_quota(g) for g in settings.groups}
-groups = sources.groups()
-if not identity.admin:
-    groups = {name: members for name, members in groups.items() if identity.name in members}
-_, holds = sources.inventory()
+groups = sources.visible_groups(identity)
+_, holds = sources.inventory(identity)
 rows = views.class_rows(groups, rules, holds, sources.servers(identity), idle_after_s=1800, now_ts=time.time())
 if not rows:
     st.info("No classes yet: `gpuslice class add NAME roster.csv` adds one.")

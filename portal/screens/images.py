@@ -26,7 +26,7 @@ busy = next((s for s in mine if s.state in ("running", "starting", "stopping")),
 if busy is not None:
     st.info(f"Your server is {busy.state} with image {busy.image}. Stop it on the Jobs page to launch another.")
 
-inventory, _ = sources.inventory()
+inventory, _ = sources.inventory(identity)
 largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
 gpu_values, gpu_default = markets.launch_choices(sources.group_rules(), sources.my_groups(identity), largest_card)
 gpu_choice = st.selectbox(

@@ -8,7 +8,7 @@ from portal.data import hub
 identity = st.session_state["identity"]
 st.title("Jobs")
 jobs = views.job_rows(
-    sources.servers(identity), sources.inventory()[1], sources.server_events(identity), now_ts=time.time()
+    sources.servers(identity), sources.inventory(identity)[1], sources.server_events(identity), now_ts=time.time()
 )
 left, right = st.columns([2, 1])
 search = left.text_input("Search user or image")

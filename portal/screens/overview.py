@@ -6,7 +6,7 @@ from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Overview")
-inventory, holds = sources.inventory()
+inventory, holds = sources.inventory(identity)
 servers = sources.servers(identity)
 gpus = list(inventory.gpus())
 simulated = any(g.simulated for g in gpus)

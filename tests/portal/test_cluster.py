@@ -7,8 +7,8 @@ import pytest
 
 from portal import views
 from portal.data import cluster
+from portal.data.access import Scope
 from portal.data.hub import ServerRow
-from portal.identity import Identity
 from spawner.ledger import Ledger
 
 
@@ -23,17 +23,17 @@ def ledger_path(tmp_path: Path) -> Path:
 
 
 def test_users_read_only_their_own_events_admins_all(ledger_path: Path) -> None:
-    assert set(cluster.latest_events(ledger_path, Identity("root", admin=True))) == {"ann/", "bo/lab"}
-    mine = cluster.latest_events(ledger_path, Identity("ann"))
+    assert set(cluster.latest_events(ledger_path, Scope("root", everyone=True))) == {"ann/", "bo/lab"}
+    mine = cluster.latest_events(ledger_path, Scope("ann"))
     assert list(mine) == ["ann/"] and mine["ann/"].kind == "placed"
-    assert cluster.latest_events(ledger_path.with_name("missing.sqlite"), Identity("ann")) == {}
+    assert cluster.latest_events(ledger_path.with_name("missing.sqlite"), Scope("ann")) == {}
 
 
 def test_history_is_authorized_on_the_server_side(ledger_path: Path) -> None:
-    assert [e.kind for e in cluster.server_history(ledger_path, Identity("ann"), "ann", "")] == ["requested", "placed"]
-    assert len(cluster.server_history(ledger_path, Identity("root", admin=True), "bo", "lab")) == 1
+    assert [e.kind for e in cluster.server_history(ledger_path, Scope("ann"), "ann", "")] == ["requested", "placed"]
+    assert len(cluster.server_history(ledger_path, Scope("root", everyone=True), "bo", "lab")) == 1
     with pytest.raises(PermissionError, match="only admins"):
-        cluster.server_history(ledger_path, Identity("ann"), "bo", "lab")
+        cluster.server_history(ledger_path, Scope("ann"), "bo", "lab")
 
 
 def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
         ServerRow("cy", "", "running", "0", 0, "default", started, started),
         ServerRow("di", "", "stopped", "0", 0, "default", started, started),
     ]
-    events = cluster.latest_events(ledger_path, Identity("root", admin=True))
+    events = cluster.latest_events(ledger_path, Scope("root", everyone=True))
     rows = views.job_rows(servers, [], events, now_ts=started.timestamp() + 3 * 3600 + 60)
     assert [(r.state, r.progress) for r in rows] == [
         ("pending", 20),

@@ -56,7 +56,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
         return call
 
     monkeypatch.setattr(auth, "require_identity", lambda: state["identity"])
-    monkeypatch.setattr(sources, "inventory", fake_inventory)
+    monkeypatch.setattr(sources, "_all_inventory", fake_inventory)
     monkeypatch.setattr(sources, "servers", lambda identity: [s for s in SERVERS if visible(identity, s.user)])
     monkeypatch.setattr(
         sources, "server_events", lambda identity: {k: e for k, e in EVENTS.items() if visible(identity, k[:-1])}
@@ -240,3 +240,43 @@ def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
     at.run()
     assert "Not signed in" in at.error[0].value
     assert not at.title  # nothing else rendered
+
+
+PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py"]
+
+
+def everything(at: AppTest) -> str:
+    return texts(at) + "\n".join(frame.value.to_string() for frame in at.dataframe)
+
+
+@pytest.fixture
+def two_holders(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    from hub.settings import from_mapping
+
+    holds = [*HOLDS, Held("bob/", 0, "bob", "", 2 * GiB, group="ml101", pid=11)]
+    monkeypatch.setattr(
+        sources,
+        "_all_inventory",
+        lambda: (build_local(simulated_gpus("2x16GiB:T4"), [(h.gpu_index, h.allocation()) for h in holds]), holds),
+    )
+    rules = {"ml101": {"members": ["alice", "bob"], "teachers": ["tina"], "budget": "16GiB"}}
+    monkeypatch.setattr(sources, "settings", lambda: from_mapping({"groups": rules}, "t"))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_student_sees_their_own_slice_and_totals_never_another_students_name(
+    two_holders: None, fakes: dict[str, object], page: str
+) -> None:
+    fakes["identity"] = Identity("bob")
+    at = run(page)
+    assert "alice" not in everything(at)
+    if page == "screens/gpus.py":
+        assert list(at.dataframe[0].value["slices"]) == ["bob 2 GiB, 1 other 4 GiB", ""]
+        assert list(at.dataframe[0].value["allocated"]) == ["6 GiB", "0 B"]  # the totals stay true
+
+
+def test_a_classes_teacher_and_an_admin_see_the_names(two_holders: None, fakes: dict[str, object]) -> None:
+    for who in (Identity("tina"), Identity("root", admin=True)):
+        fakes["identity"] = who
+        at = run("screens/gpus.py")
+        assert list(at.dataframe[0].value["slices"]) == ["alice 4 GiB, bob 2 GiB", ""]
