@@ -122,6 +122,16 @@ def server_history(identity: Identity, user: str, server: str) -> list[ServerEve
     return cluster.server_history(_ledger_path(), scope(identity), user, server)
 
 
+def stop_server(identity: Identity, user: str, server: str) -> None:
+    """Stop a server (admins any, users their own), noting who asked where the ledger is."""
+    hub.check_may_stop(identity, user)
+    if not _kubernetes():  # before the stop: the spawner reads the note when it stops
+        cluster.note_stop(_ledger_path(), scope(identity), user, server)
+    hub.stop_server(hub_client(), identity, user, server)
+    servers.clear()
+    server_events.clear()
+
+
 @st.cache_data(ttl=10)
 def gpu_readings() -> dict[tuple[str, str], prometheus.GpuReading]:
     return prometheus.gpu_readings(prometheus.connect(prometheus_url()))

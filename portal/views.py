@@ -110,7 +110,7 @@ def class_rows(
     return rows
 
 
-JOB_STATES = ("pending", "running", "stopping", "stopped", "failed")
+JOB_STATES = ("pending", "running", "stopping", "stopped", "refused", "failed")
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class JobRow:
     user: str
     server: str
     state: str  # one of JOB_STATES
-    detail: str  # why it waits, why it failed; empty when there is nothing to say
+    detail: str  # why it waits, was refused, failed or stopped (and who stopped it); empty when unknown
     progress: int | None  # 0-100 while pending
     slice: str
     image: str
@@ -145,7 +145,7 @@ def job_rows(
                 state=state,
                 detail=detail,
                 progress=progress,
-                slice=slice_text(s, held.get(key), failed=state == "failed"),
+                slice=slice_text(s, held.get(key), failed=state in ("failed", "refused")),
                 image=s.image,
                 age_s=now_ts - s.started.timestamp() if s.started and state != "stopped" else None,
                 idle_s=now_ts - s.last_activity.timestamp() if s.last_activity and state == "running" else None,
@@ -161,8 +161,13 @@ def _job_state(server: ServerRow, event: ServerEvent | None) -> tuple[str, str, 
         if event is None or event.failure or event.kind == "stopped":
             return "pending", "spawn requested", 0
         return "pending", event.message, event.progress
-    if server.state == "stopped" and event is not None and event.failure:
-        return "failed", event.message, None
+    if server.state == "stopped" and event is not None:
+        if event.kind == "refused":
+            return "refused", event.message, None
+        if event.failure:
+            return "failed", event.message, None
+        if event.kind == "stopped":
+            return "stopped", event.message, None
     return server.state, "", None
 
 
@@ -182,6 +187,11 @@ def duration_text(seconds: float | None) -> str:
     if hours:
         return f"{hours} h {minutes} min"
     return f"{minutes} min" if minutes else f"{s} s"
+
+
+def ago_text(when: datetime | None, now_ts: float) -> str:
+    """'12 min ago', 'never' (the hub has no activity for a server never used)."""
+    return "never" if when is None else duration_text(now_ts - when.timestamp()) + " ago"
 
 
 def slice_text(row: ServerRow, hold: Held | None, *, failed: bool = False) -> str:

@@ -38,6 +38,13 @@ def server_history(ledger_path: Path, scope: Scope, user: str, server: str) -> l
     return Ledger(ledger_path).history(server_key(user, server)) if ledger_path.exists() else []
 
 
+def note_stop(ledger_path: Path, scope: Scope, user: str, server: str) -> None:
+    """Write who asks to stop a server, so its "stopped" event can name them."""
+    access.require(scope, user, "server")
+    if ledger_path.exists():
+        Ledger(ledger_path).record(server_key(user, server), "stopping", 90, f"{scope.viewer} in the portal")
+
+
 class KubeClient:
     """The Kubernetes API over HTTP with the pod's service account (read-only use)."""
 

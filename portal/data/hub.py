@@ -110,10 +110,14 @@ def list_servers(client: HubClient, scope: Scope) -> list[ServerRow]:
     return [row for user in users for row in rows_of(user)]
 
 
-def stop_server(client: HubClient, identity: Identity, user: str, server: str) -> None:
-    """Stop a server: admins any, users their own; raises PermissionError otherwise."""
+def check_may_stop(identity: Identity, user: str) -> None:
     if not identity.admin and identity.name != user:
         raise PermissionError(f"{identity.name} may not stop {user}'s server: only admins can stop other people's")
+
+
+def stop_server(client: HubClient, identity: Identity, user: str, server: str) -> None:
+    """Stop a server: admins any, users their own; raises PermissionError otherwise."""
+    check_may_stop(identity, user)
     path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
     client.delete(path)
 

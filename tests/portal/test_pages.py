@@ -173,7 +173,10 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     at = run("screens/jobs.py")
     table = at.dataframe[0].value
     assert list(table["user"]) == ["alice", "bob", "carl"]
-    assert list(table["state"]) == ["running", "pending", "failed"]
+    assert list(table["state"]) == ["running", "pending", "refused"]
+    assert list(table["last activity"])[1:] == ["never", "never"]  # not "None"
+    reasons = " ".join(m.value for m in at.markdown).replace("\\", "")  # the full reasons, wrapped
+    assert "carl/(default)** (refused): Nothing can hold 12 GiB of one GPU right now." in reasons
     assert list(table["slice"]) == ["4 GiB", "0.5", "12GiB"]
     assert list(table["why"]) == [
         "",
@@ -183,11 +186,11 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     assert list(table["progress"])[1] == 20
     # Two hours since the fake server started (plus however long the suite has run so far).
     assert table["age"].iloc[0].startswith("2 h ") and table["idle"].iloc[0].startswith("2 h ")
-    assert "1 pending" in at.caption[0].value and "1 failed" in at.caption[0].value
+    assert "1 pending" in at.caption[0].value and "1 refused" in at.caption[0].value
     assert list(at.dataframe[1].value["message"]) == ["server process started (pid 10)"]  # history of alice
-    at.multiselect[0].select("failed").run()
+    at.multiselect[0].select("refused").run()
     assert list(at.dataframe[0].value["user"]) == ["carl"]
-    at.multiselect[0].unselect("failed").run()
+    at.multiselect[0].unselect("refused").run()
     at.text_input[0].input("torch").run()
     assert list(at.dataframe[0].value["user"]) == ["bob"]
     at.text_input[0].input("").run()
