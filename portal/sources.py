@@ -192,5 +192,10 @@ def visible_groups(identity: Identity) -> dict[str, list[str]]:
     }
 
 
+@st.cache_data(ttl=1)
+def server_counts() -> dict[str, int]:
+    return hub.server_counts(hub_client())
+
+
 def my_groups(identity: Identity) -> set[str]:
     return {name for name, members in groups().items() if identity.name in members}

@@ -73,6 +73,12 @@ def holders_text(allocations: list[Allocation]) -> str:
     return ", ".join(named)
 
 
+def memory_in_use(readings: dict[tuple[str, str], GpuReading] | None) -> float | None:
+    """GPU memory in use over every card, from the same readings as the GPUs page (None: no readings)."""
+    used = [r.used_bytes for r in (readings or {}).values() if r.used_bytes is not None]
+    return sum(used) if used else None
+
+
 @dataclass(frozen=True)
 class ClassRow:
     name: str

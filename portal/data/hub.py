@@ -134,3 +134,14 @@ def image_usage(client: HubClient) -> dict[str, int]:
             if row.state in ("running", "starting"):
                 counts[row.image] = counts.get(row.image, 0) + 1
     return counts
+
+
+def server_counts(client: HubClient) -> dict[str, int]:
+    """The cluster's servers running and starting and the users with one: counts only, no names."""
+    rows = [row for user in client.get("/users") for row in rows_of(user)]
+    active = {row.user for row in rows if row.state in ("running", "starting")}
+    return {
+        "running": sum(row.state == "running" for row in rows),
+        "starting": sum(row.state == "starting" for row in rows),
+        "users": len(active),
+    }

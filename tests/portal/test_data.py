@@ -52,7 +52,7 @@ class FakeHub(hub.HubClient):
 
     def get(self, path: str) -> Any:
         self.requests.append(("GET", path))
-        if path.startswith("/users?"):
+        if path.startswith("/users?") or path == "/users":
             return [ALICE, BOB]
         if path.startswith("/users/alice"):
             return ALICE
@@ -84,6 +84,10 @@ def test_users_see_only_their_own_servers_admins_all() -> None:
     client = FakeHub()
     assert {r.user for r in hub.list_servers(client, Scope("root", everyone=True))} == {"alice"}
     assert client.requests == [("GET", "/users?include_stopped_servers=1")]
+
+
+def test_server_counts_are_the_clusters_without_names() -> None:
+    assert hub.server_counts(FakeHub()) == {"running": 1, "starting": 1, "users": 1}
 
 
 def test_a_teacher_lists_their_class_members_servers_and_skips_who_never_logged_in() -> None:

@@ -1,5 +1,6 @@
 """Every page with streamlit.testing's AppTest; the data layer is faked, Streamlit is real."""
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -69,9 +70,10 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
 
     monkeypatch.setattr(sources, "server_history", history)
     monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
+    monkeypatch.setattr(sources, "server_counts", lambda: {"running": 5, "starting": 1, "users": 4})
     monkeypatch.setattr(sources, "gpu_readings", metrics({("localhost", "0"): GpuReading(40, 3 * GiB, 60, 35, 0)}))
     monkeypatch.setattr(
-        sources, "summary", metrics({"gpuslice:gpu_memory_used_bytes:sum": 3 * GiB, "gpuslice:gpu_utilization:avg": 20})
+        sources, "summary", metrics({"gpuslice:gpu_memory_used_bytes:sum": 0, "gpuslice:gpu_utilization:avg": 20})
     )
     monkeypatch.setattr(sources, "trend", metrics([(NOW, 1.0), (NOW, 2.0)]))
     monkeypatch.setattr(sources, "spawn_success", metrics(0.75))
@@ -117,20 +119,37 @@ def texts(at: AppTest) -> str:
 def test_overview(fakes: dict[str, object]) -> None:
     at = run()
     assert at.title[0].value == "Overview"
+    assert [h.value for h in at.subheader] == ["You", "Cluster"]  # two scopes, each titled
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["GPUs"] == "2" and metrics["Allocated"] == "4 GiB" and metrics["Capacity"] == "32 GiB"
-    assert metrics["Running servers"] == "1" and metrics["Starting"] == "1"
+    assert metrics["Your servers running"] == "0" and metrics["Your GPU memory held"] == "0 B"  # the admin's own
+    assert metrics["GPUs"] == "2" and metrics["GPU memory allocated"] == "4 GiB"
+    assert metrics["GPU memory capacity"] == "32 GiB"
+    assert metrics["Servers running"] == "5" and metrics["Servers starting"] == "1"  # the hub's counts
+    # The same readings as the GPUs page's "used" (the recording rule may lag: it says 0 here).
     assert metrics["GPU memory in use"] == "3 GiB" and metrics["Alerts firing"] == "1"
-    assert metrics["Nodes healthy"] == "1 of 1" and metrics["Active users"] == "2"
+    assert metrics["Nodes healthy"] == "1 of 1" and metrics["Users with a server"] == "4"
     assert metrics["Spawns that started (1 h)"] == "75%"
-    assert len(at.get("plotly_chart")) == 2  # memory and utilization trends
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert [c["layout"]["title"]["text"] for c in charts] == [
+        "Cluster GPU memory (GiB)",
+        "Cluster mean GPU utilization (%)",
+    ]
+    assert all(c["layout"]["showlegend"] for c in charts)
+    assert [c["layout"]["yaxis"]["range"] for c in charts] == [[0, 2.3], [0, 100]]
+
+
+def test_a_students_overview_counts_their_own_servers_under_you(fakes: dict[str, object]) -> None:
+    fakes["identity"] = Identity("alice")
+    metrics = {m.label: m.value for m in run().metric}
+    assert metrics["Your servers running"] == "1" and metrics["Your GPU memory held"] == "4 GiB"
+    assert metrics["Servers running"] == "5"  # the cluster's, counted, not only hers
 
 
 def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, object]) -> None:
     fakes["metrics_down"] = True
     at = run()
     assert "Metrics are unavailable right now" in at.warning[0].value
-    assert {m.label for m in at.metric} >= {"GPUs", "Allocated", "Running servers"}
+    assert {m.label for m in at.metric} >= {"GPUs", "GPU memory allocated", "Servers running"}
 
 
 @pytest.mark.parametrize("page", [None, "screens/jobs.py", "screens/classes.py"])  # GPUs reads no hub
@@ -283,3 +302,10 @@ def test_a_classes_teacher_and_an_admin_see_the_names(two_holders: None, fakes: 
         fakes["identity"] = who
         at = run("screens/gpus.py")
         assert list(at.dataframe[0].value["slices"]) == ["alice 4 GiB, bob 2 GiB", ""]
+
+
+def test_a_flat_trend_keeps_its_axis_from_zero_not_minus_one() -> None:
+    from portal import charts
+
+    flat = charts.trend({"in use": [(NOW, 0.0), (NOW, 0.0)]}, "GiB", "Cluster GPU memory (GiB)")
+    assert list(flat.layout.yaxis.range) == [0, 1.0] and flat.layout.title.text == "Cluster GPU memory (GiB)"

@@ -77,6 +77,7 @@ def test_pages_at_cluster_scale(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
     monkeypatch.setattr(auth, "require_identity", lambda: Identity("admin", admin=True))
     monkeypatch.setattr(sources, "_all_inventory", lambda: (inventory, holds))
     monkeypatch.setattr(sources, "servers", lambda identity: servers)
+    monkeypatch.setattr(sources, "server_counts", lambda: {"running": len(servers), "starting": 0, "users": SERVERS})
     monkeypatch.setattr(sources, "groups", lambda: {f"class{i}": [h.user for h in holds[i::50]] for i in range(50)})
     monkeypatch.setattr(sources, "gpu_readings", lambda: prometheus.gpu_readings(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(sources, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
