@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -265,4 +267,64 @@ def validated(schema: type[EntryT], fields: dict[str, object]) -> tuple[EntryT |
     try:
         return schema.model_validate(fields), []
     except ValidationError as exc:
-        return None, [f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors()]
+        return None, [field_message(e) for e in exc.errors()]
+
+
+FIELD_LABELS = {"id": "Id", "cuda": "CUDA version", "local": "Local environment", "container": "Container image"}
+PATTERN_HINTS = {
+    "id": "use lower-case letters, digits and '-', starting with a letter or digit (for example my-model-2)",
+    "cuda": "write the version as major.minor, for example 12.4",
+    "container": "write an image reference in lower case, for example ghcr.io/org/image:tag",
+}
+
+
+def field_message(error: Mapping[str, Any]) -> str:
+    """One pydantic error as a sentence about the form's field, without the validator's jargon."""
+    loc = [str(part) for part in error.get("loc", ()) if not isinstance(part, int)]
+    field = loc[0] if loc else ""
+    label = FIELD_LABELS.get(field, field.replace("_", " ").capitalize()) if field else "This entry"
+    ctx = error.get("ctx") or {}
+    kind = error.get("type", "")
+    if kind == "missing" or (kind == "string_too_short" and ctx.get("min_length") == 1):
+        return f"{label}: fill it in."
+    if kind == "string_too_long":
+        return f"{label}: at most {ctx.get('max_length')} characters."
+    if kind == "string_pattern_mismatch":
+        return f"{label}: {PATTERN_HINTS.get(field, 'it has characters that are not allowed here')}."
+    if kind == "literal_error":
+        return f"{label}: choose one of {str(ctx.get('expected', '')).replace(chr(39), '')}."
+    if kind in ("string_type", "none_required", "model_type") and error.get("input") is None:
+        return f"{label}: fill it in."
+    message = str(error.get("msg", "")).removeprefix("Value error, ")
+    return f"{label}: {message[:1].lower() + message[1:]}" + ("" if message.endswith(".") else ".")
+
+
+def review_text(status: str, proposed_by: str | None, reviewed_by: str | None, note: str) -> str:
+    """'Rejected by dana: too big' (who reviewed it), 'Pending: proposed by carol'."""
+    why = f": {note}" if note else ""
+    if status in ("approved", "rejected") and reviewed_by:
+        proposer = f" (proposed by {proposed_by})" if proposed_by else ""
+        return f"{status.capitalize()} by {reviewed_by}{why}{proposer}"
+    return f"{status.capitalize()}{': proposed by ' + proposed_by if proposed_by else ''}{why}"
+
+
+_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def described(text: str) -> str:
+    """A description for st.markdown: `code` spans as code, everything else inert (plain)."""
+    parts = _CODE.split(text)
+    return "".join(f"`{part}`" if index % 2 else plain(part) for index, part in enumerate(parts))
+
+
+RUNBOOK_DOC = "docs/runbook.md"
+
+
+def runbook_href(runbook: str) -> str:
+    """Where an alert's runbook opens: a web address as it is; docs/runbook.md#x as the portal's Runbook page."""
+    if runbook.startswith(("http://", "https://")):
+        return runbook
+    path, _, anchor = runbook.partition("#")
+    if path == RUNBOOK_DOC:
+        return "runbook" + (f"#{anchor}" if anchor else "")
+    return ""

@@ -250,10 +250,16 @@ def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch)
 def test_alerts_page(fakes: dict[str, object]) -> None:
     at = run("screens/alerts.py")
     assert "GpuXidError" in at.markdown[-1].value or any("GpuXidError" in m.value for m in at.markdown)
-    assert any("docs/runbook.md#gpuxiderror" in c.value for c in at.caption)
+    assert "(runbook#gpuxiderror)" in markdown_text(at)  # a link to the portal's Runbook page, at its section
+    runbook = run("screens/runbook.py")
+    assert any("## GpuXidError" in m.value for m in runbook.markdown)
     fakes["metrics_down"] = True
     at = run("screens/alerts.py")
     assert "Alertmanager is unavailable" in at.warning[0].value
+
+
+def markdown_text(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
 
 
 def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
