@@ -21,8 +21,10 @@ for row in rows:
         cols = st.columns(4)
         cols[0].metric("Members", row.members)
         cols[1].metric("Servers running", row.running)
-        budget = f" of {format_bytes(row.budget_bytes)}" if row.budget_bytes else ""
-        cols[2].metric("GPU memory held", format_bytes(row.allocated_bytes) + budget)
+        # The budget goes under the cards, in full: "8 GiB of 80 GiB" does not fit a quarter-width card.
+        cols[2].metric("GPU memory held", format_bytes(row.allocated_bytes))
         cols[3].metric("Idle for 30 min", row.idle_servers)
         if row.budget_bytes:
-            st.progress(min(1.0, row.allocated_bytes / row.budget_bytes))
+            share = row.allocated_bytes / row.budget_bytes
+            held = f"{format_bytes(row.allocated_bytes)} of the {format_bytes(row.budget_bytes)} budget held"
+            st.progress(min(1.0, share), text=f"{held} ({share:.0%})")

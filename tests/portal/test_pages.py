@@ -239,9 +239,10 @@ def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch)
     assert metrics == {
         "Members": "2",
         "Servers running": "1",
-        "GPU memory held": "4 GiB of 16 GiB",
+        "GPU memory held": "4 GiB",
         "Idle for 30 min": "1",
     }
+    assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # in full, not in a card
     fakes["identity"] = Identity("carol")
     at = run("screens/classes.py")
     assert "No classes yet" in at.info[0].value
