@@ -90,3 +90,23 @@ def test_every_page_and_the_spawn_flow_at_two_sizes_has_nothing_cut_off_or_overl
     (ARTIFACTS / "problems.json").write_text(json.dumps(problems, indent=1))
     found = {name: p for name, p in problems.items() if p["cut"] or p["overlaps"]}
     assert not found, json.dumps(found, indent=1)
+
+
+def test_the_check_finds_cut_off_and_overlapping_text() -> None:
+    """The check against a page made to fail it: a metric cut off as the old Classes card was."""
+    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs the Debian package chromium"
+    html = """
+      <div data-testid="stMetricValue" style="width:120px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap">
+        8 GiB of 80 GiB</div>
+      <p style="position:absolute;top:100px;left:0">Servers running</p>
+      <p style="position:absolute;top:104px;left:10px">Idle for 30 min</p>
+      <p>Fits easily</p>
+    """
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 390, "height": 844})
+        page.set_content(html)
+        found = page.evaluate(CHECK)
+        browser.close()
+    assert [c.split('"')[1] for c in found["cut"]] == ["8 GiB of 80 GiB"]
+    assert len(found["overlaps"]) == 1 and "Servers running" in found["overlaps"][0]
