@@ -19,14 +19,21 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="start the single-machine platform")
-    up.add_argument("--config", type=Path, help="settings file (YAML); see examples/gpuslice.yaml")
+    up.add_argument(
+        "--config", type=Path, help="settings file (YAML; default ./gpuslice.yaml where it exists); see examples/"
+    )
 
     classes = commands.add_parser("class", help="manage classes (groups of students with GPU rules)")
     class_commands = classes.add_subparsers(dest="class_command", required=True)
     add = class_commands.add_parser("add", help="add or update a class from a roster CSV")
     add.add_argument("name", help="the class (group) name, for example ml101")
     add.add_argument("roster", type=Path, help="CSV with a 'username' column, or user names in the first column")
-    add.add_argument("--config", type=Path, default=Path("gpuslice.yaml"), help="settings file to update")
+    add.add_argument(
+        "--config",
+        type=Path,
+        default=settings_mod.DEFAULT_CONFIG,
+        help="settings file to update (default ./gpuslice.yaml, which gpuslice up reads)",
+    )
     add.add_argument("--max-slice", help='largest slice per server, for example "4GiB"')
     add.add_argument("--budget", help='GPU memory the whole class may hold at once, for example "40GiB"')
     add.add_argument("--servers-per-user", type=int, help="running servers per student")
@@ -171,7 +178,12 @@ def _class_add(args: argparse.Namespace) -> int:
     except settings_mod.SettingsError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
-    print(f"class {args.name}: {len(members)} students written to {args.config}; it applies at the next gpuslice up.")
+    written = args.config.absolute()
+    if written == settings_mod.DEFAULT_CONFIG.absolute():
+        how = "`gpuslice up` run in this folder reads it"
+    else:
+        how = f"start with `gpuslice up --config {written}` to apply it"
+    print(f"class {args.name}: {len(members)} students written to {written}; {how} (a running hub: restart it).")
     codes = first_passwords(passwords_path(settings.data_dir), members)
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())
     if args.invites and codes:
@@ -292,6 +304,9 @@ def _usage(args: argparse.Namespace) -> int:
 def _up(config: Path | None) -> int:
     from hub.platform import PlatformError, up
 
+    config = settings_mod.config_path(config)
+    if config is not None:
+        print(f"gpuslice: settings from {config.absolute()}", file=sys.stderr)
     try:
         settings = settings_mod.load(config)
         return up(settings, config)

@@ -76,6 +76,16 @@ class Settings(BaseModel):
 TOP_LEVEL_KEYS = tuple(sorted({*Settings.model_fields, "gpus"} - {"simulate", "source"}))
 
 
+DEFAULT_CONFIG = Path("gpuslice.yaml")  # read by `gpuslice up` and written by `gpuslice class add` without --config
+
+
+def config_path(given: Path | None) -> Path | None:
+    """The settings file to use: the one given, else ./gpuslice.yaml where it exists, else none (defaults)."""
+    if given is not None:
+        return given
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+
+
 def load(path: Path | None) -> Settings:
     """Read ``path`` (None: the defaults); raise SettingsError on anything malformed."""
     if path is None:

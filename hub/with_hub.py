@@ -12,11 +12,17 @@ Usage, as a service ``command``: ``python -m hub.with_hub --hub-pid=PID MODULE [
 its parent dies (``PR_SET_PDEATHSIG``); the setting outlives ``exec`` and applies to this
 process only, so a service that starts children of its own passes ``die_with_parent`` to
 them as well (spawner/lifetime.py). ``--hub-pid`` covers a hub that died before the setting took effect.
+
+JupyterHub stops a managed service with SIGINT and waits 30 s before SIGTERM. A platform
+started with SIGINT ignored (``gpuslice up &`` from a script, nohup) passes that on to the
+services, which then sat out the 30 s: Ctrl-C took 32 s. The service gets Python's own
+SIGINT handler back before it starts.
 """
 
 from __future__ import annotations
 
 import runpy
+import signal
 import sys
 
 from spawner.lifetime import die_with_parent
@@ -29,6 +35,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m hub.with_hub [--hub-pid=PID] MODULE [ARGS...]")
     die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where it was inherited ignored
     module, *args = argv
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

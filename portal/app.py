@@ -17,6 +17,7 @@ pages = [
     st.Page("screens/alerts.py", title="Alerts", icon=":material/notifications:"),
     st.Page("screens/images.py", title="Images", icon=":material/inventory_2:"),
     st.Page("screens/models.py", title="Models", icon=":material/model_training:"),
+    st.Page("screens/runbook.py", title="Runbook", icon=":material/menu_book:"),
 ]
 st.sidebar.caption(f"Signed in as **{identity.name}**{' (admin)' if identity.admin else ''}")
 try:

@@ -26,14 +26,31 @@ def allocation_bars(rows: Sequence[GpuRow]) -> go.Figure:
     return figure
 
 
-def trend(series: Mapping[str, Sequence[tuple[datetime, float]]], unit: str) -> go.Figure:
+def y_range(values: Sequence[float], unit: str) -> list[float]:
+    """From 0 to a little above the largest value (percentages to 100): never Plotly's -1..1 for a flat line."""
+    if unit == "%":
+        return [0, 100]
+    top = max(values, default=0.0)
+    return [0, top * 1.15 if top > 0 else 1.0]
+
+
+def trend(series: Mapping[str, Sequence[tuple[datetime, float]]], unit: str, title: str) -> go.Figure:
+    """Lines over time, titled, each line in the legend, the y axis from 0."""
     figure = go.Figure(
         [
             go.Scatter(name=name, x=[t for t, _ in points], y=[v for _, v in points], mode="lines")
             for name, points in series.items()
         ]
     )
-    figure.update_layout(yaxis_title=unit, height=260, margin={"t": 20, "b": 20, "l": 40, "r": 10})
+    values = [v for points in series.values() for _, v in points]
+    figure.update_layout(
+        title={"text": title, "font": {"size": 15}},
+        showlegend=True,
+        legend={"orientation": "h", "y": -0.2},
+        yaxis={"title": unit, "range": y_range(values, unit)},
+        height=300,
+        margin={"t": 40, "b": 20, "l": 40, "r": 10},
+    )
     return figure
 
 

@@ -14,7 +14,8 @@ from hub.kube_values import KubeValues, load_kube_values
 from hub.settings import MONITORING_USER, Settings, load, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
-from portal.data import alerts, cluster, hub, prometheus
+from portal.data import access, alerts, cluster, hub, prometheus
+from portal.data.access import Scope
 from portal.data.hub import HubClient, ServerRow
 from portal.identity import Identity
 from spawner import environ
@@ -80,9 +81,14 @@ def _chart_url(url: str, key: str, what: str) -> str:
     return url
 
 
-@st.cache_data(ttl=5)
+def scope(identity: Identity) -> Scope:
+    """Whose names and servers this viewer may see (admins all, teachers their classes)."""
+    return access.scope_of(identity, settings().groups, groups())
+
+
+@st.cache_data(ttl=1)
 def servers(identity: Identity) -> list[ServerRow]:
-    return hub.list_servers(hub_client(), identity)
+    return hub.list_servers(hub_client(), scope(identity))
 
 
 def group_rules() -> tuple[dict[str, Any], ...]:
@@ -113,8 +119,8 @@ def _namespace() -> str:
     return os.environ.get("POD_NAMESPACE", "default")
 
 
-@st.cache_data(ttl=5)
-def inventory() -> tuple[Inventory, list[Held]]:
+@st.cache_data(ttl=1)
+def _all_inventory() -> tuple[Inventory, list[Held]]:
     if _kubernetes():
         return cluster.kube_inventory(
             kube_client(),
@@ -125,11 +131,18 @@ def inventory() -> tuple[Inventory, list[Held]]:
     return cluster.local_inventory(_ledger_path(), settings().simulate)
 
 
-@st.cache_data(ttl=5)
+def inventory(identity: Identity) -> tuple[Inventory, list[Held]]:
+    """GPUs and holds; the holds of people outside the viewer's scope without their names."""
+    found, held = _all_inventory()
+    viewer = scope(identity)
+    return access.inventory(found, viewer), access.holds(held, viewer)
+
+
+@st.cache_data(ttl=1)
 def server_events(identity: Identity) -> dict[str, ServerEvent]:
     if _kubernetes():
-        return cluster.kube_server_events(kube_client(), _namespace(), identity)
-    return cluster.latest_events(_ledger_path(), identity)
+        return cluster.kube_server_events(kube_client(), _namespace(), scope(identity))
+    return cluster.latest_events(_ledger_path(), scope(identity))
 
 
 @st.cache_data(ttl=5)
@@ -137,16 +150,25 @@ def waiting_line(identity: Identity) -> list[cluster.Waiting]:
     """The GPU line (the single-machine platform keeps one; on Kubernetes: none yet)."""
     if _kubernetes():
         return []
-    return cluster.waiting_line(_ledger_path(), identity, time.time())
+    return cluster.waiting_line(_ledger_path(), scope(identity), time.time())
 
 
 def server_history(identity: Identity, user: str, server: str) -> list[ServerEvent]:
     if _kubernetes():  # Kubernetes keeps a pod's events, not a history after it is gone: show the latest
-        if not identity.admin and identity.name != user:
-            raise PermissionError(f"{identity.name} may not read {user}'s server history: only admins can")
+        access.require(scope(identity), user, "server history")
         latest = server_events(identity).get(f"{user}/{server}")
         return [latest] if latest else []
-    return cluster.server_history(_ledger_path(), identity, user, server)
+    return cluster.server_history(_ledger_path(), scope(identity), user, server)
+
+
+def stop_server(identity: Identity, user: str, server: str) -> None:
+    """Stop a server (admins any, users their own), noting who asked where the ledger is."""
+    hub.check_may_stop(identity, user)
+    if not _kubernetes():  # before the stop: the spawner reads the note when it stops
+        cluster.note_stop(_ledger_path(), scope(identity), user, server)
+    hub.stop_server(acting_client(identity), identity, user, server)  # the reader's own authority
+    servers.clear()
+    server_events.clear()
 
 
 @st.cache_data(ttl=10)
@@ -209,6 +231,21 @@ def models_root() -> Path:
 @st.cache_data(ttl=10)
 def image_usage() -> dict[str, int]:
     return hub.image_usage(hub_client())
+
+
+def visible_groups(identity: Identity) -> dict[str, list[str]]:
+    """The viewer's classes (all for admins); members outside the viewer's scope without their names."""
+    viewer = scope(identity)
+    return {
+        name: [m if viewer.sees(m) else access.HIDDEN for m in members]
+        for name, members in groups().items()
+        if viewer.everyone or identity.name in members or (viewer.teaches and set(members) <= viewer.users)
+    }
+
+
+@st.cache_data(ttl=1)
+def server_counts() -> dict[str, int]:
+    return hub.server_counts(hub_client())
 
 
 def my_groups(identity: Identity) -> set[str]:

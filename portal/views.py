@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -12,7 +14,7 @@ from market.store import Image, Model
 from portal.data.hub import ServerRow
 from portal.data.prometheus import GpuReading
 from spawner import environ
-from spawner.inventory import Inventory
+from spawner.inventory import Allocation, Inventory
 from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
 from spawner.shares import format_bytes
@@ -39,11 +41,7 @@ def gpu_rows(inventory: Inventory, readings: dict[tuple[str, str], GpuReading] |
     for node in inventory.nodes:
         for gpu in node.gpus:
             reading = None if readings is None else readings.get((node.name, str(gpu.index)))
-            holders = ", ".join(
-                f"{a.user}{'/' + a.server if a.server else ''} "
-                + ("whole card" if a.whole else format_bytes(a.memory_bytes))
-                for a in gpu.allocations
-            )
+            holders = holders_text(gpu.allocations)
             rows.append(
                 GpuRow(
                     node=node.name,
@@ -61,6 +59,26 @@ def gpu_rows(inventory: Inventory, readings: dict[tuple[str, str], GpuReading] |
                 )
             )
     return rows
+
+
+def holders_text(allocations: list[Allocation]) -> str:
+    """'alice 4 GiB, 2 others 6 GiB': names only of the allocations the data layer left named."""
+    named = [
+        f"{a.user}{'/' + a.server if a.server else ''} " + ("whole card" if a.whole else format_bytes(a.memory_bytes))
+        for a in allocations
+        if a.user
+    ]
+    others = [a for a in allocations if not a.user]
+    if others:
+        size = "whole card" if any(a.whole for a in others) else format_bytes(sum(a.memory_bytes for a in others))
+        named.append(f"{len(others)} other{'s' if len(others) > 1 else ''} {size}")
+    return ", ".join(named)
+
+
+def memory_in_use(readings: dict[tuple[str, str], GpuReading] | None) -> float | None:
+    """GPU memory in use over every card, from the same readings as the GPUs page (None: no readings)."""
+    used = [r.used_bytes for r in (readings or {}).values() if r.used_bytes is not None]
+    return sum(used) if used else None
 
 
 @dataclass(frozen=True)
@@ -100,7 +118,7 @@ def class_rows(
     return rows
 
 
-JOB_STATES = ("pending", "running", "stopping", "stopped", "failed")
+JOB_STATES = ("pending", "running", "stopping", "stopped", "refused", "failed")
 
 
 @dataclass(frozen=True)
@@ -108,7 +126,7 @@ class JobRow:
     user: str
     server: str
     state: str  # one of JOB_STATES
-    detail: str  # why it waits, why it failed; empty when there is nothing to say
+    detail: str  # why it waits, was refused, failed or stopped (and who stopped it); empty when unknown
     progress: int | None  # 0-100 while pending
     slice: str
     image: str
@@ -135,7 +153,7 @@ def job_rows(
                 state=state,
                 detail=detail,
                 progress=progress,
-                slice=slice_text(s, held.get(key), failed=state == "failed"),
+                slice=slice_text(s, held.get(key), failed=state in ("failed", "refused")),
                 image=s.image,
                 age_s=now_ts - s.started.timestamp() if s.started and state != "stopped" else None,
                 idle_s=now_ts - s.last_activity.timestamp() if s.last_activity and state == "running" else None,
@@ -151,8 +169,13 @@ def _job_state(server: ServerRow, event: ServerEvent | None) -> tuple[str, str, 
         if event is None or event.failure or event.kind == "stopped":
             return "pending", "spawn requested", 0
         return "pending", event.message, event.progress
-    if server.state == "stopped" and event is not None and event.failure:
-        return "failed", event.message, None
+    if server.state == "stopped" and event is not None:
+        if event.kind == "refused":
+            return "refused", event.message, None
+        if event.failure:
+            return "failed", event.message, None
+        if event.kind == "stopped":
+            return "stopped", event.message, None
     return server.state, "", None
 
 
@@ -172,6 +195,11 @@ def duration_text(seconds: float | None) -> str:
     if hours:
         return f"{hours} h {minutes} min"
     return f"{minutes} min" if minutes else f"{s} s"
+
+
+def ago_text(when: datetime | None, now_ts: float) -> str:
+    """'12 min ago', 'never' (the hub has no activity for a server never used)."""
+    return "never" if when is None else duration_text(now_ts - when.timestamp()) + " ago"
 
 
 def slice_text(row: ServerRow, hold: Held | None, *, failed: bool = False) -> str:
@@ -239,4 +267,64 @@ def validated(schema: type[EntryT], fields: dict[str, object]) -> tuple[EntryT |
     try:
         return schema.model_validate(fields), []
     except ValidationError as exc:
-        return None, [f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors()]
+        return None, [field_message(e) for e in exc.errors()]
+
+
+FIELD_LABELS = {"id": "Id", "cuda": "CUDA version", "local": "Local environment", "container": "Container image"}
+PATTERN_HINTS = {
+    "id": "use lower-case letters, digits and '-', starting with a letter or digit (for example my-model-2)",
+    "cuda": "write the version as major.minor, for example 12.4",
+    "container": "write an image reference in lower case, for example ghcr.io/org/image:tag",
+}
+
+
+def field_message(error: Mapping[str, Any]) -> str:
+    """One pydantic error as a sentence about the form's field, without the validator's jargon."""
+    loc = [str(part) for part in error.get("loc", ()) if not isinstance(part, int)]
+    field = loc[0] if loc else ""
+    label = FIELD_LABELS.get(field, field.replace("_", " ").capitalize()) if field else "This entry"
+    ctx = error.get("ctx") or {}
+    kind = error.get("type", "")
+    if kind == "missing" or (kind == "string_too_short" and ctx.get("min_length") == 1):
+        return f"{label}: fill it in."
+    if kind == "string_too_long":
+        return f"{label}: at most {ctx.get('max_length')} characters."
+    if kind == "string_pattern_mismatch":
+        return f"{label}: {PATTERN_HINTS.get(field, 'it has characters that are not allowed here')}."
+    if kind == "literal_error":
+        return f"{label}: choose one of {str(ctx.get('expected', '')).replace(chr(39), '')}."
+    if kind in ("string_type", "none_required", "model_type") and error.get("input") is None:
+        return f"{label}: fill it in."
+    message = str(error.get("msg", "")).removeprefix("Value error, ")
+    return f"{label}: {message[:1].lower() + message[1:]}" + ("" if message.endswith(".") else ".")
+
+
+def review_text(status: str, proposed_by: str | None, reviewed_by: str | None, note: str) -> str:
+    """'Rejected by dana: too big' (who reviewed it), 'Pending: proposed by carol'."""
+    why = f": {note}" if note else ""
+    if status in ("approved", "rejected") and reviewed_by:
+        proposer = f" (proposed by {proposed_by})" if proposed_by else ""
+        return f"{status.capitalize()} by {reviewed_by}{why}{proposer}"
+    return f"{status.capitalize()}{': proposed by ' + proposed_by if proposed_by else ''}{why}"
+
+
+_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def described(text: str) -> str:
+    """A description for st.markdown: `code` spans as code, everything else inert (plain)."""
+    parts = _CODE.split(text)
+    return "".join(f"`{part}`" if index % 2 else plain(part) for index, part in enumerate(parts))
+
+
+RUNBOOK_DOC = "docs/runbook.md"
+
+
+def runbook_href(runbook: str) -> str:
+    """Where an alert's runbook opens: a web address as it is; docs/runbook.md#x as the portal's Runbook page."""
+    if runbook.startswith(("http://", "https://")):
+        return runbook
+    path, _, anchor = runbook.partition("#")
+    if path == RUNBOOK_DOC:
+        return "runbook" + (f"#{anchor}" if anchor else "")
+    return ""

@@ -64,7 +64,20 @@ CREATE TABLE IF NOT EXISTS waiting (
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
-EVENT_KINDS = ("requested", "waiting", "placed", "started", "warned", "stopped", "refused", "failed", "died")
+# "stopping": someone asked to stop the server (the portal writes who); the spawner then writes "stopped".
+EVENT_KINDS = (
+    "requested",
+    "waiting",
+    "placed",
+    "started",
+    "warned",
+    "stopping",
+    "stopped",
+    "refused",
+    "failed",
+    "died",
+)
+STOP_NOTE_S = 120  # a "stopping" note older than this is not why a server stops now
 FAILURE_KINDS = frozenset({"refused", "failed", "died"})
 EVENTS_KEPT_PER_SERVER = 20
 
@@ -97,6 +110,21 @@ class ServerEvent:
     @property
     def failure(self) -> bool:
         return self.kind in FAILURE_KINDS
+
+
+def stop_message(
+    last: ServerEvent | None, now: float, last_activity: float | None = None, idle_timeout_s: float = 0
+) -> str:
+    """Who stopped a server and why, from what the ledger and the hub know at stop time.
+
+    The portal notes who asked ("stopping"); the idle culler is the one stopping a server
+    idle for longer than its timeout; otherwise the hub does not say who asked.
+    """
+    if last is not None and last.kind == "stopping" and now - last.created < STOP_NOTE_S:
+        return f"stopped by {last.message}"
+    if idle_timeout_s and last_activity is not None and now - last_activity >= idle_timeout_s:
+        return f"stopped by the idle culler: no activity for {int(now - last_activity) // 60} min"
+    return "stopped (from JupyterHub: its home page, its API or its shutdown)"
 
 
 def server_key(user: str, server: str) -> str:

@@ -12,6 +12,7 @@ import datetime
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.form import WaitOffer, in_form_words
 from spawner.inventory import Inventory, build_local
-from spawner.ledger import Held, Ledger, LedgerError
+from spawner.ledger import Held, Ledger, LedgerError, stop_message
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
@@ -45,6 +46,9 @@ class LedgerGpuMixin(GpuShareMixin):
 
     gpu_ledger_path = Unicode(
         "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
+    ).tag(config=True)
+    gpu_idle_timeout = Integer(
+        0, help="The idle culler's timeout in seconds (0: none), to say who stopped an idle server."
     ).tag(config=True)
     # False on a spawner the hub loaded from its database: its first poll checks the server.
     _gpu_checked_since_restart = False
@@ -388,7 +392,11 @@ class LedgerGpuMixin(GpuShareMixin):
         if getattr(self, "_waiting_for_response", False):
             timeout = self.http_timeout  # type: ignore[attr-defined]
             return "failed", 100, f"gave up: the server did not answer within {timeout} s"
-        return "stopped", 100, "stopped"
+        history = self._ledger.history(self._key)
+        activity = getattr(getattr(self, "orm_spawner", None), "last_activity", None)  # naive UTC in the hub's db
+        last_activity = activity.replace(tzinfo=UTC).timestamp() if activity is not None else None
+        message = stop_message(history[-1] if history else None, time.time(), last_activity, self.gpu_idle_timeout)
+        return "stopped", 100, message
 
     def _record(self, kind: str, progress: int, message: str) -> None:
         try:

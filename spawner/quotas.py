@@ -134,7 +134,7 @@ def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -
 
 # A group's rules as written in settings and in the chart's values (camelCase there, as
 # Helm values are: maxSlice); ``members`` and ``profiles`` say who is in the group.
-GROUP_RULE_KEYS = ("members", "profiles", "max_slice", "max_gpus", "budget", "servers_per_user", "images")
+GROUP_RULE_KEYS = ("members", "teachers", "profiles", "max_slice", "max_gpus", "budget", "servers_per_user", "images")
 
 
 class GroupRulesError(ValueError):
@@ -171,10 +171,12 @@ def group_rules(name: str, raw: Mapping[str, Any] | None) -> dict[str, Any]:
         value = rules.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise GroupRulesError(f"{where}.{key} must be a whole number, 0 or more")
-    for key in ("members", "profiles", "images"):
+    for key in ("members", "teachers", "profiles", "images"):
         value = rules.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(m, str) for m in value)):
-            raise GroupRulesError(f"{where}.{key} must be a list of {'user names' if key == 'members' else 'names'}")
+            raise GroupRulesError(
+                f"{where}.{key} must be a list of {'user names' if key in ('members', 'teachers') else 'names'}"
+            )
     return {**rules, "members": rules.get("members") or []}
 
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import requests
 
+from portal.data import access
+from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
-from portal.identity import Identity
 from spawner.backends import Backend
 from spawner.gpus import machine
 from spawner.inventory import GROUP_ANNOTATION, Inventory, build_kube, build_local
@@ -24,20 +25,16 @@ def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[H
     return build_local(machine(simulate).gpus, [(h.gpu_index, h.allocation()) for h in holds]), holds
 
 
-def latest_events(ledger_path: Path, identity: Identity) -> dict[str, ServerEvent]:
-    """Each server's latest event: every server's for admins, only their own for others."""
+def latest_events(ledger_path: Path, scope: Scope) -> dict[str, ServerEvent]:
+    """Each server's latest event, of the servers the viewer may see (access.Scope)."""
     if not ledger_path.exists():
         return {}
-    events = Ledger(ledger_path).latest_events()
-    if identity.admin:
-        return events
-    return {key: e for key, e in events.items() if key.split("/", 1)[0] == identity.name}
+    return access.events(Ledger(ledger_path).latest_events(), scope)
 
 
-def server_history(ledger_path: Path, identity: Identity, user: str, server: str) -> list[ServerEvent]:
-    """One server's events, oldest first; PermissionError for someone else's unless admin."""
-    if not identity.admin and identity.name != user:
-        raise PermissionError(f"{identity.name} may not read {user}'s server history: only admins can")
+def server_history(ledger_path: Path, scope: Scope, user: str, server: str) -> list[ServerEvent]:
+    """One server's events, oldest first; PermissionError for a server outside the viewer's scope."""
+    access.require(scope, user, "server history")
     return Ledger(ledger_path).history(server_key(user, server)) if ledger_path.exists() else []
 
 
@@ -54,8 +51,8 @@ class Waiting:
     away: bool  # its spawn has not looked at the line for a while (hub restarted, spawn lost)
 
 
-def waiting_line(ledger_path: Path, identity: Identity, now: float) -> list[Waiting]:
-    """The GPU line in its order: everyone's for admins, only their own places for others."""
+def waiting_line(ledger_path: Path, scope: Scope, now: float) -> list[Waiting]:
+    """The GPU line in its order: the places of the people in the viewer's scope (admins: all)."""
     if not ledger_path.exists():
         return []
     ledger = Ledger(ledger_path)
@@ -67,9 +64,16 @@ def waiting_line(ledger_path: Path, identity: Identity, now: float) -> list[Wait
     rows = [
         Waiting(places[e.key], e.user, e.key.split("/", 1)[1], e.label, e.group, e.arrived, e.away(now))
         for e in line
-        if identity.admin or e.user == identity.name
+        if scope.sees(e.user)
     ]
     return sorted(rows, key=lambda w: w.position)
+
+
+def note_stop(ledger_path: Path, scope: Scope, user: str, server: str) -> None:
+    """Write who asks to stop a server, so its "stopped" event can name them."""
+    access.require(scope, user, "server")
+    if ledger_path.exists():
+        Ledger(ledger_path).record(server_key(user, server), "stopping", 90, f"{scope.viewer} in the portal")
 
 
 class KubeClient:
@@ -117,15 +121,11 @@ def kube_inventory(
     return inventory, holds
 
 
-def kube_server_events(client: KubeClient, namespace: str, identity: Identity) -> dict[str, ServerEvent]:
-    """Why each notebook pod waits or failed, from its status and latest event (own pods only, unless admin)."""
+def kube_server_events(client: KubeClient, namespace: str, scope: Scope) -> dict[str, ServerEvent]:
+    """Why each notebook pod waits or failed, from its status and latest event (the viewer's scope only)."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector=component%3Dsingleuser-server")
     events = client.items(f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind%3DPod")
-    return {
-        key: event
-        for key, event in server_events_from_pods(pods, events).items()
-        if identity.admin or key.split("/", 1)[0] == identity.name
-    }
+    return access.events(server_events_from_pods(pods, events), scope)
 
 
 def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, ServerEvent]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import requests
 
+from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
 from portal.identity import Identity
 
@@ -36,6 +37,14 @@ class HubClient:
 
     def get(self, path: str) -> Any:
         response = self._send("GET", path)
+        response.raise_for_status()
+        return response.json()
+
+    def get_if_exists(self, path: str) -> Any:
+        """GET JSON, or None where the hub answers 404 (a roster name who never logged in)."""
+        response = self._send("GET", path)
+        if response.status_code == 404:
+            return None
         response.raise_for_status()
         return response.json()
 
@@ -90,19 +99,25 @@ def rows_of(user: dict[str, Any]) -> list[ServerRow]:
     return rows
 
 
-def list_servers(client: HubClient, identity: Identity) -> list[ServerRow]:
-    """Admins see every server; everyone else only their own (checked here, not in the page)."""
-    if identity.admin:
+def list_servers(client: HubClient, scope: Scope) -> list[ServerRow]:
+    """Admins see every server; a teacher their classes' too; everyone else only their own (checked here)."""
+    if scope.everyone:
         users = client.get("/users?include_stopped_servers=1")
     else:
-        users = [client.get(f"/users/{identity.name}?include_stopped_servers=1")]
+        names = [scope.viewer, *sorted(scope.users - {scope.viewer})]
+        found = (client.get_if_exists(f"/users/{name}?include_stopped_servers=1") for name in names)
+        users = [user for user in found if user is not None]
     return [row for user in users for row in rows_of(user)]
+
+
+def check_may_stop(identity: Identity, user: str) -> None:
+    if not identity.admin and identity.name != user:
+        raise PermissionError(f"{identity.name} may not stop {user}'s server: only admins can stop other people's")
 
 
 def stop_server(client: HubClient, identity: Identity, user: str, server: str) -> None:
     """Stop a server: admins any, users their own; raises PermissionError otherwise."""
-    if not identity.admin and identity.name != user:
-        raise PermissionError(f"{identity.name} may not stop {user}'s server: only admins can stop other people's")
+    check_may_stop(identity, user)
     path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
     client.delete(path)
 
@@ -119,3 +134,14 @@ def image_usage(client: HubClient) -> dict[str, int]:
             if row.state in ("running", "starting"):
                 counts[row.image] = counts.get(row.image, 0) + 1
     return counts
+
+
+def server_counts(client: HubClient) -> dict[str, int]:
+    """The cluster's servers running and starting and the users with one: counts only, no names."""
+    rows = [row for user in client.get("/users") for row in rows_of(user)]
+    active = {row.user for row in rows if row.state in ("running", "starting")}
+    return {
+        "running": sum(row.state == "running" for row in rows),
+        "starting": sum(row.state == "starting" for row in rows),
+        "users": len(active),
+    }

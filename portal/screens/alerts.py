@@ -1,6 +1,6 @@
 import streamlit as st
 
-from portal import sources
+from portal import sources, views
 from portal.data.prometheus import MetricsUnavailableError
 
 st.title("Alerts")
@@ -15,6 +15,9 @@ icons = {"critical": ":material/error:", "warning": ":material/warning:", "info"
 for alert in alerts:
     with st.container(border=True):
         st.markdown(f"{icons.get(alert.severity, '')} **{alert.name}** ({alert.severity}): {alert.summary}")
-        st.caption(alert.description)
-        if alert.runbook:
-            st.caption(f"Runbook: {alert.runbook}")
+        st.caption(views.plain(alert.description))
+        href = views.runbook_href(alert.runbook)
+        if href:
+            st.markdown(f"[What to do: the runbook for {views.plain(alert.name)}]({href})")
+        elif alert.runbook:
+            st.caption(f"Runbook: {views.plain(alert.runbook)}")

@@ -9,10 +9,8 @@ from spawner.shares import format_bytes
 identity = st.session_state["identity"]
 st.title("Classes")
 rules = {g["name"]: group_quota(g) for g in sources.group_rules()}
-groups = sources.groups()
-if not identity.admin:
-    groups = {name: members for name, members in groups.items() if identity.name in members}
-_, holds = sources.inventory()
+groups = sources.visible_groups(identity)
+_, holds = sources.inventory(identity)
 rows = views.class_rows(groups, rules, holds, sources.servers(identity), idle_after_s=1800, now_ts=time.time())
 if not rows:
     st.info("No classes yet: `gpuslice class add NAME roster.csv` adds one.")
@@ -22,8 +20,10 @@ for row in rows:
         cols = st.columns(4)
         cols[0].metric("Members", row.members)
         cols[1].metric("Servers running", row.running)
-        budget = f" of {format_bytes(row.budget_bytes)}" if row.budget_bytes else ""
-        cols[2].metric("GPU memory held", format_bytes(row.allocated_bytes) + budget)
+        # The budget goes under the cards, in full: "8 GiB of 80 GiB" does not fit a quarter-width card.
+        cols[2].metric("GPU memory held", format_bytes(row.allocated_bytes))
         cols[3].metric("Idle for 30 min", row.idle_servers)
         if row.budget_bytes:
-            st.progress(min(1.0, row.allocated_bytes / row.budget_bytes))
+            share = row.allocated_bytes / row.budget_bytes
+            held = f"{format_bytes(row.allocated_bytes)} of the {format_bytes(row.budget_bytes)} budget held"
+            st.progress(min(1.0, share), text=f"{held} ({share:.0%})")

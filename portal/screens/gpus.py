@@ -4,8 +4,9 @@ from portal import charts, sources, views
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from spawner.shares import format_bytes
 
+identity = st.session_state["identity"]
 st.title("GPUs")
-inventory, _ = sources.inventory()
+inventory, _ = sources.inventory(identity)
 readings: dict[tuple[str, str], GpuReading] | None
 try:
     readings = sources.gpu_readings()

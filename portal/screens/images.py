@@ -12,6 +12,8 @@ from spawner.shares import format_bytes
 identity = st.session_state["identity"]
 st.title("Image market")
 st.caption("Curated notebook environments. Launch one to start your server with it.")
+if "published" in st.session_state:
+    st.success(st.session_state.pop("published"))
 try:
     store = sources.market()
     cards = markets.image_cards(
@@ -26,7 +28,7 @@ busy = next((s for s in mine if s.state in ("running", "starting", "stopping")),
 if busy is not None:
     st.info(f"Your server is {busy.state} with image {busy.image}. Stop it on the Jobs page to launch another.")
 
-inventory, _ = sources.inventory()
+inventory, _ = sources.inventory(identity)
 largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
 gpu_values, gpu_default = markets.launch_choices(sources.group_rules(), sources.my_groups(identity), largest_card)
 gpu_choice = st.selectbox(
@@ -58,7 +60,7 @@ for card in shown:
         facts.append(f"{card.running} server(s) running it")
         head.caption(" · ".join(views.plain(f) for f in facts))
         if image.description:
-            head.markdown(views.plain(image.description))
+            head.markdown(views.described(image.description))
         if image.contents:
             head.caption("Contains: " + ", ".join(views.plain(c) for c in image.contents))
         if image.tags:
@@ -88,7 +90,8 @@ if identity.admin:
         slug = left.text_input("Id", help="lower-case letters, digits and '-'; an existing id is edited")
         name = right.text_input("Name")
         version = left.text_input("Version")
-        framework = right.selectbox("Framework", FRAMEWORKS)
+        # No default: editing an image must not silently change its framework to the first choice.
+        framework = right.selectbox("Framework", FRAMEWORKS, index=None, placeholder="Choose a framework")
         cuda = left.text_input("CUDA version", placeholder="12.4 (empty: none)")
         size = right.text_input("Size", value="1GiB")
         local = left.text_input("Local environment", placeholder="/opt/envs/name or @platform")
@@ -120,4 +123,5 @@ if identity.admin:
             if entry is not None:
                 image = replace(Image.from_entry(entry), origin="admin")
                 outcome = markets.publish_image(store, identity, image)
-                st.success(f"Image {entry.id} {outcome}.")
+                st.session_state["published"] = f"Image {entry.id} {outcome}."
+                st.rerun()  # the new card shows now, not after a reload

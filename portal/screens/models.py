@@ -32,11 +32,10 @@ for model in shown:
         facts = [model.task, model.framework, model.license, format_bytes(model.size_bytes)]
         head.caption(" · ".join(views.plain(f) for f in facts))
         if model.description:
-            head.markdown(views.plain(model.description))
+            head.markdown(views.described(model.description))
         if model.status != "approved":
-            who = f" by {model.proposed_by}" if model.proposed_by else ""
-            note = f": {model.review_note}" if model.review_note else ""
-            head.warning(views.plain(f"{model.status.capitalize()}{who}{note}"))
+            review = views.review_text(model.status, model.proposed_by, model.reviewed_by, model.review_note or "")
+            head.warning(views.plain(review))
         if model.checksum:
             head.caption(f"Checksum {model.checksum}")
         if model.status == "approved":

@@ -1,42 +1,48 @@
 import streamlit as st
 
-from portal import charts, sources
+from portal import charts, sources, views
 from portal.data.prometheus import MetricsUnavailableError
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Overview")
-inventory, holds = sources.inventory()
-servers = sources.servers(identity)
+inventory, holds = sources.inventory(identity)
+servers = [s for s in sources.servers(identity) if s.user == identity.name]
 gpus = list(inventory.gpus())
 simulated = any(g.simulated for g in gpus)
 
+st.subheader("You", divider="gray")
+mine = st.columns(3)
+mine[0].metric("Your servers running", sum(s.state == "running" for s in servers))
+mine[1].metric("Your servers starting", sum(s.state == "starting" for s in servers))
+mine[2].metric("Your GPU memory held", format_bytes(sum(h.memory_bytes for h in holds if h.user == identity.name)))
+
+st.subheader("Cluster", divider="gray")
 if simulated:
     st.caption("The GPUs of this machine are simulated: there is no NVIDIA GPU.")
-healthy = sum(n.healthy for n in inventory.nodes)
-cols = st.columns(5)
+counts = sources.server_counts()
+cols = st.columns(4)
 cols[0].metric("GPUs", len(gpus), help="Simulated" if simulated else None)
-cols[1].metric(
-    "Allocated", format_bytes(inventory.allocated_bytes), help=f"of {format_bytes(inventory.capacity_bytes)}"
-)
-cols[2].metric("Capacity", format_bytes(inventory.capacity_bytes))
-cols[3].metric("Running servers", sum(s.state == "running" for s in servers))
-cols[4].metric("Starting", sum(s.state == "starting" for s in servers))
-more = st.columns(5)
-more[0].metric("Nodes healthy", f"{healthy} of {len(inventory.nodes)}")
-more[1].metric("Active users", len({s.user for s in servers if s.state in ("running", "starting")}))
+cols[1].metric("GPU memory allocated", format_bytes(inventory.allocated_bytes))
+cols[2].metric("GPU memory capacity", format_bytes(inventory.capacity_bytes))
+cols[3].metric("Nodes healthy", f"{sum(n.healthy for n in inventory.nodes)} of {len(inventory.nodes)}")
+more = st.columns(4)
+more[0].metric("Servers running", counts["running"])
+more[1].metric("Servers starting", counts["starting"])
+more[2].metric("Users with a server", counts["users"])
 
 hours = st.segmented_control("Time range", [1, 6, 24], default=1, format_func=lambda h: f"{h} h") or 1
 try:
+    used = views.memory_in_use(sources.gpu_readings())  # the GPUs page's readings: the same figure
     totals = sources.summary()
-    used = totals.get("gpuslice:gpu_memory_used_bytes:sum")
     util = totals.get("gpuslice:gpu_utilization:avg")
     alerts = sources.active_alerts()
     success = sources.spawn_success()
-    more[2].metric("GPU memory in use", format_bytes(used) if used is not None else "n/a")
-    more[3].metric("Mean GPU utilization", f"{util:.0f}%" if util is not None else "n/a")
-    more[4].metric("Alerts firing", sum(a.state == "active" for a in alerts))
-    st.metric("Spawns that started (1 h)", "no attempts" if success is None else f"{success:.0%}")
+    more[3].metric("GPU memory in use", format_bytes(used) if used is not None else "n/a")
+    health = st.columns(4)
+    health[0].metric("Mean GPU utilization", f"{util:.0f}%" if util is not None else "n/a")
+    health[1].metric("Alerts firing", sum(a.state == "active" for a in alerts))
+    health[2].metric("Spawns that started (1 h)", "no attempts" if success is None else f"{success:.0%}")
     series = {
         "allocated": sources.trend("gpuslice:gpu_memory_allocated_bytes:sum / 2^30", hours),
         "in use": sources.trend("gpuslice:gpu_memory_used_bytes:sum / 2^30", hours),
@@ -44,8 +50,8 @@ try:
     utilization = {"mean utilization": sources.trend("gpuslice:gpu_utilization:avg", hours)}
     if any(len(points) > 1 for points in series.values()):
         left, right = st.columns(2)
-        left.plotly_chart(charts.trend(series, "GiB"), width="stretch")
-        right.plotly_chart(charts.trend(utilization, "%"), width="stretch")
+        left.plotly_chart(charts.trend(series, "GiB", "Cluster GPU memory (GiB)"), width="stretch")
+        right.plotly_chart(charts.trend(utilization, "%", "Cluster mean GPU utilization (%)"), width="stretch")
     else:
         st.caption("No history yet: the trends appear after a few scrapes.")
 except MetricsUnavailableError as exc:

@@ -93,7 +93,7 @@ def test_monitoring_down_spawning_and_the_portal_go_on_and_it_recovers(make_plat
         first = pid_of(platform, "prometheus")
         os.kill(first, signal.SIGSTOP)
         spawn(platform, "cy")
-        page_shows(page, platform.url, "", "Metrics are unavailable right now", "Running servers")
+        page_shows(page, platform.url, "", "Metrics are unavailable right now", "Servers running")
         page.screenshot(path=str(ARTIFACTS / "overview-prometheus-down.png"), full_page=True)
         page_shows(page, platform.url, "jobs", "cy", "bob")
 

@@ -90,3 +90,48 @@ def test_bad_rosters_and_rules_change_nothing(
     assert main(["class", "add", "ml101", str(path), "--config", str(settings), *args]) == 2
     assert message in capsys.readouterr().err
     assert settings.read_text() == "port: 9000\n"
+
+
+def test_class_add_keeps_the_files_comments_and_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "gpuslice.yaml"
+    original = (
+        "# Our lab's platform: ask Dana before changing ports\n"
+        "port: 9000  # the firewall opens this one\n"
+        "groups:\n"
+        "  # the autumn class\n"
+        "  ml100:\n"
+        "    members: [zoe]\n"
+    )
+    settings.write_text(original)
+    roster = tmp_path / "r.csv"
+    roster.write_text("alice\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--budget", "8GiB"]) == 0
+    text = settings.read_text()
+    for comment in ("# Our lab's platform", "# the firewall opens this one", "# the autumn class"):
+        assert comment in text
+    assert text.index("ml100") < text.index("ml101")
+    assert load(settings).groups[1] == {"name": "ml101", "budget": "8GiB", "members": ["alice"]}
+
+
+def test_a_size_without_its_unit_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "gpuslice.yaml"
+    roster = tmp_path / "r.csv"
+    roster.write_text("alice\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--budget", "8"]) == 2
+    assert "--budget 8: give the size with its unit, for example 8GiB" in capsys.readouterr().err
+    assert not settings.exists()  # nothing written
+
+
+def test_without_config_it_writes_where_gpuslice_up_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hub.settings import config_path
+
+    monkeypatch.chdir(tmp_path)
+    assert config_path(None) is None  # no file yet: the defaults
+    (tmp_path / "r.csv").write_text("alice\n")
+    assert main(["class", "add", "ml101", "r.csv", "--max-slice", "4GiB"]) == 0
+    out = capsys.readouterr().out
+    assert f"written to {tmp_path / 'gpuslice.yaml'}; `gpuslice up` run in this folder reads it" in out
+    found = config_path(None)  # what `gpuslice up` without --config loads
+    assert found is not None and load(found).groups[0]["members"] == ["alice"]

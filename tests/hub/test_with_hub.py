@@ -66,3 +66,21 @@ def test_a_service_whose_hub_died_before_it_started_ends_at_once() -> None:
 def test_a_service_needs_a_module() -> None:
     run = subprocess.run([sys.executable, "-m", "hub.with_hub", "--hub-pid=1"], capture_output=True, text=True)
     assert run.returncode != 0 and "usage: python -m hub.with_hub" in run.stderr
+
+
+def test_a_service_started_with_sigint_ignored_still_stops_at_the_hubs_sigint() -> None:
+    """`gpuslice up &` from a script starts everything with SIGINT ignored; JupyterHub stops a
+    managed service with SIGINT and waits 30 s before SIGTERM: Ctrl-C took 32 s."""
+    service = subprocess.Popen(
+        [sys.executable, "-u", "-m", "hub.with_hub", f"--hub-pid={os.getpid()}", *_SERVICE],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert service.stdout is not None and "Serving HTTP" in service.stdout.readline()
+        service.send_signal(signal.SIGINT)
+        assert _gone_within(service.pid, 5)
+    finally:
+        service.kill()
+        service.wait()

@@ -73,3 +73,19 @@ models:
     assert [m.id for m in catalog.models] == ["ok"]
     assert [p.entry for p in catalog.problems] == ["entry 1 (up)", "entry 2 (abs)", "entry 3 (both)", "entry 4 (none)"]
     assert "without '..'" in catalog.problems[0].message
+
+
+def test_each_models_sample_output_matches_its_comment(tmp_path: Path) -> None:
+    """The load snippet's last line promises an output in a comment: run it and compare."""
+    from market.files import unpack_package_model
+
+    for entry in load_models(REPO / "images" / "models.yaml").models:
+        _, _, promise = entry.load.strip().rpartition("\n")[2].partition("  # ")
+        if not promise or entry.package is None:
+            continue
+        folder = unpack_package_model(tmp_path, entry.id, entry.package)
+        lines = entry.load.replace("{path}", f"Path({str(folder)!r})").strip().split("\n")
+        scope: dict[str, object] = {}
+        exec("from pathlib import Path\n" + "\n".join(lines[:-1]), scope)  # our own seed's code
+        result = repr(eval(lines[-1].partition("  # ")[0], scope))
+        assert result.startswith(promise.partition("...")[0]), (entry.id, result, promise)

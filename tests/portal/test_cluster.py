@@ -1,5 +1,6 @@
 """portal/data/cluster.py against a real ledger file, and the Jobs view built on it."""
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -7,8 +8,8 @@ import pytest
 
 from portal import views
 from portal.data import cluster
+from portal.data.access import Scope
 from portal.data.hub import ServerRow
-from portal.identity import Identity
 from spawner.ledger import Ledger
 
 
@@ -23,17 +24,17 @@ def ledger_path(tmp_path: Path) -> Path:
 
 
 def test_users_read_only_their_own_events_admins_all(ledger_path: Path) -> None:
-    assert set(cluster.latest_events(ledger_path, Identity("root", admin=True))) == {"ann/", "bo/lab"}
-    mine = cluster.latest_events(ledger_path, Identity("ann"))
+    assert set(cluster.latest_events(ledger_path, Scope("root", everyone=True))) == {"ann/", "bo/lab"}
+    mine = cluster.latest_events(ledger_path, Scope("ann"))
     assert list(mine) == ["ann/"] and mine["ann/"].kind == "placed"
-    assert cluster.latest_events(ledger_path.with_name("missing.sqlite"), Identity("ann")) == {}
+    assert cluster.latest_events(ledger_path.with_name("missing.sqlite"), Scope("ann")) == {}
 
 
 def test_history_is_authorized_on_the_server_side(ledger_path: Path) -> None:
-    assert [e.kind for e in cluster.server_history(ledger_path, Identity("ann"), "ann", "")] == ["requested", "placed"]
-    assert len(cluster.server_history(ledger_path, Identity("root", admin=True), "bo", "lab")) == 1
+    assert [e.kind for e in cluster.server_history(ledger_path, Scope("ann"), "ann", "")] == ["requested", "placed"]
+    assert len(cluster.server_history(ledger_path, Scope("root", everyone=True), "bo", "lab")) == 1
     with pytest.raises(PermissionError, match="only admins"):
-        cluster.server_history(ledger_path, Identity("ann"), "bo", "lab")
+        cluster.server_history(ledger_path, Scope("ann"), "bo", "lab")
 
 
 def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
@@ -44,11 +45,11 @@ def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
         ServerRow("cy", "", "running", "0", 0, "default", started, started),
         ServerRow("di", "", "stopped", "0", 0, "default", started, started),
     ]
-    events = cluster.latest_events(ledger_path, Identity("root", admin=True))
+    events = cluster.latest_events(ledger_path, Scope("root", everyone=True))
     rows = views.job_rows(servers, [], events, now_ts=started.timestamp() + 3 * 3600 + 60)
     assert [(r.state, r.progress) for r in rows] == [
         ("pending", 20),
-        ("failed", None),
+        ("refused", None),
         ("running", None),
         ("stopped", None),
     ]
@@ -56,6 +57,37 @@ def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
     assert rows[1].detail.startswith("Group 'ml101' allows") and rows[1].slice == "8GiB"
     assert views.duration_text(rows[2].age_s) == "3 h 1 min" and rows[2].slice == "CPU only"
     assert rows[3].age_s is None and rows[3].idle_s is None and rows[3].slice == ""
+
+
+def test_who_stopped_a_server_reaches_the_jobs_row(ledger_path: Path) -> None:
+    from spawner.ledger import stop_message
+
+    with pytest.raises(PermissionError):
+        cluster.note_stop(ledger_path, Scope("bo"), "ann", "")
+    cluster.note_stop(ledger_path, Scope("root", everyone=True), "ann", "")
+    ledger = Ledger(ledger_path)
+    # What the spawner's stop() writes, reading the note the portal left just before.
+    ledger.record("ann/", "stopped", 100, stop_message(ledger.history("ann/")[-1], time.time()))
+    stopped = [ServerRow("ann", "", "stopped", "4GiB", 0, "default", None, None)]
+    row = views.job_rows(stopped, [], cluster.latest_events(ledger_path, Scope("ann")), time.time())[0]
+    assert (row.state, row.detail) == ("stopped", "stopped by root in the portal")
+
+
+def test_stop_messages_name_the_actor_where_it_is_known() -> None:
+    from spawner.ledger import ServerEvent, stop_message
+
+    note = ServerEvent("ann/", "stopping", 90, "tina in the portal", 1000.0)
+    assert stop_message(note, 1010.0) == "stopped by tina in the portal"
+    assert stop_message(note, 1000.0 + 600).startswith("stopped (from JupyterHub")  # an old note is not why
+    started = ServerEvent("ann/", "started", 50, "answering", 0.0)
+    idle = stop_message(started, 10_000.0, last_activity=10_000.0 - 3700, idle_timeout_s=3600)
+    assert idle == "stopped by the idle culler: no activity for 61 min"
+    assert stop_message(started, 10_000.0, last_activity=9_990.0, idle_timeout_s=3600).startswith("stopped (from")
+
+
+def test_last_activity_is_words_never_none() -> None:
+    assert views.ago_text(None, 100.0) == "never"
+    assert views.ago_text(datetime.fromtimestamp(40.0, UTC), 100.0) == "1 min ago"
 
 
 def test_a_server_started_again_after_a_failure_is_not_failed() -> None:
@@ -88,9 +120,9 @@ def test_the_queue_is_in_line_order_admins_see_everyone_users_their_own_place(tm
             key, key.split("/")[0], slice_, 4 * 2**30, "ml101", arrived, seen=arrived, label="4 GiB of one GPU"
         )
         ledger.take_turn(key, lambda holds, line, mine, e=entry: (None, e))
-    admin = cluster.waiting_line(path, Identity("root", admin=True), now=310.0)
+    admin = cluster.waiting_line(path, Scope("root", everyone=True), now=310.0)
     assert [(w.position, w.user, w.server) for w in admin] == [(1, "bo", ""), (2, "cy", ""), (3, "ann", "lab")]
     assert [w.away for w in admin] == [True, False, True]  # not seen for over a minute
     assert admin[0].asked == "4 GiB of one GPU" and admin[0].group == "ml101" and admin[0].since == 200.0
-    assert [(w.position, w.user) for w in cluster.waiting_line(path, Identity("cy"), now=310.0)] == [(2, "cy")]
-    assert cluster.waiting_line(tmp_path / "missing.sqlite", Identity("cy"), now=0.0) == []
+    assert [(w.position, w.user) for w in cluster.waiting_line(path, Scope("cy"), now=310.0)] == [(2, "cy")]
+    assert cluster.waiting_line(tmp_path / "missing.sqlite", Scope("cy"), now=0.0) == []

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import requests
 
-from portal.data import alerts, errors, hub, prometheus
+from portal.data import access, alerts, errors, hub, prometheus
+from portal.data.access import Scope
 from portal.identity import Identity
 
 ALICE = {
@@ -51,7 +52,7 @@ class FakeHub(hub.HubClient):
 
     def get(self, path: str) -> Any:
         self.requests.append(("GET", path))
-        if path.startswith("/users?"):
+        if path.startswith("/users?") or path == "/users":
             return [ALICE, BOB]
         if path.startswith("/users/alice"):
             return ALICE
@@ -59,13 +60,17 @@ class FakeHub(hub.HubClient):
             return [{"kind": "group", "name": "ml101", "users": ["alice", "bob"], "roles": []}]
         raise AssertionError(path)
 
+    def get_if_exists(self, path: str) -> Any:
+        self.requests.append(("GET", path))
+        return {"/users/alice": ALICE, "/users/bob": BOB}.get(path.split("?")[0])
+
     def delete(self, path: str) -> int:
         self.requests.append(("DELETE", path))
         return 204
 
 
 def test_servers_from_the_user_model() -> None:
-    rows = hub.list_servers(FakeHub(), Identity("alice"))
+    rows = hub.list_servers(FakeHub(), Scope("alice"))
     default, big = rows
     assert (default.user, default.name, default.state, default.gpu_memory) == ("alice", "", "running", "4GiB")
     assert default.started is not None and default.started.year == 2026
@@ -74,11 +79,31 @@ def test_servers_from_the_user_model() -> None:
 
 def test_users_see_only_their_own_servers_admins_all() -> None:
     client = FakeHub()
-    hub.list_servers(client, Identity("alice"))
+    hub.list_servers(client, Scope("alice"))
     assert client.requests == [("GET", "/users/alice?include_stopped_servers=1")]
     client = FakeHub()
-    assert {r.user for r in hub.list_servers(client, Identity("root", admin=True))} == {"alice"}
+    assert {r.user for r in hub.list_servers(client, Scope("root", everyone=True))} == {"alice"}
     assert client.requests == [("GET", "/users?include_stopped_servers=1")]
+
+
+def test_server_counts_are_the_clusters_without_names() -> None:
+    assert hub.server_counts(FakeHub()) == {"running": 1, "starting": 1, "users": 1}
+
+
+def test_a_teacher_lists_their_class_members_servers_and_skips_who_never_logged_in() -> None:
+    client = FakeHub()
+    teacher = access.scope_of(
+        Identity("tina"), [{"name": "ml101", "teachers": ["tina"], "members": ["ghost"]}], {"ml101": ["alice", "bob"]}
+    )
+    assert {r.user for r in hub.list_servers(client, teacher)} == {"alice"}
+    assert [path.split("?")[0] for _, path in client.requests] == [
+        "/users/tina",
+        "/users/alice",
+        "/users/bob",
+        "/users/ghost",
+    ]
+    student = access.scope_of(Identity("bob"), [{"name": "ml101", "teachers": ["tina"]}], {"ml101": ["alice", "bob"]})
+    assert not student.sees("alice") and student.sees("bob") and not student.teaches
 
 
 def test_stop_is_authorized_on_the_server_side() -> None:
@@ -248,7 +273,7 @@ def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
 def test_a_hung_hub_is_reported_as_unavailable(hung_server: str) -> None:
     client = hub.HubClient(f"{hung_server}/hub/api", "token", timeout_s=1)
     with pytest.raises(errors.SourceUnavailableError, match=r"JupyterHub did not answer \(timed out\)"):
-        within(10, lambda: hub.list_servers(client, Identity("admin", admin=True)))
+        within(10, lambda: hub.list_servers(client, Scope("admin", everyone=True)))
 
 
 def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from market import seeding
-from market.store import Image, Store
+from market.store import Image, Model, Store
 from portal import sources
 from portal.data import markets
 from portal.identity import Identity
@@ -134,15 +134,24 @@ def test_admins_deprecate_and_publish_with_validation(market: Store, fakes: dict
     form_inputs["Name"].input("RAPIDS")
     form_inputs["Version"].input("24.10")
     next(b for b in at.button if b.label == "Publish").click().run()
-    assert any(e.value.startswith("id: String should match pattern") for e in at.error)
+    errors = [e.value for e in at.error]  # in the form's words, no validator jargon
+    assert (
+        "Id: use lower-case letters, digits and '-', starting with a letter or digit (for example my-model-2)."
+        in errors
+    )
+    assert "Framework: choose one of pytorch, tensorflow, jax or python." in errors  # never silently the first
+    assert not any("String should match" in e or "pattern" in e for e in errors)
     assert market.image("Not A Slug") is None
 
     form_inputs = {t.label: t for t in at.text_input}
     form_inputs["Id"].input("rapids")
     form_inputs["Tags (comma-separated)"].input("dataframes, gpu")
+    next(s for s in at.selectbox if s.label == "Framework").select("python")
     next(b for b in at.button if b.label == "Publish").click().run()
     assert market.image("rapids").tags == ("dataframes", "gpu")  # type: ignore[union-attr]
+    assert market.image("rapids").framework == "python"  # type: ignore[union-attr]
     assert "Image rapids published." in [s.value for s in at.success]
+    assert "status-rapids" in [b.key for b in at.button]  # the new card, without a reload
 
 
 def test_models_use_in_notebook_and_propose(market: Store, fakes: dict[str, object], tmp_path: Path) -> None:  # noqa: F811
@@ -169,12 +178,27 @@ def test_models_use_in_notebook_and_propose(market: Store, fakes: dict[str, obje
     assert "Proposed bert-tiny; an admin will review it." in [s.value for s in at.success]
     assert market.model("bert-tiny").status == "pending"  # type: ignore[union-attr]
     at.run()
-    assert "Pending by dana" in "\n".join(w.value for w in at.warning)
+    assert "Pending: proposed by dana" in "\n".join(w.value for w in at.warning).replace("\\", "")
 
     fakes["identity"] = Identity("root", admin=True)
     at = run("screens/models.py")
     next(b for b in at.button if b.key == "approve-bert-tiny").click().run()
     assert market.model("bert-tiny").status == "approved"  # type: ignore[union-attr]
+
+
+def test_a_rejected_proposal_names_who_rejected_it(market: Store, fakes: dict[str, object], tmp_path: Path) -> None:  # noqa: F811
+    (tmp_path / "models" / "big").mkdir()
+    proposal = Model("big", "Big", "1", "fill-mask", "pytorch", "MIT", "big", description="Runs `big.load()` fast.")
+    market.propose_model(proposal, actor="carol")
+    fakes["identity"] = Identity("root", admin=True)
+    at = run("screens/models.py")
+    next(t for t in at.text_input if t.key == "note-big").input("too large for our cards")
+    next(b for b in at.button if b.key == "reject-big").click().run()
+    fakes["identity"] = Identity("carol")
+    at = run("screens/models.py")
+    warnings = "\n".join(w.value for w in at.warning).replace("\\", "")
+    assert "Rejected by root: too large for our cards (proposed by carol)" in warnings
+    assert "`big.load()`" in markdown(at)  # a code span, not escaped literal backticks
 
 
 def test_market_writes_are_authorized_on_the_server_side(market: Store, tmp_path: Path) -> None:

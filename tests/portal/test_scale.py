@@ -75,8 +75,9 @@ def test_pages_at_cluster_scale(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
     assert sum(len(n.gpus) for n in inventory.nodes) == 8000 and len(servers) == SERVERS
     prom = CountingPrometheus()
     monkeypatch.setattr(auth, "require_identity", lambda: Identity("admin", admin=True))
-    monkeypatch.setattr(sources, "inventory", lambda: (inventory, holds))
+    monkeypatch.setattr(sources, "_all_inventory", lambda: (inventory, holds))
     monkeypatch.setattr(sources, "servers", lambda identity: servers)
+    monkeypatch.setattr(sources, "server_counts", lambda: {"running": len(servers), "starting": 0, "users": SERVERS})
     monkeypatch.setattr(sources, "groups", lambda: {f"class{i}": [h.user for h in holds[i::50]] for i in range(50)})
     monkeypatch.setattr(sources, "gpu_readings", lambda: prometheus.gpu_readings(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(sources, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
