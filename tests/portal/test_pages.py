@@ -295,7 +295,7 @@ def test_classes_page_on_kubernetes_reads_the_charts_classes(
     assert sources.prometheus_url() == "http://prometheus-operated.monitoring:9090"
     at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
-    assert {m.label: m.value for m in at.metric}["GPU memory held"] == "4 GiB of 16 GiB"  # the chart's budget
+    assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # the chart's budget
 
 
 PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py"]
