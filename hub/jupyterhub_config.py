@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from hub import metrics
+from hub import metrics, roles
 from hub.accounts import known_names, passwords_path
 from hub.settings import load
 from spawner import environ
@@ -85,13 +85,7 @@ c.JupyterHub.services = [
         "command": [*with_hub, "jupyterhub_idle_culler", f"--timeout={settings.idle_timeout}"],
     }
 ]
-c.JupyterHub.load_roles = [
-    {
-        "name": "idle-culler",
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-        "services": ["idle-culler"],
-    }
-]
+c.JupyterHub.load_roles = [roles.service_role("idle-culler", roles.STOPS_IDLE_SERVERS)]
 # While anyone waits for a GPU, idle slices go to the line (hub/reclaimer.py), after a warning.
 reclaim_after = settings.gpu_idle_timeout
 c.JupyterHub.services.append(
@@ -107,13 +101,7 @@ c.JupyterHub.services.append(
         ],
     }
 )
-c.JupyterHub.load_roles.append(
-    {
-        "name": "gpu-reclaimer",
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-        "services": ["gpu-reclaimer"],
-    }
-)
+c.JupyterHub.load_roles.append(roles.service_role("gpu-reclaimer", roles.STOPS_IDLE_SERVERS))
 # The portal: an auth gate (HubOAuth) in front of Streamlit, started by the hub.
 c.JupyterHub.services.append(
     {
@@ -122,9 +110,7 @@ c.JupyterHub.services.append(
         "url": f"http://127.0.0.1:{settings.portal_port}",
         "command": [*with_hub, "portal.gate"],
         "oauth_no_confirm": True,
-        # The user's own token, handed to Streamlit by the gate: starting one's own server,
-        # and (within each user's permissions: an admin's all, anyone else's their own) stopping.
-        "oauth_client_allowed_scopes": ["read:users:groups!user", "read:users!user", "servers!user", "delete:servers"],
+        "oauth_client_allowed_scopes": roles.PORTAL_OAUTH_SCOPES,
         "environment": {
             environ.SETTINGS.name: environ.SETTINGS.get(),
             environ.DATA_DIR.name: str(data_dir),
@@ -137,21 +123,13 @@ c.JupyterHub.services.append(
         },
     }
 )
-# Every user may open the portal (what they see there is checked per request).
-c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", "access:services!service=portal"]})
-c.JupyterHub.load_roles.append(
-    {
-        "name": "portal",
-        "scopes": ["list:users", "read:users", "read:servers", "list:groups", "read:groups"],  # reads only
-        "services": ["portal"],
-    }
-)
+c.JupyterHub.load_roles += [roles.USER_ROLE, roles.service_role("portal", roles.PORTAL_READS)]
 
 # Prometheus scrapes /hub/metrics with a token that can read metrics and nothing else.
 token_file = environ.PROMETHEUS_TOKEN_FILE.get()
 if token_file and Path(token_file).exists():
     c.JupyterHub.services.append({"name": "prometheus", "api_token": Path(token_file).read_text().strip()})
-    c.JupyterHub.load_roles.append({"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]})
+    c.JupyterHub.load_roles.append(roles.service_role("prometheus", roles.READS_METRICS))
 
 # Capacity and allocations, read from the ledger at each scrape of /hub/metrics.
 _machine = machine(settings.simulate)

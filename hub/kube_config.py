@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from hub import roles
 from hub.accounts import read_admin_password, set_admin_passwords
 from hub.kube_values import load_kube_values
 from market.store import Store
@@ -91,12 +92,8 @@ c.JupyterHub.services = [
     {"name": "prometheus", "api_token": environ.METRICS_TOKEN.require()},
 ]
 c.JupyterHub.load_roles = [
-    {
-        "name": "idle-culler",
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-        "services": ["idle-culler"],
-    },
-    {"name": "prometheus", "scopes": ["read:metrics"], "services": ["prometheus"]},
+    roles.service_role("idle-culler", roles.STOPS_IDLE_SERVERS),
+    roles.service_role("prometheus", roles.READS_METRICS),
 ]
 if values.portal_enabled:
     c.JupyterHub.services.append(
@@ -105,21 +102,7 @@ if values.portal_enabled:
             "url": values.portal_url,
             "api_token": environ.PORTAL_TOKEN.require(),
             "oauth_no_confirm": True,
-            # The user's own token, handed to Streamlit by the gate: starting one's own server,
-            # and (within each user's permissions: an admin's all, anyone else's their own) stopping.
-            "oauth_client_allowed_scopes": [
-                "read:users:groups!user",
-                "read:users!user",
-                "servers!user",
-                "delete:servers",
-            ],
+            "oauth_client_allowed_scopes": roles.PORTAL_OAUTH_SCOPES,
         }
     )
-    c.JupyterHub.load_roles += [
-        {"name": "user", "scopes": ["self", "access:services!service=portal"]},
-        {
-            "name": "portal",
-            "scopes": ["list:users", "read:users", "read:servers", "list:groups", "read:groups"],  # reads only
-            "services": ["portal"],
-        },
-    ]
+    c.JupyterHub.load_roles += [roles.USER_ROLE, roles.service_role("portal", roles.PORTAL_READS)]
