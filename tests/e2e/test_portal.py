@@ -82,7 +82,8 @@ def test_a_student_launches_from_the_image_market_and_picks_a_model(portal: Plat
         page.screenshot(path=str(ARTIFACTS / "images-launched.png"), full_page=True)
         browser.close()
     server = portal.login("erin").wait_ready("erin")
-    assert server["user_options"] == {"image": "default"}
+    # Launching asks for a GPU slice: erin is in no class, so the form's default is the smallest slice offered.
+    assert server["user_options"] == {"image": "default", "gpu_memory": "512MiB"}
     home = portal.data_dir / "homes" / "erin" / "models"
     assert [p.name for p in home.iterdir()] == ["langid-97"]  # the picked model, mounted in the new server
 
