@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from hub.settings import validation_problems
 from spawner import environ
 from spawner.quotas import GroupRulesError, group_rules
 
@@ -88,7 +89,8 @@ def load_kube_values(path: Path | None = None) -> KubeValues:
     try:
         values = KubeValues.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise KubeValuesError(f"{path}: {problems} (render the chart and the images from one release)") from None
+        raise KubeValuesError(
+            f"{path}: {validation_problems(exc)} (render the chart and the images from one release)"
+        ) from None
     values.group_list()  # a bad group rule is refused here, for every reader alike
     return values

@@ -237,14 +237,18 @@ class OnCall(BaseModel):
         return (*self.rotation, *(c for c in (self.second_line, self.owner) if c))
 
 
+def validation_problems(exc: ValidationError) -> str:
+    """A pydantic error in one line for people: "key.path: what is wrong; ..."."""
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+
+
 def _oncall(raw: Any, source: str) -> OnCall:
     if not isinstance(raw, dict):
         raise SettingsError(f"{source}: monitoring.oncall must be a mapping (rotation, second_line, owner, ...)")
     try:
         oncall = OnCall.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise SettingsError(f"{source}: monitoring.oncall: {problems}") from None
+        raise SettingsError(f"{source}: monitoring.oncall: {validation_problems(exc)}") from None
     mailed = [c.name for c in oncall.contacts() if c.email]
     if mailed and not (oncall.smtp_smarthost and oncall.smtp_from):
         raise SettingsError(
