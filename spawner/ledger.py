@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from spawner.inventory import Allocation
 from spawner.placement import Demand
@@ -131,6 +132,9 @@ def server_key(user: str, server: str) -> str:
     return f"{user}/{server}"
 
 
+_T = TypeVar("_T")
+
+
 class LedgerError(RuntimeError):
     """The ledger could not be read or written (disk full, read-only, locked too long)."""
 
@@ -173,14 +177,18 @@ class Ledger:
         finally:
             db.close()
 
-    def holdings(self) -> list[Held]:
+    def _read_only(self, read: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``read`` on a connection of its own; any SQLite error becomes a LedgerError."""
         db = self._connect()
         try:
-            return _read(db)
+            return read(db)
         except sqlite3.Error as exc:
             raise LedgerError(f"the GPU ledger {self.path} could not be read: {exc}") from exc
         finally:
             db.close()
+
+    def holdings(self) -> list[Held]:
+        return self._read_only(_read)
 
     def allocate(self, key: str, decide: Decide) -> list[Held] | None:
         """Atomically: replace ``key``'s holds with what ``decide`` returns (None: refuse).
@@ -214,13 +222,7 @@ class Ledger:
 
     def line(self) -> list[Entry]:
         """Everyone waiting, in arrival order (spawner.waitline.fair_order gives the line's order)."""
-        db = self._connect()
-        try:
-            return _read_line(db)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"the GPU ledger {self.path} could not be read: {exc}") from exc
-        finally:
-            db.close()
+        return self._read_only(_read_line)
 
     def leave_line(self, key: str) -> bool:
         """Take ``key`` out of the line; whether it was waiting."""
@@ -289,14 +291,8 @@ class Ledger:
         return {e.key: e for e in events}
 
     def _events(self, where: str, args: tuple[object, ...]) -> list[ServerEvent]:
-        db = self._connect()
-        try:
-            query = f"SELECT key, kind, progress, message, created FROM server_event {where}"
-            rows = db.execute(query, args).fetchall()
-        except sqlite3.Error as exc:
-            raise LedgerError(f"the GPU ledger {self.path} could not be read: {exc}") from exc
-        finally:
-            db.close()
+        query = f"SELECT key, kind, progress, message, created FROM server_event {where}"
+        rows = self._read_only(lambda db: db.execute(query, args).fetchall())
         return [ServerEvent(*row) for row in rows]
 
 
