@@ -114,12 +114,15 @@ def main(argv: list[str] | None = None) -> None:
         args.gpu_idle_timeout,
         args.warn_before,
     )
-    while True:
-        try:
-            reclaimer.step(time.time())
-        except (requests.RequestException, OSError) as exc:
-            log.warning("gpuslice reclaimer: the hub did not answer (%s); trying again", exc)
-        time.sleep(args.interval)
+    try:
+        while True:
+            try:
+                reclaimer.step(time.time())
+            except (requests.RequestException, OSError) as exc:
+                log.warning("gpuslice reclaimer: the hub did not answer (%s); trying again", exc)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:  # the hub stops its services with SIGINT: end quietly, not with a traceback
+        return
 
 
 if __name__ == "__main__":
