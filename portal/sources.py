@@ -86,9 +86,22 @@ def scope(identity: Identity) -> Scope:
     return access.scope_of(identity, settings().groups, groups())
 
 
-@st.cache_data(ttl=1)
+# How old the hub's and the ledger's state may be on a live page. One snapshot is shared by
+# every viewer (the data layer narrows it to each viewer's scope), so the hub is asked at
+# most ~1/LIVE_S times a second however many pages are open.
+LIVE_S = 0.2
+# How often live parts of a page re-read: with LIVE_S, a change at the hub shows within
+# REFRESH_S + LIVE_S plus one round trip (`python -m bench.jobs_lag` measures it).
+REFRESH_S = 0.5
+
+
+@st.cache_data(ttl=LIVE_S, show_spinner=False)
+def _hub_users() -> list[dict[str, Any]]:
+    return hub.every_user(hub_client())
+
+
 def servers(identity: Identity) -> list[ServerRow]:
-    return hub.list_servers(hub_client(), scope(identity))
+    return hub.servers_in_scope(_hub_users(), scope(identity))
 
 
 def group_rules() -> tuple[dict[str, Any], ...]:
@@ -119,7 +132,7 @@ def _namespace() -> str:
     return os.environ.get("POD_NAMESPACE", "default")
 
 
-@st.cache_data(ttl=1)
+@st.cache_data(ttl=LIVE_S, show_spinner=False)
 def _all_inventory() -> tuple[Inventory, list[Held]]:
     if _kubernetes():
         return cluster.kube_inventory(
@@ -138,11 +151,15 @@ def inventory(identity: Identity) -> tuple[Inventory, list[Held]]:
     return access.inventory(found, viewer), access.holds(held, viewer)
 
 
-@st.cache_data(ttl=1)
-def server_events(identity: Identity) -> dict[str, ServerEvent]:
+@st.cache_data(ttl=LIVE_S, show_spinner=False)
+def _all_server_events() -> dict[str, ServerEvent]:
     if _kubernetes():
-        return cluster.kube_server_events(kube_client(), _namespace(), scope(identity))
-    return cluster.latest_events(_ledger_path(), scope(identity))
+        return cluster.kube_server_events(kube_client(), _namespace())
+    return cluster.latest_events(_ledger_path())
+
+
+def server_events(identity: Identity) -> dict[str, ServerEvent]:
+    return access.events(_all_server_events(), scope(identity))
 
 
 @st.cache_data(ttl=5)
@@ -167,8 +184,13 @@ def stop_server(identity: Identity, user: str, server: str) -> None:
     if not _kubernetes():  # before the stop: the spawner reads the note when it stops
         cluster.note_stop(_ledger_path(), scope(identity), user, server)
     hub.stop_server(acting_client(identity), identity, user, server)  # the reader's own authority
-    servers.clear()
-    server_events.clear()
+    forget_servers()
+
+
+def forget_servers() -> None:
+    """After a start or stop from the portal: the next read asks the hub, not the cache."""
+    _hub_users.clear()
+    _all_server_events.clear()
 
 
 @st.cache_data(ttl=10)
@@ -228,9 +250,8 @@ def models_root() -> Path:
     return Path(environ.MODELS_ROOT.get() or settings_models_root(settings()))
 
 
-@st.cache_data(ttl=10)
 def image_usage() -> dict[str, int]:
-    return hub.image_usage(hub_client())
+    return hub.image_usage(_hub_users())
 
 
 def visible_groups(identity: Identity) -> dict[str, list[str]]:
@@ -243,9 +264,8 @@ def visible_groups(identity: Identity) -> dict[str, list[str]]:
     }
 
 
-@st.cache_data(ttl=1)
 def server_counts() -> dict[str, int]:
-    return hub.server_counts(hub_client())
+    return hub.server_counts(_hub_users())
 
 
 def my_groups(identity: Identity) -> set[str]:

@@ -25,11 +25,11 @@ def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[H
     return build_local(machine(simulate).gpus, [(h.gpu_index, h.allocation()) for h in holds]), holds
 
 
-def latest_events(ledger_path: Path, scope: Scope) -> dict[str, ServerEvent]:
-    """Each server's latest event, of the servers the viewer may see (access.Scope)."""
+def latest_events(ledger_path: Path) -> dict[str, ServerEvent]:
+    """Each server's latest event, everyone's: narrow it to a viewer with ``access.events``."""
     if not ledger_path.exists():
         return {}
-    return access.events(Ledger(ledger_path).latest_events(), scope)
+    return Ledger(ledger_path).latest_events()
 
 
 def server_history(ledger_path: Path, scope: Scope, user: str, server: str) -> list[ServerEvent]:
@@ -121,11 +121,12 @@ def kube_inventory(
     return inventory, holds
 
 
-def kube_server_events(client: KubeClient, namespace: str, scope: Scope) -> dict[str, ServerEvent]:
-    """Why each notebook pod waits or failed, from its status and latest event (the viewer's scope only)."""
+def kube_server_events(client: KubeClient, namespace: str) -> dict[str, ServerEvent]:
+    """Why each notebook pod waits or failed, from its status and latest event (everyone's: narrow with
+    ``access.events``)."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector=component%3Dsingleuser-server")
     events = client.items(f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind%3DPod")
-    return access.events(server_events_from_pods(pods, events), scope)
+    return server_events_from_pods(pods, events)
 
 
 def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, ServerEvent]:

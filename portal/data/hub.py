@@ -40,13 +40,25 @@ class HubClient:
         response.raise_for_status()
         return response.json()
 
-    def get_if_exists(self, path: str) -> Any:
-        """GET JSON, or None where the hub answers 404 (a roster name who never logged in)."""
-        response = self._send("GET", path)
-        if response.status_code == 404:
-            return None
-        response.raise_for_status()
-        return response.json()
+    def get_every_page(self, path: str) -> list[Any]:
+        """GET a list the hub pages (``/users``, ``/groups``), following every page.
+
+        Without the pagination header JupyterHub answers only its first page (200 items by
+        default) and says nothing of the rest, so a big class would silently lose names.
+        """
+        items: list[Any] = []
+        offset = 0
+        while True:
+            response = self._send("GET", _with_query(path, offset=offset), headers={"Accept": PAGINATED})
+            response.raise_for_status()
+            body = response.json()
+            if isinstance(body, list):  # a hub older than pagination answers the whole list
+                return body
+            items.extend(body.get("items") or [])
+            following = (body.get("_pagination") or {}).get("next")
+            if not following or not body.get("items"):
+                return items
+            offset = int(following["offset"])
 
     def post(self, path: str, body: dict[str, Any]) -> requests.Response:
         """POST JSON; the response is returned whatever its status (callers read the hub's message)."""
@@ -65,6 +77,14 @@ class HubClient:
         if response.status_code in (502, 503, 504):
             raise SourceUnavailableError(f"JupyterHub answered HTTP {response.status_code}")
         return response
+
+
+PAGINATED = "application/jupyterhub-pagination+json"
+
+
+def _with_query(path: str, **params: int) -> str:
+    extra = "&".join(f"{key}={value}" for key, value in params.items())
+    return f"{path}{'&' if '?' in path else '?'}{extra}"
 
 
 def _time(value: str | None) -> datetime | None:
@@ -99,15 +119,18 @@ def rows_of(user: dict[str, Any]) -> list[ServerRow]:
     return rows
 
 
-def list_servers(client: HubClient, scope: Scope) -> list[ServerRow]:
+def every_user(client: HubClient) -> list[dict[str, Any]]:
+    """Every user with their servers, stopped ones included: one snapshot that all viewers share."""
+    return list(client.get_every_page("/users?include_stopped_servers=1"))
+
+
+def servers_in_scope(users: list[dict[str, Any]], scope: Scope) -> list[ServerRow]:
     """Admins see every server; a teacher their classes' too; everyone else only their own (checked here)."""
-    if scope.everyone:
-        users = client.get("/users?include_stopped_servers=1")
-    else:
-        names = [scope.viewer, *sorted(scope.users - {scope.viewer})]
-        found = (client.get_if_exists(f"/users/{name}?include_stopped_servers=1") for name in names)
-        users = [user for user in found if user is not None]
-    return [row for user in users for row in rows_of(user)]
+    return [row for user in users if scope.sees(str(user["name"])) for row in rows_of(user)]
+
+
+def list_servers(client: HubClient, scope: Scope) -> list[ServerRow]:
+    return servers_in_scope(every_user(client), scope)
 
 
 def check_may_stop(identity: Identity, user: str) -> None:
@@ -123,22 +146,22 @@ def stop_server(client: HubClient, identity: Identity, user: str, server: str) -
 
 
 def groups(client: HubClient) -> dict[str, list[str]]:
-    return {str(g["name"]): [str(u) for u in g.get("users") or []] for g in client.get("/groups")}
+    return {str(g["name"]): [str(u) for u in g.get("users") or []] for g in client.get_every_page("/groups")}
 
 
-def image_usage(client: HubClient) -> dict[str, int]:
+def image_usage(users: list[dict[str, Any]]) -> dict[str, int]:
     """How many servers run (or are starting) each image, over every user: counts only."""
     counts: dict[str, int] = {}
-    for user in client.get("/users"):
+    for user in users:
         for row in rows_of(user):
             if row.state in ("running", "starting"):
                 counts[row.image] = counts.get(row.image, 0) + 1
     return counts
 
 
-def server_counts(client: HubClient) -> dict[str, int]:
+def server_counts(users: list[dict[str, Any]]) -> dict[str, int]:
     """The cluster's servers running and starting and the users with one: counts only, no names."""
-    rows = [row for user in client.get("/users") for row in rows_of(user)]
+    rows = [row for user in users for row in rows_of(user)]
     active = {row.user for row in rows if row.state in ("running", "starting")}
     return {
         "running": sum(row.state == "running" for row in rows),

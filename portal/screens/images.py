@@ -74,7 +74,7 @@ for card in shown:
                 )
                 action.success(started)
                 action.markdown(f"[Open your server]({markets.server_url(identity)})")
-                sources.servers.clear()
+                sources.forget_servers()
             except markets.MarketRefusedError as exc:
                 action.error(str(exc))
         if identity.admin:

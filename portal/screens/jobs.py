@@ -10,16 +10,15 @@ st.title("Jobs")
 left, right = st.columns([2, 1])
 search = left.text_input("Search user or image")
 states = set(right.multiselect("State", views.JOB_STATES))
-REFRESH_S = 1.0  # the servers and events are cached for a second: the page is at most ~2 s behind the hub
 
 
 def _label(job: views.JobRow) -> str:
     return f"{job.user}/{job.server or '(default)'}"
 
 
-@st.fragment(run_every=REFRESH_S)
+@st.fragment(run_every=sources.REFRESH_S)
 def live_table() -> list[views.JobRow]:
-    """The table and the reasons, re-read every second without reloading the page."""
+    """The table and the reasons, re-read twice a second without reloading the page."""
     now = time.time()
     try:
         jobs = views.job_rows(

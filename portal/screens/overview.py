@@ -1,35 +1,48 @@
 import streamlit as st
 
 from portal import charts, sources, views
+from portal.data.errors import SourceUnavailableError
 from portal.data.prometheus import MetricsUnavailableError
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Overview")
-inventory, holds = sources.inventory(identity)
-servers = [s for s in sources.servers(identity) if s.user == identity.name]
-gpus = list(inventory.gpus())
-simulated = any(g.simulated for g in gpus)
 
-st.subheader("You", divider="gray")
-mine = st.columns(3)
-mine[0].metric("Your servers running", sum(s.state == "running" for s in servers))
-mine[1].metric("Your servers starting", sum(s.state == "starting" for s in servers))
-mine[2].metric("Your GPU memory held", format_bytes(sum(h.memory_bytes for h in holds if h.user == identity.name)))
 
-st.subheader("Cluster", divider="gray")
-if simulated:
-    st.caption("The GPUs of this machine are simulated: there is no NVIDIA GPU.")
-counts = sources.server_counts()
-cols = st.columns(4)
-cols[0].metric("GPUs", len(gpus), help="Simulated" if simulated else None)
-cols[1].metric("GPU memory allocated", format_bytes(inventory.allocated_bytes))
-cols[2].metric("GPU memory capacity", format_bytes(inventory.capacity_bytes))
-cols[3].metric("Nodes healthy", f"{sum(n.healthy for n in inventory.nodes)} of {len(inventory.nodes)}")
-more = st.columns(4)
-more[0].metric("Servers running", counts["running"])
-more[1].metric("Servers starting", counts["starting"])
-more[2].metric("Users with a server", counts["users"])
+@st.fragment(run_every=sources.REFRESH_S)
+def live_counts() -> None:
+    """Servers and allocations follow the hub and the ledger without reloading the page."""
+    try:
+        inventory, holds = sources.inventory(identity)
+        servers = [s for s in sources.servers(identity) if s.user == identity.name]
+        counts = sources.server_counts()
+    except SourceUnavailableError as exc:  # inside a fragment the app's handler does not see it
+        st.error(f"{exc}. This page needs it; reload in a moment.")
+        return
+    gpus = list(inventory.gpus())
+    simulated = any(g.simulated for g in gpus)
+
+    st.subheader("You", divider="gray")
+    mine = st.columns(3)
+    mine[0].metric("Your servers running", sum(s.state == "running" for s in servers))
+    mine[1].metric("Your servers starting", sum(s.state == "starting" for s in servers))
+    mine[2].metric("Your GPU memory held", format_bytes(sum(h.memory_bytes for h in holds if h.user == identity.name)))
+
+    st.subheader("Cluster", divider="gray")
+    if simulated:
+        st.caption("The GPUs of this machine are simulated: there is no NVIDIA GPU.")
+    cols = st.columns(4)
+    cols[0].metric("GPUs", len(gpus), help="Simulated" if simulated else None)
+    cols[1].metric("GPU memory allocated", format_bytes(inventory.allocated_bytes))
+    cols[2].metric("GPU memory capacity", format_bytes(inventory.capacity_bytes))
+    cols[3].metric("Nodes healthy", f"{sum(n.healthy for n in inventory.nodes)} of {len(inventory.nodes)}")
+    more = st.columns(4)
+    more[0].metric("Servers running", counts["running"])
+    more[1].metric("Servers starting", counts["starting"])
+    more[2].metric("Users with a server", counts["users"])
+
+
+live_counts()
 
 hours = st.segmented_control("Time range", [1, 6, 24], default=1, format_func=lambda h: f"{h} h") or 1
 try:
@@ -38,8 +51,8 @@ try:
     util = totals.get("gpuslice:gpu_utilization:avg")
     alerts = sources.active_alerts()
     success = sources.spawn_success()
-    more[3].metric("GPU memory in use", format_bytes(used) if used is not None else "n/a")
     health = st.columns(4)
+    health[3].metric("GPU memory in use", format_bytes(used) if used is not None else "n/a")
     health[0].metric("Mean GPU utilization", f"{util:.0f}%" if util is not None else "n/a")
     health[1].metric("Alerts firing", sum(a.state == "active" for a in alerts))
     health[2].metric("Spawns that started (1 h)", "no attempts" if success is None else f"{success:.0%}")

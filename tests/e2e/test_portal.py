@@ -1,5 +1,6 @@
 """The portal in a real browser (Debian's Chromium driven by Playwright), through the hub's login."""
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,52 @@ def test_pages_need_a_hub_login(portal: Platform) -> None:
         assert health.text == "starting" and time.monotonic() < deadline
         time.sleep(0.5)
     assert health.status_code == 200 and health.text == "ok"
+
+
+def _hub_says(session: Any, user: str, state: str, timeout_s: float = 90) -> float:
+    """Poll the hub's API until the user's server is ``state`` (running or stopped); when it was seen."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        server = session.api("GET", f"/users/{user}").json()["servers"].get("")
+        now = time.monotonic()
+        if state == "running" and server and server.get("ready"):
+            return now
+        if state == "stopped" and (not server or not (server.get("ready") or server.get("pending"))):
+            return now
+        time.sleep(0.02)
+    raise AssertionError(f"the hub never said {user}'s server is {state}")
+
+
+def test_jobs_and_overview_follow_the_hub_without_a_reload(portal: Platform) -> None:
+    """The page shows each start and stop by itself; how far behind the hub it is goes to an artifact."""
+    alice = portal.login("alice")
+    lags: dict[str, list[float]] = {"jobs": [], "overview": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        jobs, overview = context.new_page(), context.new_page()
+        login(jobs, portal, "admin")
+        jobs.goto(f"{portal.url}/services/portal/jobs")
+        overview.goto(f"{portal.url}/services/portal/")
+        jobs.wait_for_selector("h1:has-text('Jobs')", timeout=30_000)
+        overview.wait_for_selector("text=Servers running", timeout=30_000)
+        for _ in range(3):
+            for state, method in (("running", "POST"), ("stopped", "DELETE")):
+                assert alice.api(method, "/users/alice/server", json={"gpu_memory": "1GiB"}).status_code < 300
+                seen = _hub_says(alice, "alice", state)
+                # Neither page is reloaded: the caption counts servers by state, Overview counts running ones.
+                jobs.wait_for_function(f"document.body.innerText.includes('1 {state}')", polling=20, timeout=15_000)
+                lags["jobs"].append(time.monotonic() - seen)
+                running = "1" if state == "running" else "0"
+                overview.wait_for_function(
+                    "[...document.querySelectorAll('[data-testid=stMetric]')].some(m => "
+                    f"m.innerText.startsWith('Servers running') && m.innerText.trim().endsWith('{running}'))",
+                    polling=20,
+                    timeout=15_000,
+                )
+                lags["overview"].append(time.monotonic() - seen)
+        browser.close()
+    figures = {page: {"p50_s": round(sorted(v)[len(v) // 2], 2), "max_s": round(max(v), 2)} for page, v in lags.items()}
+    print(f"portal behind the hub over {len(lags['jobs'])} starts and stops: {figures}")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "live-lag.json").write_text(json.dumps({"lags_s": lags, "figures": figures}, indent=1))

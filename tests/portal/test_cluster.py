@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from portal import views
-from portal.data import cluster
+from portal.data import access, cluster
 from portal.data.access import Scope
 from portal.data.hub import ServerRow
 from spawner.ledger import Ledger
@@ -24,10 +24,10 @@ def ledger_path(tmp_path: Path) -> Path:
 
 
 def test_users_read_only_their_own_events_admins_all(ledger_path: Path) -> None:
-    assert set(cluster.latest_events(ledger_path, Scope("root", everyone=True))) == {"ann/", "bo/lab"}
-    mine = cluster.latest_events(ledger_path, Scope("ann"))
+    assert set(access.events(cluster.latest_events(ledger_path), Scope("root", everyone=True))) == {"ann/", "bo/lab"}
+    mine = access.events(cluster.latest_events(ledger_path), Scope("ann"))
     assert list(mine) == ["ann/"] and mine["ann/"].kind == "placed"
-    assert cluster.latest_events(ledger_path.with_name("missing.sqlite"), Scope("ann")) == {}
+    assert access.events(cluster.latest_events(ledger_path.with_name("missing.sqlite")), Scope("ann")) == {}
 
 
 def test_history_is_authorized_on_the_server_side(ledger_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
         ServerRow("cy", "", "running", "0", 0, "default", started, started),
         ServerRow("di", "", "stopped", "0", 0, "default", started, started),
     ]
-    events = cluster.latest_events(ledger_path, Scope("root", everyone=True))
+    events = access.events(cluster.latest_events(ledger_path), Scope("root", everyone=True))
     rows = views.job_rows(servers, [], events, now_ts=started.timestamp() + 3 * 3600 + 60)
     assert [(r.state, r.progress) for r in rows] == [
         ("pending", 20),
@@ -69,7 +69,7 @@ def test_who_stopped_a_server_reaches_the_jobs_row(ledger_path: Path) -> None:
     # What the spawner's stop() writes, reading the note the portal left just before.
     ledger.record("ann/", "stopped", 100, stop_message(ledger.history("ann/")[-1], time.time()))
     stopped = [ServerRow("ann", "", "stopped", "4GiB", 0, "default", None, None)]
-    row = views.job_rows(stopped, [], cluster.latest_events(ledger_path, Scope("ann")), time.time())[0]
+    row = views.job_rows(stopped, [], access.events(cluster.latest_events(ledger_path), Scope("ann")), time.time())[0]
     assert (row.state, row.detail) == ("stopped", "stopped by root in the portal")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from portal.data import access
 from portal.data.access import Scope
 from portal.data.cluster import KubeClient, kube_inventory, kube_server_events
 from tests.kube.conftest import gpushare_node, start_api_double
@@ -49,19 +50,19 @@ def test_inventory_holds_and_why_pods_wait(api: str) -> None:
     client = KubeClient(api, token="")
 
     for _ in range(50):  # the double's scheduler runs just after the create
-        if len(kube_server_events(client, "jupyter", Scope("root", everyone=True))) == 2:
+        if len(access.events(kube_server_events(client, "jupyter"), Scope("root", everyone=True))) == 2:
             break
         time.sleep(0.1)
     inventory, holds = kube_inventory(client, "jupyter", "gpushare")
     assert [(h.user, h.gpu_index, h.memory_bytes, h.group) for h in holds] == [("ann", 0, 4 * GiB, "ml101")]
     assert inventory.capacity_bytes == 32 * GiB
-    events = kube_server_events(client, "jupyter", Scope("root", everyone=True))
+    events = access.events(kube_server_events(client, "jupyter"), Scope("root", everyone=True))
     # ann is scheduled and waits for her container (no kubelet here); bob cannot be placed.
     assert events["ann/"].message == "Scheduled: Successfully assigned jupyter/jupyter-ann to gpu-a"
     assert events["bob/"].message.startswith(
         "FailedScheduling: 0/1 nodes are available: 1 Insufficient aliyun.com/gpu-mem"
     )
-    assert list(kube_server_events(client, "jupyter", Scope("ann"))) == ["ann/"]  # only her own
+    assert list(access.events(kube_server_events(client, "jupyter"), Scope("ann"))) == ["ann/"]  # only her own
 
 
 def test_an_evicted_pod_shows_as_failed_with_the_reason() -> None:

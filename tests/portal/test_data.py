@@ -1,5 +1,6 @@
 """The data layer against answers recorded from JupyterHub 5, Prometheus 2.42 and Alertmanager 0.25."""
 
+import json
 import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,27 +47,39 @@ ALICE = {
 BOB = {"kind": "user", "name": "bob", "admin": False, "groups": [], "servers": {}}
 
 
+def _page(items: list[Any], offset: int, limit: int, total: int) -> dict[str, Any]:
+    """JupyterHub 5's answer to a list with ``Accept: application/jupyterhub-pagination+json``."""
+    following = offset + limit
+    nxt = {"offset": following, "limit": limit, "url": f"/hub/api/users?offset={following}&limit={limit}"}
+    pagination = {"offset": offset, "limit": limit, "total": total, "next": nxt if following < total else None}
+    return {"items": items[offset:following], "_pagination": pagination}
+
+
 class FakeHub(hub.HubClient):
-    def __init__(self) -> None:
+    """Answers as JupyterHub 5 does, one user per page when asked for pages."""
+
+    def __init__(self, users: list[dict[str, Any]] | None = None) -> None:
+        super().__init__("http://hub.invalid/hub/api", "token")
+        self.users = [ALICE, BOB] if users is None else users
         self.requests: list[tuple[str, str]] = []
 
-    def get(self, path: str) -> Any:
-        self.requests.append(("GET", path))
-        if path.startswith("/users?") or path == "/users":
-            return [ALICE, BOB]
-        if path.startswith("/users/alice"):
-            return ALICE
-        if path == "/groups":
-            return [{"kind": "group", "name": "ml101", "users": ["alice", "bob"], "roles": []}]
-        raise AssertionError(path)
-
-    def get_if_exists(self, path: str) -> Any:
-        self.requests.append(("GET", path))
-        return {"/users/alice": ALICE, "/users/bob": BOB}.get(path.split("?")[0])
-
-    def delete(self, path: str) -> int:
-        self.requests.append(("DELETE", path))
-        return 204
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        self.requests.append((method, path))
+        paged = (kwargs.get("headers") or {}).get("Accept") == hub.PAGINATED
+        if path.startswith("/users") and method == "GET":
+            offset = int(path.split("offset=")[1].split("&")[0]) if "offset=" in path else 0
+            body: Any = _page(self.users, offset, 1, len(self.users)) if paged else self.users[:1]
+        elif path.startswith("/groups"):
+            groups = [{"kind": "group", "name": "ml101", "users": ["alice", "bob"], "roles": []}]
+            body = _page(groups, 0, 200, 1) if paged else groups
+        elif method == "DELETE":
+            body = None
+        else:
+            raise AssertionError(path)
+        response = requests.Response()
+        response.status_code = 204 if body is None else 200
+        response._content = b"" if body is None else json.dumps(body).encode()
+        return response
 
 
 def test_servers_from_the_user_model() -> None:
@@ -77,31 +90,33 @@ def test_servers_from_the_user_model() -> None:
     assert (big.state, big.gpus, big.image, big.started) == ("starting", 1, "torch", None)
 
 
+def test_every_page_of_users_is_read() -> None:
+    # Without following the pages, a hub answers only its first page (200 users by default).
+    client = FakeHub([ALICE, BOB, {**BOB, "name": "cy"}])
+    assert [u["name"] for u in hub.every_user(client)] == ["alice", "bob", "cy"]
+    assert [path for _, path in client.requests] == [
+        "/users?include_stopped_servers=1&offset=0",
+        "/users?include_stopped_servers=1&offset=1",
+        "/users?include_stopped_servers=1&offset=2",
+    ]
+
+
 def test_users_see_only_their_own_servers_admins_all() -> None:
-    client = FakeHub()
-    hub.list_servers(client, Scope("alice"))
-    assert client.requests == [("GET", "/users/alice?include_stopped_servers=1")]
-    client = FakeHub()
-    assert {r.user for r in hub.list_servers(client, Scope("root", everyone=True))} == {"alice"}
-    assert client.requests == [("GET", "/users?include_stopped_servers=1")]
+    users = hub.every_user(FakeHub())
+    assert {r.user for r in hub.servers_in_scope(users, Scope("alice"))} == {"alice"}
+    assert hub.servers_in_scope(users, Scope("bob")) == []  # alice's servers are not bob's to see
+    assert {r.user for r in hub.servers_in_scope(users, Scope("root", everyone=True))} == {"alice"}
 
 
 def test_server_counts_are_the_clusters_without_names() -> None:
-    assert hub.server_counts(FakeHub()) == {"running": 1, "starting": 1, "users": 1}
+    assert hub.server_counts(hub.every_user(FakeHub())) == {"running": 1, "starting": 1, "users": 1}
 
 
-def test_a_teacher_lists_their_class_members_servers_and_skips_who_never_logged_in() -> None:
-    client = FakeHub()
+def test_a_teacher_lists_their_class_members_servers() -> None:
     teacher = access.scope_of(
         Identity("tina"), [{"name": "ml101", "teachers": ["tina"], "members": ["ghost"]}], {"ml101": ["alice", "bob"]}
     )
-    assert {r.user for r in hub.list_servers(client, teacher)} == {"alice"}
-    assert [path.split("?")[0] for _, path in client.requests] == [
-        "/users/tina",
-        "/users/alice",
-        "/users/bob",
-        "/users/ghost",
-    ]
+    assert {r.user for r in hub.list_servers(FakeHub(), teacher)} == {"alice"}
     student = access.scope_of(Identity("bob"), [{"name": "ml101", "teachers": ["tina"]}], {"ml101": ["alice", "bob"]})
     assert not student.sees("alice") and student.sees("bob") and not student.teaches
 
