@@ -56,7 +56,7 @@ c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
 c.LocalGpuSpawner.isolation = settings.isolation
 c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
-c.LocalGpuSpawner.gpu_idle_timeout = settings.idle_timeout  # the culler's: its stops are named
+c.LocalGpuSpawner.gpu_culler_timeout = settings.idle_timeout  # the culler's: its stops are named
 c.LocalGpuSpawner.default_url = "/lab"
 # A class pressing Start together on a small machine: 50 jupyterlab servers on 2 cores take
 # about 80 s to answer (gpuslice bench class); wait rather than fail them.

@@ -48,6 +48,7 @@ c.KubeGpuSpawner.namespace = os.environ.get("POD_NAMESPACE", "default")
 c.KubeGpuSpawner.gpu_backend = values.backend
 c.KubeGpuSpawner.gpushare_memory_unit = values.gpushare_memory_unit
 c.KubeGpuSpawner.gpu_policy = values.policy
+c.KubeGpuSpawner.gpu_culler_timeout = values.idle_timeout  # the culler's: its stops are named
 c.KubeGpuSpawner.gpu_groups = [
     {"name": name, **{k: v for k, v in rules.items() if k not in ("members", "profiles")}}
     for name, rules in groups.items()

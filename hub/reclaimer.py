@@ -90,6 +90,9 @@ class Reclaimer:
         return due
 
     def _stop(self, key: str) -> None:
+        # Before the stop: the spawner names who stopped it from this note, as for the portal's.
+        idle = f"{self.timeout / 60:.0f} min" if self.timeout >= 60 else f"{self.timeout:.0f} s"
+        self.ledger.record(key, "stopping", 90, f"the GPU line's reclaimer: idle for over {idle} while others waited")
         user, name = key.split("/", 1)
         path = f"/users/{quote(user)}/servers/{quote(name)}" if name else f"/users/{quote(user)}/server"
         response = self.session.delete(f"{self.api_url}{path}", timeout=60)

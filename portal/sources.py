@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +181,10 @@ def server_history(identity: Identity, user: str, server: str) -> list[ServerEve
 def stop_server(identity: Identity, user: str, server: str) -> None:
     """Stop a server (admins any, users their own), noting who asked where the ledger is."""
     hub.check_may_stop(identity, user)
-    if not _kubernetes():  # before the stop: the spawner reads the note when it stops
+    # Before the stop: the spawner reads the note when it stops the server.
+    if _kubernetes():
+        cluster.note_kube_stop(kube_client(), _namespace(), scope(identity), user, server, datetime.now(UTC))
+    else:
         cluster.note_stop(_ledger_path(), scope(identity), user, server)
     hub.stop_server(acting_client(identity), identity, user, server)  # the reader's own authority
     forget_servers()

@@ -35,14 +35,17 @@ from spawner.backends import Backend, gpushare_unit_bytes, mig_table, render
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import GROUP_ANNOTATION, USERNAME, Inventory, build_kube, holds_resources
+from spawner.ledger import stop_message
 from spawner.lifecycle import answer_or_exit
 from spawner.mixin import GpuShareMixin
 from spawner.placement import Choice, ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind
+from spawner.stop_events import STOPPED, pod_event, stop_request
 
 TRANSIENT_STATUSES = {429, 500, 502, 503, 504}
+STOP_NOTE_TIMEOUT_S = 5  # the note of who stopped a server waits no longer than this for the API
 
 
 class ApiUnavailableError(web.HTTPError):
@@ -345,6 +348,33 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             self._gpu_api_error = f"HTTP {exc.status} {exc.reason}"
             self.log.warning("gpuslice: creating %s: %s; retrying", self.pod_name, self._gpu_api_error)
             return False  # exponential_backoff tries again until k8s_api_request_retry_timeout
+
+    async def stop(self, now: bool = False) -> None:
+        await self._note_stop()
+        await super().stop(now=now)
+
+    async def _note_stop(self) -> None:
+        """Say who stopped this server and why in an Event that outlives the pod (never fails the stop)."""
+        try:
+            await asyncio.wait_for(self._write_stop_event(), timeout=STOP_NOTE_TIMEOUT_S)
+        except Exception as exc:  # a note for people reading Jobs: the stop itself must go on
+            self.log.warning("gpuslice: could not note who stopped %s: %s", self.pod_name, exc)
+
+    async def _write_stop_event(self) -> None:
+        serialize = self.api.api_client.sanitize_for_serialization
+        try:
+            pod = serialize(await self.api.read_namespaced_pod(self.pod_name, self.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # no pod: nothing ran, nothing to say
+            raise
+        selector = f"involvedObject.name={self.pod_name}"
+        events = serialize(await self.api.list_namespaced_event(self.namespace, field_selector=selector))
+        now = time.time()
+        asked = stop_request(events.get("items") or [], self.pod_name, now)
+        message = stop_message(asked, now, self._last_activity_ts(), self.gpu_culler_timeout)
+        note = pod_event(pod, STOPPED, message, "gpuslice-hub", datetime.now(UTC))
+        await self.api.create_namespaced_event(self.namespace, note)
 
     def _check_profile(self) -> None:
         profile = (self.user_options or {}).get("profile")

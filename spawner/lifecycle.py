@@ -12,7 +12,6 @@ import datetime
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,6 @@ class LedgerGpuMixin(GpuShareMixin):
 
     gpu_ledger_path = Unicode(
         "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
-    ).tag(config=True)
-    gpu_idle_timeout = Integer(
-        0, help="The idle culler's timeout in seconds (0: none), to say who stopped an idle server."
     ).tag(config=True)
     # False on a spawner the hub loaded from its database: its first poll checks the server.
     _gpu_checked_since_restart = False
@@ -393,9 +389,8 @@ class LedgerGpuMixin(GpuShareMixin):
             timeout = self.http_timeout  # type: ignore[attr-defined]
             return "failed", 100, f"gave up: the server did not answer within {timeout} s"
         history = self._ledger.history(self._key)
-        activity = getattr(getattr(self, "orm_spawner", None), "last_activity", None)  # naive UTC in the hub's db
-        last_activity = activity.replace(tzinfo=UTC).timestamp() if activity is not None else None
-        message = stop_message(history[-1] if history else None, time.time(), last_activity, self.gpu_idle_timeout)
+        last = history[-1] if history else None
+        message = stop_message(last, time.time(), self._last_activity_ts(), self.gpu_culler_timeout)
         return "stopped", 100, message
 
     def _record(self, kind: str, progress: int, message: str) -> None:

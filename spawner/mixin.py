@@ -9,6 +9,7 @@ Kubernetes one.
 
 from __future__ import annotations
 
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,9 @@ class GpuShareMixin(ImagesMixin):
         quantity_text(DEFAULT_SMALLEST_SLICE),
         help="The smallest slice a server may ask for; smaller ones are refused with this size as the fix.",
     ).tag(config=True)
+    gpu_culler_timeout = Integer(
+        0, help="The idle culler's timeout in seconds (0: no culler), to say who stopped an idle server."
+    ).tag(config=True)
     gpu_max_cards = Integer(0, help="Most whole cards one server may take (0: as many as the machine has).").tag(
         config=True
     )
@@ -76,6 +80,11 @@ class GpuShareMixin(ImagesMixin):
     _gpu_offer: WaitOffer | None = None  # the last refusal's buttons, for the form shown again
 
     # -- helpers over JupyterHub's spawner attributes ---------------------------------
+
+    def _last_activity_ts(self) -> float | None:
+        """The server's last activity as the hub's database has it (seconds since the epoch), if any."""
+        activity = getattr(getattr(self, "orm_spawner", None), "last_activity", None)  # naive UTC
+        return activity.replace(tzinfo=UTC).timestamp() if activity is not None else None
 
     @property
     def _key(self) -> str:

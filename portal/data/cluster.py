@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +18,15 @@ from spawner.backends import Backend
 from spawner.gpus import machine
 from spawner.inventory import GROUP_ANNOTATION, Inventory, build_kube, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
+from spawner.stop_events import (
+    SERVER_ANNOTATION,
+    STOP_REQUESTED,
+    STOPPED,
+    USER_ANNOTATION,
+    pod_event,
+    stopped_servers,
+    timestamp,
+)
 from spawner.waitline import positions
 
 
@@ -36,6 +46,9 @@ def server_history(ledger_path: Path, scope: Scope, user: str, server: str) -> l
     """One server's events, oldest first; PermissionError for a server outside the viewer's scope."""
     access.require(scope, user, "server history")
     return Ledger(ledger_path).history(server_key(user, server)) if ledger_path.exists() else []
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,7 +90,7 @@ def note_stop(ledger_path: Path, scope: Scope, user: str, server: str) -> None:
 
 
 class KubeClient:
-    """The Kubernetes API over HTTP with the pod's service account (read-only use)."""
+    """The Kubernetes API over HTTP with the pod's service account (reads, and notes of who stopped what)."""
 
     def __init__(self, api_url: str, token: str, ca_file: str | bool = True, timeout_s: float = 5) -> None:
         self.api_url, self.timeout_s = api_url.rstrip("/"), timeout_s
@@ -101,6 +114,28 @@ class KubeClient:
             raise SourceUnavailableError(f"The Kubernetes API answered HTTP {response.status_code}")
         response.raise_for_status()
         return list(response.json().get("items") or [])
+
+    def create(self, path: str, body: dict[str, Any]) -> None:
+        try:
+            response = self.session.post(f"{self.api_url}{path}", json=body, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise SourceUnavailableError(f"The Kubernetes API did not answer ({why(exc)})") from exc
+        response.raise_for_status()
+
+
+def note_kube_stop(client: KubeClient, namespace: str, scope: Scope, user: str, server: str, now: datetime) -> None:
+    """Write who asks to stop a server as an Event on its pod, so the spawner can name them when it stops it."""
+    access.require(scope, user, "server")
+    for pod in client.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector=component%3Dsingleuser-server"):
+        annotations = pod["metadata"].get("annotations") or {}
+        if annotations.get(USER_ANNOTATION) == user and annotations.get(SERVER_ANNOTATION, "") == server:
+            note = pod_event(pod, STOP_REQUESTED, f"{scope.viewer} in the portal", "gpuslice-portal", now)
+            try:
+                client.create(f"/api/v1/namespaces/{namespace}/events", note)
+            except requests.HTTPError as exc:  # the note is for people reading Jobs: never block the stop
+                log.warning(
+                    "could not note who stops %s/%s (%s): the chart grants the portal events create", user, server, exc
+                )
 
 
 def kube_inventory(
@@ -130,13 +165,17 @@ def kube_server_events(client: KubeClient, namespace: str) -> dict[str, ServerEv
 
 
 def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, ServerEvent]:
-    """Pure: a pending pod's latest event says why it waits; a failed pod's reason says why it failed."""
+    """Pure: a pending pod's latest event says why it waits; a failed pod's reason says why it failed;
+    a server stopped since its pod was made says who stopped it (the spawner's ``GpusliceStopped`` event)."""
     latest: dict[str, dict[str, Any]] = {}
     for item in events:
+        if item.get("reason") in (STOP_REQUESTED, STOPPED):
+            continue  # notes about stopping (read below), not why a pod waits
         name = item.get("involvedObject", {}).get("name", "")
-        if name not in latest or _when(item) >= _when(latest[name]):
+        if name not in latest or timestamp(item) >= timestamp(latest[name]):
             latest[name] = item
     found: dict[str, ServerEvent] = {}
+    pod_made: dict[str, float] = {}
     for pod in pods:
         meta, status = pod.get("metadata", {}), pod.get("status", {})
         annotations = meta.get("annotations") or {}
@@ -144,20 +183,16 @@ def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, A
         if not user:
             continue
         key = server_key(user, annotations.get("hub.jupyter.org/servername", ""))
+        pod_made[key] = timestamp({"firstTimestamp": meta.get("creationTimestamp")})
         event: dict[str, Any] | None = latest.get(meta.get("name", ""))
-        created = _timestamp(_when(event) if event else meta.get("creationTimestamp", ""))
+        created = timestamp(event) if event else pod_made[key]
         if status.get("phase") == "Failed":
             why = status.get("message") or (event or {}).get("message") or "the pod failed"
             found[key] = ServerEvent(key, "died", 100, f"{status.get('reason') or 'Failed'}: {why}", created)
         elif status.get("phase") == "Pending" and event is not None:
             progress = 20 if event.get("reason") == "FailedScheduling" else 50
             found[key] = ServerEvent(key, "placed", progress, f"{event.get('reason')}: {event.get('message')}", created)
+    for key, stopped in stopped_servers(events).items():
+        if stopped.created > pod_made.get(key, -1.0):  # not a stop from before the pod there now
+            found[key] = stopped
     return found
-
-
-def _when(event: dict[str, Any]) -> str:
-    return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
-
-
-def _timestamp(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0

@@ -155,7 +155,9 @@ def test_an_idle_slice_is_reclaimed_for_the_line_after_a_warning(make_platform: 
     assert "warned" not in events(platform, "s1/") + events(platform, "s2/")
     assert session.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
     session.wait_ready("s3", timeout_s=120)
-    reclaimed = [key for key in ("s1/", "s2/") if events(platform, key)[-2:] == ["warned", "stopped"]]
+    reclaimed = [key for key in ("s1/", "s2/") if events(platform, key)[-3:] == ["warned", "stopping", "stopped"]]
     assert len(reclaimed) == 1, {key: events(platform, key) for key in ("s1/", "s2/")}  # only what the line needed
+    stopped = platform.last_event(reclaimed[0])
+    assert stopped is not None and stopped[1].startswith("stopped by the GPU line's reclaimer: idle for"), stopped
     assert "warned" not in events(platform, "cpu/")  # no GPU: never reclaimed for the line
     assert sorted(key for key, _, _ in platform.ledger()) == sorted({"s1/", "s2/", "s3/"} - set(reclaimed))

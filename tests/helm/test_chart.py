@@ -138,7 +138,10 @@ def test_rbac_is_minimal() -> None:
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "list"]}]
     portal = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-portal")
-    assert portal["rules"] == [{"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "watch", "list"]}]
+    assert portal["rules"] == [
+        {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "watch", "list"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},  # who asked to stop a server
+    ]
 
 
 def test_z2jh_values_plug_gpuslice_into_zero_to_jupyterhub() -> None:

@@ -122,6 +122,9 @@ def test_the_companion_is_wired_to_the_z2jh_release(release: str, override: str)
     both = rbac_objects(z2jh, companion)
     assert rbac_allows(both, account, "list", "nodes", "") and rbac_allows(both, account, "watch", "nodes", "")
     assert rbac_allows(both, account, "create", "pods", "jhub") and rbac_allows(both, account, "list", "events", "jhub")
+    # Writing who stopped a server (an event that outlives the pod): z2jh's Role does not grant it.
+    assert not rbac_allows(rbac_objects(z2jh), account, "create", "events", "jhub")
+    assert rbac_allows(both, account, "create", "events", "jhub")
     assert not rbac_allows(both, account, "create", "pods", "elsewhere")
 
 

@@ -1,9 +1,13 @@
 """End to end: a real JupyterHub spawns through KubeGpuSpawner into the Kubernetes API double."""
 
 import time
+from datetime import UTC, datetime
 
+import pytest
 import requests
 
+from portal.data.access import Scope
+from portal.data.cluster import KubeClient, kube_server_events, note_kube_stop
 from tests.kube.conftest import KubeHub
 
 
@@ -57,3 +61,34 @@ def test_a_pod_the_scheduler_cannot_place_is_explained_in_the_progress(kube_hub:
     assert "Waiting for a GPU: the hub's namespace leaves room for 2 GiB of one GPU, but workloads outside" in waiting
     assert "0/2 nodes are available: 2 Insufficient aliyun.com/gpu-mem" in waiting
     assert kube_hub.api("DELETE", "/users/dee/server").status_code in (202, 204)
+
+
+def _stops(kube_hub: KubeHub) -> dict[str, str]:
+    events = kube_server_events(KubeClient(kube_hub.api_url, ""), "gpuslice")
+    return {key: e.message for key, e in events.items() if e.kind == "stopped"}
+
+
+def test_who_stopped_a_server_outlives_its_pod(kube_hub: KubeHub) -> None:
+    assert kube_hub.api("POST", "/users", json={"usernames": ["ann", "bob"]}).status_code == 201
+    for user in ("ann", "bob"):
+        assert kube_hub.api("POST", f"/users/{user}/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+        kube_hub.wait_ready(user)
+    # The portal notes who asks, then asks the hub; bob's server is stopped through the hub's API alone.
+    client = KubeClient(kube_hub.api_url, "")
+    with pytest.raises(PermissionError):
+        note_kube_stop(client, "gpuslice", Scope("bob"), "ann", "", datetime.now(UTC))
+    note_kube_stop(client, "gpuslice", Scope("tina", everyone=True), "ann", "", datetime.now(UTC))
+    for user in ("ann", "bob"):
+        assert kube_hub.api("DELETE", f"/users/{user}/server").status_code in (202, 204)
+    deadline = time.monotonic() + 60
+    while kube_hub.k8s("/api/v1/namespaces/gpuslice/pods?labelSelector=component%3Dsingleuser-server")["items"]:
+        assert time.monotonic() < deadline, "the pods were not deleted"
+        time.sleep(0.5)
+    stops = _stops(kube_hub)  # the pods are gone: only the events say what happened
+    assert stops["ann/"] == "stopped by tina in the portal"
+    assert stops["bob/"].startswith("stopped (from JupyterHub")
+
+    time.sleep(1.1)  # event times have whole seconds: the new pod is made after the stop
+    assert kube_hub.api("POST", "/users/ann/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)
+    kube_hub.wait_ready("ann")
+    assert "ann/" not in _stops(kube_hub)  # running again: the old stop is not its state
