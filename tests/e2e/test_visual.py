@@ -81,7 +81,27 @@ def test_every_page_and_the_spawn_flow_at_two_sizes_has_nothing_cut_off_or_overl
             page.goto(f"{school.url}/hub/spawn")
             page.wait_for_selector("select[name=gpu]", timeout=30_000)
             problems[f"spawn-form-cara-{size}"] = _shoot(page, f"spawn-form-cara-{size}")
-            if size == "laptop":
+            # The form offers only what fits the class's budget (2 GiB left beside alice's and bob's). Ask
+            # for 4 GiB as a page loaded before a classmate took the room would: the refusal's choices.
+            page.evaluate(
+                "() => { const s = document.querySelector('select[name=gpu]');"
+                " s.add(new Option('4 GiB', '4GiB')); s.value = '4GiB'; }"
+            )
+            largest = "4GiB"
+            page.click("#spawn_form button[type=submit]:not([hidden])")
+            try:
+                page.wait_for_selector(".gpuslice-offer", timeout=60_000)
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / f"debug-refusal-{size}.png"), full_page=True)
+                raise AssertionError(f"no refusal for {largest} at {page.url}") from None
+            problems[f"spawn-refused-cara-{size}"] = _shoot(page, f"spawn-refused-cara-{size}")
+            page.goto(f"{school.url}/hub/spawn")
+            page.wait_for_selector("select[name=gpu]", timeout=30_000)
+            if size == "laptop":  # the smallest slice: the form keeps the refused 4 GiB as the choice
+                smallest = page.eval_on_selector_all(
+                    "select[name=gpu] optgroup[label='A slice of one GPU'] option", "options => options[0].value"
+                )
+                page.select_option("select[name=gpu]", smallest)
                 page.click("button[type=submit]")
                 page.wait_for_url(re.compile("spawn-pending|/user/cara"), timeout=60_000)
                 problems[f"spawn-progress-cara-{size}"] = _shoot(page, f"spawn-progress-cara-{size}")
