@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
+    "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)
     "spawner.gpus": LOWER,
     "spawner.metrics": LOWER,
     "spawner.lifetime": LOWER,
