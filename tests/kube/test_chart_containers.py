@@ -176,7 +176,7 @@ NOTEBOOK = {
 
 
 def spawn_and_run_a_cell(base: str, token: str) -> str:
-    """alice's slice from the spawn form, and the output of a cell run in her JupyterLab."""
+    """alice's slice from the spawn form, the output of a cell run in her JupyterLab, her server on Jobs."""
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.browser import ARGS, CHROMIUM
@@ -211,7 +211,19 @@ def spawn_and_run_a_cell(base: str, token: str) -> str:
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(ARTIFACTS / "jupyterlab.png"))
                 raise
-            return page.inner_text(".jp-OutputArea-output")
+            output = page.inner_text(".jp-OutputArea-output")
+            # The portal container (through the proxy, its OAuth gate) lists her running server on
+            # Jobs: it read the hub's API and the pods through its own service account.
+            page.goto(f"{base}/services/portal/jobs")
+            try:
+                page.wait_for_selector("h1:has-text('Jobs')", timeout=60_000)
+                page.wait_for_selector("text=1 running", timeout=60_000)
+                page.wait_for_selector("text=alice", state="attached", timeout=30_000)
+            except Exception:
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "portal-jobs.png"))
+                raise
+            return output
         finally:
             browser.close()
 
