@@ -11,7 +11,7 @@ from dockerfile_parse import DockerfileParser
 from market.catalog import load_images
 
 IMAGES = Path(__file__).parents[2] / "images"
-PLATFORM_IMAGES = {"hub", "portal", "exporter"}  # the platform's own images, not notebook images
+PLATFORM_IMAGES = {"hub", "portal", "exporter", "proxy"}  # the platform's own images, not notebook images
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
 
 

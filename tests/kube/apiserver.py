@@ -44,6 +44,7 @@ import itertools
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -56,6 +57,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from tests.kube.kubelet import ContainerFailedError, PodmanKubelet
 
 Obj = dict[str, Any]
 KINDS = {
@@ -219,6 +222,7 @@ class ApiServer:
         managed: dict[str, bool] | None = None,
         rbac: Obj | None = None,
         schedulers: frozenset[str] | None = None,
+        podman_network: str = "",
     ) -> None:
         self.extender = extender
         # The extender's managedResources: resource -> ignoredByScheduler. As in kube-scheduler,
@@ -233,6 +237,8 @@ class ApiServer:
         self.schedulers = schedulers or frozenset({"default-scheduler"})
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.addresses = (f"127.0.0.{n}" for n in itertools.count(2))
+        # With a podman network, the kubelet runs each pod as a container of its image there.
+        self.podman = PodmanKubelet(podman_network) if podman_network else None
 
     # -- routing ------------------------------------------------------------------------
 
@@ -578,6 +584,8 @@ class ApiServer:
 
     async def _run(self, pod: Obj) -> None:
         self._gpushare_assign(pod)
+        if self.podman is not None:
+            return await self._run_container(pod)
         container = pod["spec"]["containers"][0]
         address = next(self.addresses)
         env = dict(os.environ)
@@ -599,6 +607,25 @@ class ApiServer:
         self.processes[key] = subprocess.Popen(
             command, env=env, cwd=workdir, stdout=log, stderr=log, start_new_session=True
         )
+        await self._running(pod, address)
+        asyncio.get_running_loop().create_task(self._watch_container(key, self.processes[key]))
+
+    async def _run_container(self, pod: Obj) -> None:
+        """The pod as a podman container of its image (the image must exist on this machine)."""
+        assert self.podman is not None
+        try:
+            address = await asyncio.to_thread(self.podman.start, pod)
+        except ContainerFailedError as exc:
+            pod["status"].update(phase="Failed", reason="ErrImagePull" if exc.image else "Error", message=str(exc))
+            await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
+            await self._event(pod, "Warning", "Failed", str(exc))
+            return
+        await self._running(pod, address)
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        asyncio.get_running_loop().create_task(self._watch_podman(key))
+
+    async def _running(self, pod: Obj, address: str) -> None:
+        container = pod["spec"]["containers"][0]
         pod["status"] = {
             "phase": "Running",
             "podIP": address,
@@ -623,7 +650,6 @@ class ApiServer:
         }
         await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
         await self._event(pod, "Normal", "Started", f"Started container {container['name']}")
-        asyncio.get_running_loop().create_task(self._watch_container(key, self.processes[key]))
 
     async def _watch_container(self, key: str, process: subprocess.Popen[bytes]) -> None:
         """A container that exits on its own leaves its pod Failed (restartPolicy Never, as KubeSpawner sets)."""
@@ -640,7 +666,24 @@ class ApiServer:
         )
         await self.store.put("pods", namespace, pod, "MODIFIED")
 
+    async def _watch_podman(self, key: str) -> None:
+        """A notebook container that exits leaves its pod Failed (or Succeeded), as a process does."""
+        assert self.podman is not None
+        namespace, name = key.split("/", 1)
+        while (code := await asyncio.to_thread(self.podman.exit_code, namespace, name)) is None:
+            await asyncio.sleep(1)
+        pod = self.store.objects.get(("pods", namespace, name))
+        if pod is None or code < 0:
+            return  # deleted
+        pod["status"]["phase"] = "Failed" if code else "Succeeded"
+        pod["status"]["containerStatuses"][0].update(
+            ready=False, state={"terminated": {"exitCode": code, "finishedAt": now()}}
+        )
+        await self.store.put("pods", namespace, pod, "MODIFIED")
+
     def _kill(self, namespace: str, name: str) -> None:
+        if self.podman is not None:
+            self.podman.remove(namespace, name)
         process = self.processes.pop(f"{namespace}/{name}", None)
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -705,6 +748,8 @@ class ApiServer:
     async def _stop_all(self, app: web.Application) -> None:
         for key in list(self.processes):
             self._kill(*key.split("/", 1))
+        for pod in self.store.items("pods", None) if self.podman else []:
+            self._kill(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
 
 def _limits(pod: Obj) -> dict[str, int]:
@@ -749,7 +794,11 @@ def _quantity(value: Any) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (and --tls-key)")
+    parser.add_argument("--tls-key", type=Path)
+    parser.add_argument("--podman-network", default="", help="run pods as podman containers on this network")
     parser.add_argument("--nodes", type=Path, required=True)
     parser.add_argument("--no-kubelet", action="store_true")
     parser.add_argument("--extender", help="URL of the scheduler extender for pods of --scheduler-name")
@@ -764,8 +813,13 @@ def main() -> None:
         scheduler_name=args.scheduler_name,
         rbac=json.loads(args.rbac.read_text()) if args.rbac else None,
         schedulers=frozenset(args.schedulers.split(",")),
+        podman_network=args.podman_network,
     )
-    web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None)
+    tls = None
+    if args.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+    web.run_app(server.app(), host=args.host, port=args.port, ssl_context=tls, print=None)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""The platform's container images, built with podman from images/*/Dockerfile.
+
+There is no Docker engine and no reachable public image registry on these machines, but
+Debian's podman builds and runs OCI images (../shared/CONTAINERS.md): the base is Debian
+bookworm made from Debian's packages by ``mmdebstrap`` and imported as
+``localhost/debian:bookworm``; every Dockerfile builds on it with ``--build-arg BASE=...``
+(their default stays the public base a cluster pulls). The notebook image is the CPU
+build of images/notebook-base (the same file, on Debian instead of the CUDA runtime).
+
+An image's tag is a hash of its inputs (the Dockerfile, the base's name and every file
+its COPY instructions take from the repository), so a second run, or CI on a machine
+that already built it, finds it and builds nothing.
+
+Run ``python -m tests.kube.images`` to build them all (the times are printed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dockerfile_parse import DockerfileParser
+
+REPO = Path(__file__).parents[2]
+IMAGES = REPO / "images"
+BASE = "localhost/debian:bookworm"
+# The images the chart runs (proxy, hub, portal, exporter) and the notebook image it spawns.
+PLATFORM = ("notebook-base", "proxy", "hub", "portal", "exporter")
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+# This sandbox's root may not raise rlimits above the host's hard limits (podman's defaults do).
+ULIMITS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
+CONTAINERS_CONF = """\
+# Written by tests/kube/images.py: runc (crun fails on this machine's cgroups), rlimits
+# within the host's hard limits.
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+
+
+class PodmanMissingError(RuntimeError):
+    """podman (or mmdebstrap) is not installed: scripts/setup installs them as root."""
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in ("podman", "runc", "mmdebstrap") if shutil.which(tool) is None]
+
+
+def podman_env() -> dict[str, str]:
+    """The environment every podman call gets: our containers.conf (written once per machine)."""
+    conf = Path(tempfile.gettempdir()) / "gpuslice-containers.conf"
+    if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
+        conf.write_text(CONTAINERS_CONF)
+    return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+
+def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    if missing_tools():
+        missing = ", ".join(missing_tools())
+        raise PodmanMissingError(f"missing {missing}: run scripts/setup as root (apt-get installs them)")
+    result = subprocess.run(
+        ["podman", *args], env=podman_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"podman {' '.join(args[:3])} ... failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def exists(image: str) -> bool:
+    return podman("image", "exists", image, check=False).returncode == 0
+
+
+def debian_base() -> str:
+    """localhost/debian:bookworm, made once per machine from Debian's packages (~40 s)."""
+    if not exists(BASE):
+        with tempfile.TemporaryDirectory(prefix="gpuslice-debian-") as folder:
+            tar = Path(folder) / "debian.tar"
+            subprocess.run(
+                ["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(tar)],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+            podman("import", str(tar), BASE)
+    return BASE
+
+
+def copied_sources(dockerfile: Path) -> list[Path]:
+    """The repository paths a Dockerfile's COPY instructions take from the build context."""
+    sources = []
+    for instruction in DockerfileParser(str(dockerfile)).structure:
+        if instruction["instruction"] == "COPY" and "--from" not in instruction["value"]:
+            sources += [REPO / part for part in instruction["value"].split()[:-1]]
+    return sources
+
+
+def inputs_hash(name: str, base: str) -> str:
+    """A hash of everything the build of images/<name> reads: Dockerfile, base name, copied files."""
+    dockerfile = IMAGES / name / "Dockerfile"
+    digest = hashlib.sha256(base.encode() + b"\0" + dockerfile.read_bytes())
+    for source in copied_sources(dockerfile):
+        files = sorted(source.rglob("*")) if source.is_dir() else [source]
+        for path in files:
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def image_name(name: str, base: str = BASE) -> str:
+    return f"localhost/gpuslice-{name}:{inputs_hash(name, base)}"
+
+
+def build(name: str, base: str | None = None, timeout: float = 900) -> str:
+    """images/<name> built on base (default: the Debian base), unless an identical build exists."""
+    base = base or debian_base()
+    tag = image_name(name, base)
+    if exists(tag):
+        return tag
+    # The host's CA bundle for pip and npm (Dockerfiles: ARG PIP_CERT, ARG CA_BUNDLE), mounted
+    # beside Debian's own: a mount over it breaks the ca-certificates package's install.
+    ca = ["--volume", f"{HOST_CA}:/run/host-ca.crt:ro"]
+    ca += ["--build-arg", "PIP_CERT=/run/host-ca.crt", "--build-arg", "CA_BUNDLE=/run/host-ca.crt"]
+    podman(
+        "build",
+        "--network=host",
+        *ULIMITS,
+        *(ca if HOST_CA.exists() else []),
+        "--build-arg",
+        f"BASE={base}",
+        "--file",
+        str(IMAGES / name / "Dockerfile"),
+        "--tag",
+        tag,
+        str(REPO),
+        timeout=timeout,
+    )
+    return tag
+
+
+def build_platform() -> dict[str, str]:
+    """Every image the chart runs, by its images/ folder name."""
+    return {name: build(name) for name in PLATFORM}
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(PLATFORM)
+    started = time.monotonic()
+    debian_base()
+    print(f"base {BASE}: {time.monotonic() - started:.0f} s", flush=True)
+    for name in names:
+        began = time.monotonic()
+        print(f"{name}: {build(name)} ({time.monotonic() - began:.0f} s)", flush=True)
+    print(f"all: {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
