@@ -34,6 +34,9 @@ from spawner.waitline import Entry, Reservation, admit, estimated_start, never_f
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 
 
+WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
+
+
 class LeftLineError(Exception):
     """A waiting spawn found its place in the line gone: someone cancelled it (the ledger says who)."""
 
@@ -257,8 +260,8 @@ class LedgerGpuMixin(GpuShareMixin):
                     return holds
                 words = self._place_in_line(request)
                 if words != said:
-                    self._record("waiting", 15, words)
-                    self._stage(15, words)
+                    self._record("waiting", WAITING_PROGRESS, words)
+                    self._stage(WAITING_PROGRESS, words)
                     said = words
                 await asyncio.sleep(self.gpu_line_poll)
         except LeftLineError:
@@ -272,6 +275,13 @@ class LedgerGpuMixin(GpuShareMixin):
         except BaseException:
             self._ledger.leave_line(self._key)
             raise
+
+    def gpu_line_place(self) -> str:
+        """This spawn's place in the GPU line in words while it waits there, else "" (for the pending page)."""
+        stages = self._gpu_stages or []
+        if stages and stages[-1].progress == WAITING_PROGRESS:
+            return stages[-1].message
+        return ""
 
     def _cancelled_words(self) -> str:
         """Who took this request out of the line, from the ledger's "cancelled" event."""
