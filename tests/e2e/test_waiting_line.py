@@ -216,6 +216,7 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
         admin.click("button:has-text('Cancel the request')")  # the first in line: s4
         admin.wait_for_selector("text=Cancelled: s4", timeout=30_000)
         waiter.wait_for_selector("text=cancelled by admin (admin) in the portal", timeout=60_000)
+        assert not waiter.is_visible("text=Your server is starting up")
         waiter.screenshot(path=str(shots / "waiting-page-cancelled-laptop.png"), full_page=True)
         student.wait_for_selector("#gpuslice-place:has-text('position 1, 0 ahead')", timeout=60_000)
 
