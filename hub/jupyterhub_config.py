@@ -49,6 +49,8 @@ else:
 c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in settings.groups}
 
 # Notebook servers with GPU slices.
+# Our pages first (the spawn-pending page's words for the GPU line); JupyterHub's for the rest.
+c.JupyterHub.template_paths.prepend([str(Path(__file__).parent / "templates")])
 c.JupyterHub.spawner_class = "spawner.local.LocalGpuSpawner"
 c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)

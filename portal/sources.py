@@ -21,6 +21,7 @@ from portal.identity import Identity
 from spawner import environ
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
+from spawner.waitline import Manager, Reservation
 
 
 @st.cache_resource
@@ -168,6 +169,46 @@ def waiting_line(identity: Identity) -> list[cluster.Waiting]:
     if _kubernetes():
         return []
     return cluster.waiting_line(_ledger_path(), scope(identity), time.time())
+
+
+def line_manager(identity: Identity) -> Manager:
+    """What the viewer may do to the GPU line: admins anything, a class's teachers their class's requests."""
+    return cluster.line_manager(identity.name, identity.admin, group_rules())
+
+
+def _local_line(what: str) -> None:
+    if _kubernetes():
+        raise PermissionError(f"{what}: the GPU line is kept by the single-machine platform only (not on Kubernetes)")
+
+
+def put_first(identity: Identity, user: str, server: str) -> bool:
+    _local_line("put first")
+    done = cluster.put_first(_ledger_path(), line_manager(identity), user, server)
+    waiting_line.clear()
+    return done
+
+
+def cancel_waiting(identity: Identity, user: str, server: str) -> bool:
+    _local_line("cancel")
+    done = cluster.cancel_waiting(_ledger_path(), line_manager(identity), user, server)
+    waiting_line.clear()
+    return done
+
+
+def reservations() -> list[Reservation]:
+    return [] if _kubernetes() else cluster.reservations(_ledger_path(), time.time())
+
+
+def reserve(identity: Identity, group: str, size: int, start: float, end: float) -> int:
+    """Keep GPU memory for a class for a window; never more, with the others, than the machine's GPUs hold."""
+    _local_line("reserve")
+    capacity = sum(g.memory_bytes for g in _all_inventory()[0].gpus() if g.healthy)
+    return cluster.reserve(_ledger_path(), line_manager(identity), group, size, start, end, capacity)
+
+
+def drop_reservation(identity: Identity, reservation_id: int) -> bool:
+    _local_line("drop a reservation")
+    return cluster.drop_reservation(_ledger_path(), line_manager(identity), reservation_id)
 
 
 def server_history(identity: Identity, user: str, server: str) -> list[ServerEvent]:

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from spawner.inventory import Allocation
 from spawner.placement import Demand
-from spawner.waitline import Entry
+from spawner.waitline import Entry, Reservation
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS allocation (
@@ -61,14 +61,24 @@ CREATE TABLE IF NOT EXISTS waiting (
     seen REAL,                   -- last time its spawn was alive and waiting
     label TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS reservation (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    grp TEXT NOT NULL,           -- the class the GPU memory is kept for
+    memory_bytes INTEGER NOT NULL,
+    start REAL NOT NULL,         -- the window, seconds since the epoch
+    end_ REAL NOT NULL,
+    by_ TEXT NOT NULL            -- who reserved it
+);
 """
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
 # "stopping": someone asked to stop the server (the portal writes who); the spawner then writes "stopped".
+# "cancelled": someone took the request out of the GPU line (the message says who).
 EVENT_KINDS = (
     "requested",
     "waiting",
+    "cancelled",
     "placed",
     "started",
     "warned",
@@ -79,7 +89,7 @@ EVENT_KINDS = (
     "died",
 )
 STOP_NOTE_S = 120  # a "stopping" note older than this is not why a server stops now
-FAILURE_KINDS = frozenset({"refused", "failed", "died"})
+FAILURE_KINDS = frozenset({"refused", "failed", "died", "cancelled"})
 EVENTS_KEPT_PER_SERVER = 20
 
 
@@ -141,9 +151,12 @@ class LedgerError(RuntimeError):
 
 # A decision sees every current hold and returns the rows to add, or None to refuse.
 Decide = Callable[[list[Held]], list[Held] | None]
-# A turn sees every hold, the rest of the line and this key's own place in it (None: not
-# waiting yet); it returns the rows to hold now, or the entry to keep waiting as (or neither).
-Turn = Callable[[list[Held], list[Entry], Entry | None], tuple[list[Held] | None, Entry | None]]
+# A turn sees every hold, the rest of the line, this key's own place in it (None: not
+# waiting) and the reservations not yet over; it returns the rows to hold now, or the entry
+# to keep waiting as (or neither).
+Turn = Callable[[list[Held], list[Entry], Entry | None, list[Reservation]], tuple[list[Held] | None, Entry | None]]
+# A check on a line change sees the entry (or reservation) it is about; it raises PermissionError to refuse.
+Check = Callable[[_T], None]
 
 
 class Ledger:
@@ -211,7 +224,9 @@ class Ledger:
             db.execute("DELETE FROM allocation WHERE key = ?", (key,))
             line = _read_line(db)
             mine = next((e for e in line if e.key == key), None)
-            rows, waiting = turn(_read(db), [e for e in line if e.key != key], mine)
+            now = time.time()
+            reservations = [r for r in _read_reservations(db) if r.end > now]
+            rows, waiting = turn(_read(db), [e for e in line if e.key != key], mine, reservations)
             if rows is not None:
                 _insert(db, key, rows)
                 db.execute("DELETE FROM waiting WHERE key = ?", (key,))
@@ -229,11 +244,61 @@ class Ledger:
         with self._write() as db:
             return db.execute("DELETE FROM waiting WHERE key = ?", (key,)).rowcount > 0
 
-    def put_first(self, key: str) -> bool:
-        """A teacher's "put first": ``key`` goes before everyone now waiting; whether it was waiting."""
+    def put_first(self, key: str, check: Check[Entry] | None = None) -> bool:
+        """A teacher's "put first": ``key`` goes before everyone now waiting; whether it was waiting.
+
+        ``check`` sees the entry inside the transaction (PermissionError: nothing changes).
+        """
         with self._write() as db:
+            mine = next((e for e in _read_line(db) if e.key == key), None)
+            if mine is None:
+                return False
+            if check is not None:
+                check(mine)
             top = db.execute("SELECT COALESCE(MAX(priority), 0) FROM waiting").fetchone()[0]
-            return db.execute("UPDATE waiting SET priority = ? WHERE key = ?", (top + 1, key)).rowcount > 0
+            db.execute("UPDATE waiting SET priority = ? WHERE key = ?", (top + 1, key))
+            return True
+
+    def cancel(self, key: str, by: str, check: Check[Entry] | None = None) -> Entry | None:
+        """Take ``key`` out of the line on someone's word, noting who (a "cancelled" event); the entry, or
+        None when it was not waiting. Its waiting spawn sees it gone at its next look and ends."""
+        with self._write() as db:
+            mine = next((e for e in _read_line(db) if e.key == key), None)
+            if mine is None:
+                return None
+            if check is not None:
+                check(mine)
+            db.execute("DELETE FROM waiting WHERE key = ?", (key,))
+            _insert_event(db, key, "cancelled", 100, f"cancelled by {by}")
+            return mine
+
+    def reservations(self) -> list[Reservation]:
+        """Every reservation, earliest first (those over included until ``drop_reservation``)."""
+        return self._read_only(_read_reservations)
+
+    def reserve(self, new: Reservation, problem: Callable[[Reservation, list[Reservation]], str | None]) -> int:
+        """Add ``new`` unless ``problem`` (seeing every reservation, inside the transaction) names one
+        (then ValueError with it); returns its id."""
+        with self._write() as db:
+            why = problem(new, _read_reservations(db))
+            if why:
+                raise ValueError(why)
+            cursor = db.execute(
+                "INSERT INTO reservation (grp, memory_bytes, start, end_, by_) VALUES (?, ?, ?, ?, ?)",
+                (new.group, new.memory_bytes, new.start, new.end, new.by),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def drop_reservation(self, reservation_id: int, check: Check[Reservation] | None = None) -> bool:
+        """Remove a reservation; whether it was there."""
+        with self._write() as db:
+            found = next((r for r in _read_reservations(db) if r.id == reservation_id), None)
+            if found is None:
+                return False
+            if check is not None:
+                check(found)
+            db.execute("DELETE FROM reservation WHERE id = ?", (reservation_id,))
+            return True
 
     def restore(self, rows: Iterable[Held]) -> None:
         """Put back holds recorded elsewhere (the hub's spawner state) if they are missing."""
@@ -271,15 +336,7 @@ class Ledger:
         if kind not in EVENT_KINDS:
             raise ValueError(f"unknown server event kind {kind!r}; use one of {', '.join(EVENT_KINDS)}")
         with self._write() as db:
-            db.execute(
-                "INSERT INTO server_event (key, kind, progress, message, created) VALUES (?, ?, ?, ?, ?)",
-                (key, kind, progress, message, time.time()),
-            )
-            db.execute(
-                "DELETE FROM server_event WHERE key = ? AND id NOT IN"
-                " (SELECT id FROM server_event WHERE key = ? ORDER BY id DESC LIMIT ?)",
-                (key, key, EVENTS_KEPT_PER_SERVER),
-            )
+            _insert_event(db, key, kind, progress, message)
 
     def history(self, key: str) -> list[ServerEvent]:
         """``key``'s events, oldest first."""
@@ -303,6 +360,23 @@ def _insert(db: sqlite3.Connection, key: str, rows: list[Held]) -> None:
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(key, r.gpu_index, r.user, r.server, r.memory_bytes, int(r.whole), r.group, r.pid, now) for r in rows],
     )
+
+
+def _insert_event(db: sqlite3.Connection, key: str, kind: str, progress: int, message: str) -> None:
+    db.execute(
+        "INSERT INTO server_event (key, kind, progress, message, created) VALUES (?, ?, ?, ?, ?)",
+        (key, kind, progress, message, time.time()),
+    )
+    db.execute(
+        "DELETE FROM server_event WHERE key = ? AND id NOT IN"
+        " (SELECT id FROM server_event WHERE key = ? ORDER BY id DESC LIMIT ?)",
+        (key, key, EVENTS_KEPT_PER_SERVER),
+    )
+
+
+def _read_reservations(db: sqlite3.Connection) -> list[Reservation]:
+    rows = db.execute("SELECT id, grp, memory_bytes, start, end_, by_ FROM reservation ORDER BY start, id").fetchall()
+    return [Reservation(grp, size, start, end, by, rid) for rid, grp, size, start, end, by in rows]
 
 
 def _insert_entry(db: sqlite3.Connection, e: Entry) -> None:

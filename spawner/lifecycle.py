@@ -28,9 +28,16 @@ from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes
-from spawner.waitline import Entry, admit, estimated_start, never_fits, positions
+from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
+
+
+WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
+
+
+class LeftLineError(Exception):
+    """A waiting spawn found its place in the line gone: someone cancelled it (the ledger says who)."""
 
 
 class LedgerGpuMixin(GpuShareMixin):
@@ -160,18 +167,33 @@ class LedgerGpuMixin(GpuShareMixin):
     def _wants_to_wait(self) -> bool:
         return str((self.user_options or {}).get("wait", "")).lower() in {"true", "1", "on", "yes"}  # type: ignore[attr-defined]
 
-    def _take_turn(self, request: GpuRequest, image: str, wait: bool) -> list[Held] | None:
+    def _take_turn(self, request: GpuRequest, image: str, wait: bool, joined: bool = False) -> list[Held] | None:
+        """``joined``: this spawn already waits in line (gone from it means someone cancelled it)."""
         return self._ledger.take_turn(
-            self._key, lambda holds, line, mine: self._turn(request, image, wait, holds, line, mine)
+            self._key,
+            lambda holds, line, mine, reservations: self._turn(
+                request, image, wait, holds, line, mine, reservations, joined
+            ),
         )
 
     def _turn(
-        self, request: GpuRequest, image: str, wait: bool, holds: list[Held], line: list[Entry], mine: Entry | None
+        self,
+        request: GpuRequest,
+        image: str,
+        wait: bool,
+        holds: list[Held],
+        line: list[Entry],
+        mine: Entry | None,
+        reservations: list[Reservation],
+        joined: bool = False,
     ) -> tuple[list[Held] | None, Entry | None]:
         """Inside the ledger's transaction: place now, or keep waiting (with ``wait``), or refuse."""
         now = time.time()
+        if joined and mine is None:
+            raise LeftLineError()
         wait = wait or mine is not None  # back after a hub restart: keep the place
-        if request.kind is RequestKind.CPU or (not wait and not any(not e.away(now) for e in line)):
+        reserved = any(r.on(now) for r in reservations)
+        if request.kind is RequestKind.CPU or (not wait and not reserved and not any(not e.away(now) for e in line)):
             return self._decide(request, image, holds), None  # nobody waits: the direct path and its refusals
         inventory = self._inventory(holds)
         me = self._entry(request, image, inventory, holds, mine, now)
@@ -187,13 +209,17 @@ class LedgerGpuMixin(GpuShareMixin):
             held_by_user=_held_by_user(holds),
             policy=self.gpu_policy,
             now=now,
+            reservations=reservations,
         )
         placed = next((a for a in admitted if a.entry.key == self._key), None)
         if placed is not None:
             return self._rows(request, inventory, me.group, placed.choice), None
         if not wait:
             ahead = sum(1 for e in line if not e.away(now))
-            refused = GpuRefused(409, f"{ahead} request(s) wait in line for a GPU before yours.", "line")
+            why = f"{ahead} request(s) wait in line for a GPU before yours."
+            if not ahead:
+                why = "The free GPU memory is reserved for another class now."
+            refused = GpuRefused(409, why, "line")
             refused.waitable = True
             raise refused
         if now - me.arrived > self.gpu_line_max_wait:
@@ -225,15 +251,19 @@ class LedgerGpuMixin(GpuShareMixin):
         said = ""
         try:
             while True:
-                holds = self._take_turn(request, image, wait=True)
+                holds = self._take_turn(request, image, wait=True, joined=True)
                 if holds is not None:
                     return holds
                 words = self._place_in_line(request)
                 if words != said:
-                    self._record("waiting", 15, words)
-                    self._stage(15, words)
+                    self._record("waiting", WAITING_PROGRESS, words)
+                    self._stage(WAITING_PROGRESS, words)
                     said = words
                 await asyncio.sleep(self.gpu_line_poll)
+        except LeftLineError:
+            refusal = GpuRefused(409, self._cancelled_words(), "cancelled")
+            self._record("refused", 100, refusal.jupyterhub_message)
+            raise refusal from None
         except GpuRefused as refusal:
             self._ledger.leave_line(self._key)
             self._refused(refusal)
@@ -241,6 +271,19 @@ class LedgerGpuMixin(GpuShareMixin):
         except BaseException:
             self._ledger.leave_line(self._key)
             raise
+
+    def gpu_line_place(self) -> str:
+        """This spawn's place in the GPU line in words while it waits there, else "" (for the pending page)."""
+        stages = self._gpu_stages or []
+        if stages and stages[-1].progress == WAITING_PROGRESS:
+            return stages[-1].message
+        return ""
+
+    def _cancelled_words(self) -> str:
+        """Who took this request out of the line, from the ledger's "cancelled" event."""
+        note = next((e for e in reversed(self._ledger.history(self._key)) if e.kind == "cancelled"), None)
+        who = note.message if note is not None else "cancelled by someone else"
+        return f"Your place in the GPU line was {who}; no GPU is held. Start again to wait once more."
 
     def _place_in_line(self, request: GpuRequest) -> str:
         """Position, people ahead and an estimated start, in words."""

@@ -16,6 +16,12 @@ it jumps ahead, so a large request is not starved by a stream of small ones). An
 held back by its group's budget only blocks later entries of the same group. Entries
 whose spawn has not been seen for ``away_after_s`` (the hub restarted, the tab went
 away and the spawn ended) keep their place but do not hold up the line.
+
+Admins, and a class's teachers for their class's requests, manage the line
+(``may_manage``): put a request first, cancel it, or reserve GPU memory for a class for a
+time window (``Reservation``). While a reservation is on, the memory it keeps that its
+class does not already hold is not handed to anyone else (``admit``); reservations
+together never promise more than the machine has (``reservation_problem``).
 """
 
 from __future__ import annotations
@@ -86,11 +92,14 @@ def admit(
     policy: str = "default",
     now: float,
     away_after_s: float = AWAY_AFTER_S,
+    reservations: Sequence[Reservation] = (),
 ) -> list[Admission]:
     """The entries that can be placed now, first in line first, with where they go.
 
     ``budgets``: each group's GPU budget in bytes (None or missing: no budget);
-    ``group_bytes``: what each group holds now. Never places more than is free.
+    ``group_bytes``: what each group holds now. Never places more than is free, and
+    never gives another class the memory a reservation keeps for one (that entry is
+    passed over; entries of the reserved class behind it still go).
     """
     state = ClusterState.from_inventory(inventory)
     held = held_demands(inventory)
@@ -107,11 +116,18 @@ def admit(
         choice = make_policy(policy, Workload.from_demands(demands)).choose(state, entry.demand)
         if choice is None:
             break  # strict: nobody behind the first that does not fit goes ahead of it
+        kept = kept_for_others(reservations, entry.group, used, now)
+        if kept and _free_bytes(state) - float(state.taken(choice, entry.demand).sum()) < kept:
+            continue  # the room left is reserved for another class now
         state.commit(choice, entry.demand)
         if entry.group is not None:
             used[entry.group] = used.get(entry.group, 0) + entry.asked_bytes
         admitted.append(Admission(entry, choice))
     return admitted
+
+
+def _free_bytes(state: ClusterState) -> float:
+    return float(state.free[state.healthy].sum())
 
 
 def _within_budget(entry: Entry, budgets: Mapping[str, int | None], used: Mapping[str, int]) -> bool:
@@ -186,3 +202,68 @@ def reclaim(
     stop = [key for seconds, key in idle if seconds >= gpu_idle_timeout][:waiting]
     warn = [key for seconds, key in idle if gpu_idle_timeout - warn_before <= seconds < gpu_idle_timeout]
     return warn, stop
+
+
+@dataclass(frozen=True)
+class Manager:
+    """Someone acting on the line: an admin, or the teacher of ``classes`` (empty: a student)."""
+
+    name: str
+    admin: bool = False
+    classes: frozenset[str] = frozenset()
+
+
+def may_manage(manager: Manager, group: str | None, what: str = "this request") -> str | None:
+    """Why ``manager`` may not change ``what`` (charged to ``group``) in the line; None if they may."""
+    if manager.admin or (group is not None and group in manager.classes):
+        return None
+    if not manager.classes:
+        return f"{manager.name} may not change the GPU line: only admins and the teachers of a class can"
+    taught = ", ".join(sorted(manager.classes))
+    return f"{manager.name} teaches {taught}, not {group or 'the class of ' + what}: only an admin may change {what}"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """GPU memory kept for a class's requests from ``start`` to ``end`` (seconds since the epoch)."""
+
+    group: str
+    memory_bytes: int
+    start: float
+    end: float
+    by: str = ""
+    id: int | None = None  # the ledger's row, once written
+
+    def on(self, now: float) -> bool:
+        return self.start <= now < self.end
+
+
+def kept_for_others(reservations: Iterable[Reservation], group: str | None, held: Mapping[str, int], now: float) -> int:
+    """The memory reserved now for classes other than ``group`` that they do not already hold."""
+    kept: dict[str, int] = {}
+    for r in reservations:
+        if r.on(now) and r.group != group:
+            kept[r.group] = kept.get(r.group, 0) + r.memory_bytes
+    return sum(max(0, total - held.get(name, 0)) for name, total in kept.items())
+
+
+def reservation_problem(new: Reservation, existing: Iterable[Reservation], capacity_bytes: int) -> str | None:
+    """Why ``new`` cannot be added (what to do instead); None if it can.
+
+    Reservations that overlap in time must fit on the machine together, at every moment.
+    """
+    if not new.group:
+        return "name the class to reserve for"
+    if new.memory_bytes <= 0:
+        return "reserve a positive amount of GPU memory, for example 8GiB"
+    if new.end <= new.start:
+        return "the window must end after it starts"
+    overlapping = [r for r in existing if r.start < new.end and new.start < r.end]
+    for moment in sorted({new.start, *(r.start for r in overlapping if r.start > new.start)}):
+        total = new.memory_bytes + sum(r.memory_bytes for r in overlapping if r.on(moment))
+        if total > capacity_bytes:
+            return (
+                f"with the reservations already made this would keep {format_bytes(total)} at once,"
+                f" more than the {format_bytes(capacity_bytes)} of GPU memory here: reserve less or another time"
+            )
+    return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +28,7 @@ from spawner.stop_events import (
     stopped_servers,
     timestamp,
 )
-from spawner.waitline import positions
+from spawner.waitline import Entry, Manager, Reservation, may_manage, positions, reservation_problem
 
 
 def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[Held]]:
@@ -80,6 +81,69 @@ def waiting_line(ledger_path: Path, scope: Scope, now: float) -> list[Waiting]:
         if scope.sees(e.user)
     ]
     return sorted(rows, key=lambda w: w.position)
+
+
+def line_manager(viewer: str, admin: bool, rules: Iterable[Mapping[str, Any]]) -> Manager:
+    """Who acts on the line: an admin, or the teacher of the classes whose rules list them under ``teachers``."""
+    taught = frozenset(str(r.get("name", "")) for r in rules if viewer in (r.get("teachers") or ()))
+    return Manager(viewer, admin=admin, classes=taught)
+
+
+def _allowed(manager: Manager) -> Callable[[Entry], None]:
+    def check(entry: Entry) -> None:
+        why = may_manage(manager, entry.group, f"{entry.user}'s request")
+        if why:
+            raise PermissionError(why)
+
+    return check
+
+
+def _no_students(manager: Manager) -> None:
+    """Refused before the ledger is opened: someone who neither administers nor teaches."""
+    if not manager.admin and not manager.classes:
+        raise PermissionError(may_manage(manager, None))
+
+
+def put_first(ledger_path: Path, manager: Manager, user: str, server: str) -> bool:
+    """Put a waiting request first (admins; a class's teachers for their class); whether it was waiting."""
+    _no_students(manager)
+    return ledger_path.exists() and Ledger(ledger_path).put_first(server_key(user, server), _allowed(manager))
+
+
+def cancel_waiting(ledger_path: Path, manager: Manager, user: str, server: str) -> bool:
+    """Take a request out of the line, noting who; the waiter's page then says so. Whether it was waiting."""
+    _no_students(manager)
+    if not ledger_path.exists():
+        return False
+    by = f"{manager.name} ({'admin' if manager.admin else 'teacher'}) in the portal"
+    return Ledger(ledger_path).cancel(server_key(user, server), by, _allowed(manager)) is not None
+
+
+def reservations(ledger_path: Path, now: float) -> list[Reservation]:
+    """The reservations not yet over (class names and sizes are not personal: everyone may see them)."""
+    return [r for r in Ledger(ledger_path).reservations() if r.end > now] if ledger_path.exists() else []
+
+
+def reserve(
+    ledger_path: Path, manager: Manager, group: str, size: int, start: float, end: float, capacity_bytes: int
+) -> int:
+    """Reserve ``size`` bytes for ``group`` from ``start`` to ``end``; PermissionError or ValueError (why) if not."""
+    why = may_manage(manager, group, f"reservations for {group or 'a class'}")
+    if why:
+        raise PermissionError(why)
+    new = Reservation(group, size, start, end, manager.name)
+    return Ledger(ledger_path).reserve(new, lambda made, old: reservation_problem(made, old, capacity_bytes))
+
+
+def drop_reservation(ledger_path: Path, manager: Manager, reservation_id: int) -> bool:
+    """Remove a reservation (admins; the teachers of its class)."""
+
+    def check(found: Reservation) -> None:
+        why = may_manage(manager, found.group, f"reservations for {found.group}")
+        if why:
+            raise PermissionError(why)
+
+    return ledger_path.exists() and Ledger(ledger_path).drop_reservation(reservation_id, check)
 
 
 def note_stop(ledger_path: Path, scope: Scope, user: str, server: str) -> None:

@@ -1,9 +1,13 @@
 import time
+from datetime import UTC, datetime, timedelta
 
 import streamlit as st
 
 from portal import sources, views
+from portal.data.cluster import Waiting
 from portal.data.errors import SourceUnavailableError
+from spawner.shares import format_bytes, parse_quantity
+from spawner.waitline import may_manage
 
 identity = st.session_state["identity"]
 st.title("Jobs")
@@ -110,3 +114,86 @@ else:
         hide_index=True,
         width="stretch",
     )
+
+manager = sources.line_manager(identity)
+
+
+def _waiting_label(w: Waiting) -> str:
+    return f"{w.position}. {w.user}/{w.server or '(default)'}: {w.asked}"
+
+
+# Admins change any request; a class's teachers the requests charged to their class (the
+# data layer checks again inside the ledger's transaction: these lists are only what to offer).
+manageable = [w for w in waiting if may_manage(manager, w.group) is None]
+if manageable:
+    chosen_wait = st.selectbox("Waiting request", manageable, format_func=_waiting_label, key="waiting")
+    first_col, cancel_col = st.columns(2)
+    if first_col.button("Put first") and chosen_wait is not None:
+        try:
+            sources.put_first(identity, chosen_wait.user, chosen_wait.server)
+        except PermissionError as exc:
+            st.error(str(exc))
+        else:
+            st.success(f"{views.plain(chosen_wait.user)} goes first.")
+    if cancel_col.button("Cancel the request") and chosen_wait is not None:
+        try:
+            sources.cancel_waiting(identity, chosen_wait.user, chosen_wait.server)
+        except PermissionError as exc:
+            st.error(str(exc))
+        else:
+            st.success(f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.")
+
+st.subheader("Reserved GPU memory")
+booked = sources.reservations()
+if booked:
+    st.dataframe(
+        [
+            {
+                "class": r.group,
+                "GPU memory": format_bytes(r.memory_bytes),
+                "from": views.local_time(r.start),
+                "until": views.local_time(r.end),
+                "by": r.by,
+            }
+            for r in booked
+        ],
+        hide_index=True,
+        width="stretch",
+    )
+else:
+    st.caption("No GPU memory is reserved for a class.")
+
+classes = sorted(
+    {str(rule.get("name", "")) for rule in sources.group_rules()} if manager.admin else set(manager.classes)
+)
+if classes:
+    with st.form("reserve"):
+        st.caption("Keep GPU memory for a class's students for a time (UTC): others cannot take it meanwhile.")
+        group = st.selectbox("Class", classes)
+        size_text = st.text_input("GPU memory", "8GiB")
+        now_utc = datetime.now(UTC)
+        day = st.date_input("Day", now_utc.date())
+        start_time = st.time_input("From (UTC)", now_utc.time().replace(second=0, microsecond=0))
+        hours = st.number_input("For hours", min_value=0.25, max_value=24.0, value=2.0, step=0.25)
+        if st.form_submit_button("Reserve"):
+            start = datetime.combine(day, start_time, tzinfo=UTC)
+            try:
+                size = parse_quantity(size_text.strip())
+                end = start + timedelta(hours=hours)
+                sources.reserve(identity, group or "", size, start.timestamp(), end.timestamp())
+            except (ValueError, PermissionError) as exc:  # a size that is not one, a window that does not fit
+                st.error(f"Not reserved: {exc}")
+            else:
+                st.success(f"Reserved {format_bytes(size)} for {group}.")
+    mine = [r for r in booked if manager.admin or r.group in manager.classes]
+    if mine:
+        dropped = st.selectbox(
+            "Reservation", mine, format_func=lambda r: f"{r.group}: {format_bytes(r.memory_bytes)}", key="dropped"
+        )
+        if st.button("Remove the reservation") and dropped is not None and dropped.id is not None:
+            try:
+                sources.drop_reservation(identity, dropped.id)
+            except PermissionError as exc:
+                st.error(str(exc))
+            else:
+                st.success(f"Removed the reservation for {dropped.group}.")

@@ -3,6 +3,7 @@
 import json
 import sqlite3
 import time
+from pathlib import Path
 
 import requests
 
@@ -161,3 +162,79 @@ def test_an_idle_slice_is_reclaimed_for_the_line_after_a_warning(make_platform: 
     assert stopped is not None and stopped[1].startswith("stopped by the GPU line's reclaimer: idle for"), stopped
     assert "warned" not in events(platform, "cpu/")  # no GPU: never reclaimed for the line
     assert sorted(key for key, _, _ in platform.ledger()) == sorted({"s1/", "s2/", "s3/"} - set(reclaimed))
+
+
+def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue_and_a_student_leaves(
+    make_platform: object,
+) -> None:
+    """The waiting page's words and Leave the line; an admin's Cancel in the portal, seen on the waiter's page."""
+    from playwright.sync_api import sync_playwright
+
+    from spawner.ports import free_port
+    from tests.e2e.browser import ARGS, CHROMIUM, login
+
+    shots = Path(__file__).parents[2] / "test-artifacts" / "queue"
+    shots.mkdir(parents=True, exist_ok=True)
+    groups = {"ml101": {"members": ["s1", "s2", "s3", "s4"], "max_slice": "4GiB"}}
+    platform: Platform = make_platform(  # type: ignore[operator]
+        gpus={"simulate": "1x8GiB:T4"}, groups=groups, portal_port=free_port(), streamlit_port=free_port()
+    )
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s2"):
+        assert admin_api(platform, token, "POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code in (
+            201,
+            202,
+        )
+    for user in ("s1", "s2"):
+        platform.login(user).wait_ready(user, timeout_s=180)
+    platform.login("admin")
+    s4 = platform.login("s4")
+    assert s4.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        laptop = {"viewport": {"width": 1280, "height": 800}}
+        waiter = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
+        login(waiter, platform, "s4")
+        waiter.goto(f"{platform.url}/hub/spawn-pending/s4")
+        waiter.wait_for_selector("text=You are waiting in line for a GPU", timeout=60_000)
+        student = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
+        login(student, platform, "s3")
+        student.goto(f"{platform.url}/hub/spawn")
+        student.select_option("#gpu", "4GiB")
+        student.click(".feedback-container button[type=submit]")
+        student.click("text=Wait in line for 4 GiB of one GPU", timeout=60_000)
+        student.wait_for_selector("#gpuslice-place:has-text('position 2, 1 ahead')", timeout=60_000)
+        assert student.inner_text("#stop-server-btn") == "Leave the line"
+        student.screenshot(path=str(shots / "waiting-page-student-laptop.png"), full_page=True)
+
+        admin = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
+        login(admin, platform, "admin")
+        admin.goto(f"{platform.url}/services/portal/jobs")
+        admin.wait_for_selector("text=Cancel the request", timeout=60_000)
+        admin.locator("button:has-text('Cancel the request')").scroll_into_view_if_needed()
+        admin.wait_for_timeout(1500)
+        admin.screenshot(path=str(shots / "jobs-queue-admin-laptop.png"), full_page=True)
+        admin.click("button:has-text('Cancel the request')")  # the first in line: s4
+        admin.wait_for_selector("text=Cancelled: s4", timeout=30_000)
+        waiter.wait_for_selector("text=cancelled by admin (admin) in the portal", timeout=60_000)
+        assert not waiter.is_visible("text=Your server is starting up")
+        waiter.screenshot(path=str(shots / "waiting-page-cancelled-laptop.png"), full_page=True)
+        student.wait_for_selector("#gpuslice-place:has-text('position 1, 0 ahead')", timeout=60_000)
+
+        mine = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
+        login(mine, platform, "s3")
+        mine.goto(f"{platform.url}/services/portal/jobs")
+        mine.wait_for_selector("h3:has-text('Queue')", timeout=60_000)
+        mine.locator("h3:has-text('Queue')").scroll_into_view_if_needed()
+        mine.wait_for_timeout(1500)
+        mine.screenshot(path=str(shots / "jobs-queue-student-laptop.png"), full_page=True)
+        assert not mine.query_selector("button:has-text('Cancel the request')")
+
+        assert sorted(key for key, _, _ in platform.ledger()) == ["s1/", "s2/"]  # nothing freed meanwhile
+        student.click("#stop-server-btn")
+        student.wait_for_selector("text=You left the line. No GPU was held for you.", timeout=60_000)
+        student.screenshot(path=str(shots / "waiting-page-left-laptop.png"), full_page=True)
+        browser.close()
+    assert line(platform) == []
+    assert sorted(key for key, _, _ in platform.ledger()) == ["s1/", "s2/"]

@@ -16,7 +16,7 @@ from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
-from spawner.ledger import Held, ServerEvent
+from spawner.ledger import Held, Ledger, ServerEvent
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
@@ -343,3 +343,41 @@ def test_a_flat_trend_keeps_its_axis_from_zero_not_minus_one() -> None:
 
     flat = charts.trend({"in use": [(NOW, 0.0), (NOW, 0.0)]}, "GiB", "Cluster GPU memory (GiB)")
     assert list(flat.layout.yaxis.range) == [0, 1.0] and flat.layout.title.text == "Cluster GPU memory (GiB)"
+
+
+def _ledger_with_a_waiter(path: Path, user: str, group: str) -> Ledger:
+    from spawner.placement import Demand
+    from spawner.waitline import Entry
+
+    ledger = Ledger(path)
+    now = datetime.now(UTC).timestamp()
+    entry = Entry(f"{user}/", user, Demand(slice_units=float(4 * GiB)), 4 * GiB, group, now, seen=now, label="4 GiB")
+    ledger.take_turn(entry.key, lambda holds, line, mine, reservations: (None, entry))
+    return ledger
+
+
+def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "dan", "ml101")
+    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
+    at = run("screens/jobs.py")
+    next(b for b in at.button if b.label == "Cancel the request").click().run()
+    assert not at.exception, at.exception
+    assert ledger.line() == []
+    assert ledger.latest_events()["dan/"].message == "cancelled by teacher (admin) in the portal"
+
+
+def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "carl", "ml101")
+    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
+    fakes["identity"] = Identity("carl")
+    at = run("screens/jobs.py")
+    labels = {b.label for b in at.button}
+    assert not labels & {"Put first", "Cancel the request", "Remove the reservation"}
+    assert not at.get("form")  # no reservation form either
+    with pytest.raises(PermissionError, match="carl may not change the GPU line"):
+        sources.cancel_waiting(Identity("carl"), "carl", "")
+    assert [e.key for e in ledger.line()] == ["carl/"]

@@ -7,11 +7,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, Ledger, Turn
 from spawner.placement import Demand
-from spawner.waitline import Entry, admit
+from spawner.waitline import Entry, Reservation, admit, reservation_problem
 
 GiB = 2**30
 CARDS = simulated_gpus("2x16GiB:T4")
@@ -21,12 +23,14 @@ def turn_for(key: str, gib: int, wait: bool = True) -> Turn:
     """A turn as the spawner takes it: through the line's admit, over the two cards."""
     user = key.split("/")[0]
 
-    def turn(holds: list[Held], line: list[Entry], mine: Entry | None) -> tuple[list[Held] | None, Entry | None]:
+    def turn(
+        holds: list[Held], line: list[Entry], mine: Entry | None, reservations: list[Reservation]
+    ) -> tuple[list[Held] | None, Entry | None]:
         now = time.time()
         arrived, priority = (mine.arrived, mine.priority) if mine else (now, 0)
         me = Entry(key, user, Demand(slice_units=float(gib * GiB)), gib * GiB, None, arrived, priority, seen=now)
         inventory = build_local(CARDS, [(h.gpu_index, h.allocation()) for h in holds])
-        for a in admit([*line, me], inventory, budgets={}, group_bytes={}, now=now):
+        for a in admit([*line, me], inventory, budgets={}, group_bytes={}, now=now, reservations=reservations):
             if a.entry.key == key:
                 return [Held(key, CARDS[a.choice.gpus[0]].index, user, "", gib * GiB)], None
         return None, me if wait else None
@@ -78,7 +82,7 @@ from tests.spawner.test_ledger_line import turn_for
 ledger = Ledger(sys.argv[1])
 ledger.take_turn("waiting/", turn_for("waiting/", 4))
 print("joined", flush=True)
-def stuck(holds, line, mine):
+def stuck(holds, line, mine, reservations):
     print("inside", flush=True)
     time.sleep(600)
 ledger.take_turn("half/", stuck)
@@ -135,3 +139,43 @@ def test_concurrent_arrivals_never_over_commit_and_all_are_served(tmp_path: Path
         for e in ledger.line():
             ledger.take_turn(e.key, turn_for(e.key, 5))
     assert ledger.line() == [] and len(ledger.holdings()) == 6
+
+
+def refuse(entry: object) -> None:
+    raise PermissionError("sam may not change the GPU line")
+
+
+def test_cancel_notes_who_and_a_refused_check_changes_nothing(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for i in range(4):
+        ledger.take_turn(f"u{i}/", turn_for(f"u{i}/", 8))
+    for name in ("ann/", "bob/"):
+        ledger.take_turn(name, turn_for(name, 4))
+    with pytest.raises(PermissionError):
+        ledger.cancel("ann/", "sam in the portal", refuse)
+    with pytest.raises(PermissionError):
+        ledger.put_first("bob/", refuse)
+    assert [(e.key, e.priority) for e in ledger.line()] == [("ann/", 0), ("bob/", 0)]
+    assert ledger.put_first("bob/", lambda e: None) and [e.priority for e in ledger.line()] == [0, 1]
+    cancelled = ledger.cancel("ann/", "tom in the portal", lambda e: None)
+    assert cancelled is not None and cancelled.key == "ann/"
+    assert [e.key for e in ledger.line()] == ["bob/"]
+    assert ledger.latest_events()["ann/"].message == "cancelled by tom in the portal"
+    assert ledger.cancel("ann/", "tom") is None  # no longer waiting: nothing to cancel, nothing noted
+
+
+def test_reservations_are_checked_against_the_others_inside_the_write(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    def problem(new: Reservation, made: list[Reservation]) -> str | None:
+        return reservation_problem(new, made, 32 * GiB)
+
+    first = ledger.reserve(Reservation("ml101", 24 * GiB, 0, 100, "tom"), problem)
+    with pytest.raises(ValueError, match="would keep 40 GiB at once"):
+        ledger.reserve(Reservation("cv202", 16 * GiB, 50, 150, "root"), problem)
+    ledger.reserve(Reservation("cv202", 16 * GiB, 100, 150, "root"), problem)
+    assert [(r.group, r.by) for r in ledger.reservations()] == [("ml101", "tom"), ("cv202", "root")]
+    with pytest.raises(PermissionError):
+        ledger.drop_reservation(first, refuse)
+    assert ledger.drop_reservation(first) and not ledger.drop_reservation(first)
+    assert [r.group for r in ledger.reservations()] == ["cv202"]

@@ -11,6 +11,7 @@ import pytest
 from spawner.ledger import Ledger
 from spawner.lifecycle import LedgerGpuMixin
 from spawner.request import GpuRefused
+from spawner.waitline import Reservation
 
 GiB = 2**30
 
@@ -110,3 +111,38 @@ def test_only_a_waiting_spawn_gets_the_line_on_top_of_start_timeout(tmp_path: Pa
     spawner.user_options = {"gpu_memory": "4GiB"}
     spawner.run_pre_spawn_hook()
     assert spawner.start_timeout == 300
+
+
+def test_a_spawn_cancelled_by_a_teacher_ends_saying_who_and_holds_nothing(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    fill(ledger)
+    late = Spawner(ledger, "late", gpu_memory="8GiB", wait=True)
+
+    async def scenario() -> None:
+        request, holds = late.allocate()
+        assert holds is None
+        waiting = asyncio.ensure_future(late._wait_in_line(request, "default"))
+        await wait_for_stage(late, "position")
+        assert Ledger(ledger).cancel("late/", "teacher tom in the portal") is not None
+        with pytest.raises(GpuRefused) as refused:
+            await asyncio.wait_for(waiting, 10)
+        assert refused.value.jupyterhub_message == (
+            "Your place in the GPU line was cancelled by teacher tom in the portal; no GPU is held."
+            " Start again to wait once more."
+        )
+
+    asyncio.run(scenario())
+    assert Ledger(ledger).line() == []
+    assert "late/" not in {h.key for h in Ledger(ledger).holdings()}
+    assert Ledger(ledger).latest_events()["late/"].kind == "refused"
+
+
+def test_a_reservation_keeps_free_memory_for_its_class_only(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    Ledger(ledger).reserve(Reservation("ml101", 24 * GiB, 0, 2e9, "admin"), lambda new, old: None)
+    outsider = Spawner(ledger, "out", gpu_memory="8GiB")  # 32 GiB free, 24 kept: 8 GiB for others
+    assert outsider.allocate()[1] is not None
+    second = Spawner(ledger, "out2", gpu_memory="8GiB")
+    with pytest.raises(GpuRefused) as refused:
+        second.allocate()
+    assert "reserved for another class" in refused.value.jupyterhub_message

@@ -7,7 +7,20 @@ from spawner.gpus import simulated_gpus
 from spawner.inventory import Allocation, Inventory, build_local
 from spawner.placement import Demand
 from spawner.shares import GiB
-from spawner.waitline import Entry, admit, estimated_start, fair_order, never_fits, positions, put_first
+from spawner.waitline import (
+    Entry,
+    Manager,
+    Reservation,
+    admit,
+    estimated_start,
+    fair_order,
+    kept_for_others,
+    may_manage,
+    never_fits,
+    positions,
+    put_first,
+    reservation_problem,
+)
 
 TWO_CARDS = simulated_gpus("2x16GiB:T4")
 
@@ -159,3 +172,53 @@ def test_reclaiming_takes_only_gpu_servers_idle_on_both_counts_longest_first_and
     assert reclaim(holders, waiting=1, now=1140.0) == (["soon/"], ["older/"])
     assert reclaim(holders, waiting=5, now=1140.0) == (["soon/"], ["older/", "old/"])
     assert reclaim(holders, waiting=0, now=1140.0) == ([], [])  # nobody waits: the normal idle timeout
+
+
+def test_admins_manage_anything_teachers_only_their_class_students_nothing() -> None:
+    admin, teacher, student = Manager("root", admin=True), Manager("tom", classes=frozenset({"ml101"})), Manager("sam")
+    assert may_manage(admin, None) is None and may_manage(admin, "cv202") is None
+    assert may_manage(teacher, "ml101") is None
+    assert may_manage(teacher, "cv202") == "tom teaches ml101, not cv202: only an admin may change this request"
+    assert may_manage(teacher, None) == (
+        "tom teaches ml101, not the class of this request: only an admin may change this request"
+    )
+    assert may_manage(student, "ml101") == (
+        "sam may not change the GPU line: only admins and the teachers of a class can"
+    )
+
+
+def test_a_reservation_keeps_its_memory_from_other_classes_while_it_is_on() -> None:
+    held = {f"u{i}/": (i % 2, 4) for i in range(4)}  # 8 GiB free on each card: 16 GiB
+    kept = [Reservation("ml101", 12 * GiB, start=100, end=200)]
+    line = [entry("out/", 141, group="cv202"), entry("in/", 142, group="ml101"), entry("in2/", 143, group="ml101")]
+    during = admit(line, machine(held), budgets={}, group_bytes={}, now=150, reservations=kept)
+    assert [a.entry.key for a in during] == ["out/", "in/", "in2/"]  # 4 for others, then the class's 12
+    more = [entry("out/", 201, group="cv202"), entry("out2/", 202, group="cv202"), entry("in/", 203, group="ml101")]
+    kept = [Reservation("ml101", 12 * GiB, start=100, end=210)]
+    during = admit(more, machine(held), budgets={}, group_bytes={}, now=205, reservations=kept)
+    assert [a.entry.key for a in during] == ["out/", "in/"]  # out2 would eat the class's memory
+    after = admit(more, machine(held), budgets={}, group_bytes={}, now=210, reservations=kept)
+    assert [a.entry.key for a in after] == ["out/", "out2/", "in/"]
+
+
+def test_what_a_class_already_holds_counts_towards_its_reservation() -> None:
+    kept = [Reservation("ml101", 8 * GiB, 0, 10), Reservation("ml101", 4 * GiB, 0, 10), Reservation("x", 4, 20, 30)]
+    assert kept_for_others(kept, "cv202", {"ml101": 4 * GiB}, now=5) == 8 * GiB
+    assert kept_for_others(kept, "ml101", {}, now=5) == 0
+    assert kept_for_others(kept, None, {"ml101": 16 * GiB}, now=5) == 0
+
+
+def test_reservations_never_promise_more_than_the_machine_has() -> None:
+    made = [Reservation("a", 16 * GiB, 0, 100), Reservation("b", 8 * GiB, 50, 150)]
+    assert reservation_problem(Reservation("c", 8 * GiB, 0, 50), made, 32 * GiB) is None
+    assert reservation_problem(Reservation("c", 8 * GiB, 150, 200), made, 32 * GiB) is None
+    assert reservation_problem(Reservation("c", 16 * GiB, 100, 200), made, 32 * GiB) is None
+    assert reservation_problem(Reservation("c", 16 * GiB, 60, 70), made, 32 * GiB) == (
+        "with the reservations already made this would keep 40 GiB at once, more than the 32 GiB"
+        " of GPU memory here: reserve less or another time"
+    )
+    assert reservation_problem(Reservation("c", 16 * GiB, 40, 60), made, 32 * GiB) is not None  # b starts inside
+    assert reservation_problem(Reservation("c", 0, 0, 1), [], 32 * GiB) == (
+        "reserve a positive amount of GPU memory, for example 8GiB"
+    )
+    assert reservation_problem(Reservation("c", GiB, 5, 5), [], 32 * GiB) == "the window must end after it starts"
