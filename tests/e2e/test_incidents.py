@@ -16,6 +16,9 @@ import yaml
 
 from hub.monitoring import alertmanager_config
 from hub.settings import Contact, OnCall
+from portal.data.alertmanager import Alertmanager
+from portal.data.incident_store import IncidentStore
+from portal.incidents import Escalation, group, timeline
 from tests.e2e.alerting import Webhook, wait_for
 from tests.e2e.platform import free_port
 
@@ -157,3 +160,49 @@ def test_an_incident_is_paged_inhibited_acknowledged_and_escalated(
         )
 
     wait_for(resolved, "alice to hear that NodeDown is resolved", 30)
+
+
+def test_the_portal_opens_one_incident_that_escalates_is_acknowledged_and_resolves(
+    alertmanager: str, hooks: dict[str, Webhook], tmp_path: Path
+) -> None:
+    """The Incidents page's data path (portal/data/alertmanager.py, incident_store.py) on the real Alertmanager."""
+    faults = [
+        alert("NodeDown", "critical", node="n1"),
+        alert("GpuXidError", "critical", node="n1", gpu="0"),  # inhibited by NodeDown
+        alert("GpuExporterDown", "critical", node="n1"),  # inhibited by NodeDown
+    ]
+    requests.post(f"{alertmanager}/api/v2/alerts", json=faults, timeout=5).raise_for_status()
+    manager = Alertmanager(alertmanager, requests.Session())
+    wait_for(lambda: sum(bool(a.inhibited_by) for a in manager.alerts()) == 2, "the inhibitions to be marked", 20)
+    incidents = group(manager.alerts())
+    assert [(i.title, sorted(a.name for a in i.alerts)) for i in incidents] == [
+        ("NodeDown on node n1", ["GpuExporterDown", "GpuXidError", "NodeDown"])
+    ]
+    incident = incidents[0]
+    store = IncidentStore(tmp_path / "incidents.sqlite")
+    store.record(incidents, datetime.now(UTC))
+
+    # Ignored: Alertmanager pages the second line after escalate_after (6 s here); the timeline says so.
+    wait_for(lambda: "NodeDown@n1" in received(hooks["carol"]), "the second line to be paged", 30)
+    escalation = Escalation(second_line="carol", escalate_after_s=6, owner="dave", owner_after_s=12)
+    assert "escalated" in [e.what for e in timeline(incident, manager.silences(), escalation, datetime.now(UTC))]
+
+    silence_id = manager.acknowledge(incident, "root-admin", "rebooting n1", hours=1, now=datetime.now(UTC))
+    silences = manager.silences()
+    assert [(s.id, s.created_by, s.matchers) for s in silences] == [(silence_id, "root-admin", {"node": "n1"})]
+    wait_for(lambda: all(a.silenced_by == (silence_id,) for a in manager.alerts()), "the alerts to be silenced", 20)
+    events = timeline(incident, silences, escalation, datetime.now(UTC))
+    assert [e.text for e in events if e.what == "acknowledged"] == ["acknowledged by root-admin: rebooting n1"]
+
+    ended = [dict(a, endsAt=datetime.now(UTC).isoformat()) for a in faults]
+    requests.post(f"{alertmanager}/api/v2/alerts", json=ended, timeout=5).raise_for_status()
+    wait_for(lambda: not manager.alerts(), "Alertmanager to drop the resolved alerts", 20)
+    store.record(group(manager.alerts()), datetime.now(UTC))
+    store.add_note(incident.id, "root-admin", "PSU swapped; <b>n1</b> back", datetime.now(UTC))
+    store.set_summary(incident.id, "root-admin", "n1 lost power; its GPU and exporter alerts followed.")
+    [past] = IncidentStore(tmp_path / "incidents.sqlite").incidents()  # a new store: it was kept on disk
+    assert past.incident.id == incident.id and past.resolved_at is not None
+    assert past.summary_by == "root-admin"
+    final = timeline(past.incident, manager.silences(), escalation, datetime.now(UTC), past.resolved_at)
+    assert [e.what for e in final][-1] == "resolved"
+    assert [n.text for n in store.notes(incident.id)] == ["PSU swapped; <b>n1</b> back"]
