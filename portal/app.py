@@ -15,6 +15,7 @@ pages = [
     st.Page("screens/jobs.py", title="Jobs", icon=":material/list:"),
     st.Page("screens/classes.py", title="Classes", icon=":material/school:"),
     st.Page("screens/alerts.py", title="Alerts", icon=":material/notifications:"),
+    *([st.Page("screens/incidents.py", title="Incidents", icon=":material/emergency:")] if identity.admin else []),
     st.Page("screens/images.py", title="Images", icon=":material/inventory_2:"),
     st.Page("screens/models.py", title="Models", icon=":material/model_training:"),
     st.Page("screens/runbook.py", title="Runbook", icon=":material/menu_book:"),

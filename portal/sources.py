@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,11 @@ from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
 from portal.data import access, alerts, cluster, hub, prometheus
 from portal.data.access import Scope
+from portal.data.alertmanager import Alertmanager
 from portal.data.hub import HubClient, ServerRow
+from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
+from portal.incidents import Escalation, Incident, Silence, duration_s, group
 from spawner import environ
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
@@ -189,6 +192,61 @@ def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
 @st.cache_data(ttl=10)
 def active_alerts() -> list[alerts.AlertRow]:
     return alerts.active_alerts(alertmanager_url(), auth=monitoring_auth())
+
+
+def alertmanager_client() -> Alertmanager:
+    """Alertmanager with the platform's monitoring credentials: acknowledgements are made with them."""
+    return Alertmanager(alertmanager_url(), auth=monitoring_auth())
+
+
+@st.cache_resource
+def incident_store() -> IncidentStore:
+    return IncidentStore(Path(environ.DATA_DIR.get() or settings().data_dir) / "incidents.sqlite")
+
+
+def escalation() -> Escalation:
+    """The on-call tiers' waits (monitoring.oncall), for the timeline's "escalated" entries."""
+    oncall = settings().monitoring["oncall"]
+    return Escalation(
+        second_line=oncall.second_line.name if oncall.second_line else "",
+        escalate_after_s=duration_s(oncall.escalate_after),
+        owner=oncall.owner.name if oncall.owner else "",
+        owner_after_s=duration_s(oncall.owner_after),
+    )
+
+
+def _admin(identity: Identity, what: str) -> None:
+    if not identity.admin:
+        raise PermissionError(f"{identity.name} may not {what}: incidents are for admins")
+
+
+def incidents(identity: Identity) -> tuple[list[Recorded], list[Silence]]:
+    """The incidents firing now (recorded as seen) and past ones from the store, with Alertmanager's silences."""
+    _admin(identity, "read incidents")
+    manager = alertmanager_client()
+    store = incident_store()
+    store.record(group(manager.alerts()), datetime.now(UTC))
+    return store.incidents(), manager.silences()
+
+
+def acknowledge(identity: Identity, incident: Incident, comment: str, hours: float) -> str:
+    _admin(identity, "acknowledge incidents")
+    return alertmanager_client().acknowledge(incident, identity.name, comment, hours, datetime.now(UTC))
+
+
+def add_incident_note(identity: Identity, incident_id: str, text: str) -> None:
+    _admin(identity, "write incident notes")
+    incident_store().add_note(incident_id, identity.name, text, datetime.now(UTC))
+
+
+def incident_notes(identity: Identity, incident_id: str) -> list[Note]:
+    _admin(identity, "read incident notes")
+    return incident_store().notes(incident_id)
+
+
+def set_incident_summary(identity: Identity, incident_id: str, text: str) -> None:
+    _admin(identity, "write incident summaries")
+    incident_store().set_summary(incident_id, identity.name, text)
 
 
 @st.cache_data(ttl=30)

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from portal import auth, sources
+from portal import auth, sources, views
 from portal.data.alerts import AlertRow
 from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ServerRow
+from portal.data.incident_store import IncidentStore
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
+from portal.incidents import Alert, Incident, Silence
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, ServerEvent
@@ -343,3 +345,79 @@ def test_a_flat_trend_keeps_its_axis_from_zero_not_minus_one() -> None:
 
     flat = charts.trend({"in use": [(NOW, 0.0), (NOW, 0.0)]}, "GiB", "Cluster GPU memory (GiB)")
     assert list(flat.layout.yaxis.range) == [0, 1.0] and flat.layout.title.text == "Cluster GPU memory (GiB)"
+
+
+class RecordingAlertmanager:
+    """Alertmanager's answers as the data layer returns them (its real API is tested in tests/e2e/test_incidents.py)."""
+
+    def __init__(self, alerts: list[Alert]) -> None:
+        self.firing, self.silenced, self.acknowledged = alerts, list[Silence](), list[tuple[str, str, str]]()
+
+    def alerts(self) -> list[Alert]:
+        return self.firing
+
+    def silences(self) -> list[Silence]:
+        return self.silenced
+
+    def acknowledge(self, incident: Incident, by: str, comment: str, hours: float, now: datetime) -> str:
+        self.acknowledged.append((incident.title, by, comment))
+        self.silenced.append(Silence("s1", by, comment, now, incident.silence_matchers()))
+        return "s1"
+
+
+@pytest.fixture
+def incidents(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> RecordingAlertmanager:
+    started = NOW - timedelta(hours=1)
+    manager = RecordingAlertmanager(
+        [
+            Alert("a", {"alertname": "NodeDown", "severity": "critical", "node": "n1"}, started, "n1 is down"),
+            Alert(
+                "b",
+                {"alertname": "GpuXidError", "severity": "critical", "node": "n1", "gpu": "0"},
+                started,
+                "Xid 79",
+                "docs/runbook.md#gpuxiderror",
+                inhibited_by=("a",),
+            ),
+        ]
+    )
+    monkeypatch.setattr(sources, "alertmanager_client", lambda: manager)
+    store = IncidentStore(tmp_path / "incidents.sqlite")
+    monkeypatch.setattr(sources, "incident_store", lambda: store)
+    return manager
+
+
+def test_incidents_page_groups_times_acknowledges_and_escapes_notes(incidents: RecordingAlertmanager) -> None:
+    at = run("screens/incidents.py")
+    page = markdown_text(at)
+    assert "**NodeDown on node n1** · critical · open, not acknowledged" in page
+    assert "escalated" not in page  # no second line in the default on-call settings: nobody to escalate to
+    assert (
+        "**GpuXidError** node n1, gpu 0 (explained by another alert here): Xid 79 · [runbook](runbook#gpuxiderror)"
+        in page
+    )
+    at.text_input(key=next(k for k in at.session_state if k.startswith("ack-text-"))).input("rebooting n1")
+    at.button[0].click().run()  # Acknowledge
+    assert incidents.acknowledged == [("NodeDown on node n1", "teacher", "rebooting n1")]
+    assert "acknowledged by teacher" in markdown_text(at)
+    assert "rebooting n1" in markdown_text(at)
+    note_key = next(k for k in at.session_state if k.startswith("note-text-"))
+    hostile = "<img src=x onerror=alert(1)> **bold** [x](javascript:alert(1))"
+    at.text_area(key=note_key).input(hostile)
+    next(b for b in at.button if b.label == "Add note").click().run()
+    page = markdown_text(at)
+    assert f"**teacher**: {views.plain(hostile)}" in page
+    assert "<img" not in page.replace("\\<img", "")
+
+
+def test_incidents_are_for_admins_only(incidents: RecordingAlertmanager, fakes: dict[str, object]) -> None:
+    fakes["identity"] = Identity("alice")
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/incidents.py")  # not in a non-admin's menu
+    at = AppTest.from_file(str(Path(APP).parent / "screens" / "incidents.py"), default_timeout=30)
+    at.session_state["identity"] = Identity("alice")  # the script run directly: its own check stops it
+    at.run()
+    assert at.error[0].value == "Incidents are for admins. The Alerts page lists what fires."
+    assert "NodeDown" not in markdown_text(at)
+    with pytest.raises(PermissionError, match="alice may not read incidents"):
+        sources.incidents(Identity("alice"))
