@@ -6,6 +6,7 @@ person records what reaches them. Escalation waits are seconds here, minutes in 
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,14 +14,20 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from playwright.sync_api import sync_playwright
 
 from hub.monitoring import alertmanager_config
 from hub.settings import Contact, OnCall
 from portal.data.alertmanager import Alertmanager
 from portal.data.incident_store import IncidentStore
+from portal.gate import start_streamlit
+from portal.identity import Identity, sign
 from portal.incidents import Escalation, group, timeline
 from tests.e2e.alerting import Webhook, wait_for
+from tests.e2e.browser import ARGS, CHROMIUM
 from tests.e2e.platform import free_port
+
+ARTIFACTS = Path(__file__).parents[2] / "test-artifacts" / "portal"
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = pytest.mark.skipif(not BINARY, reason="Alertmanager is missing: apt-get install prometheus-alertmanager")
@@ -206,3 +213,69 @@ def test_the_portal_opens_one_incident_that_escalates_is_acknowledged_and_resolv
     final = timeline(past.incident, manager.silences(), escalation, datetime.now(UTC), past.resolved_at)
     assert [e.what for e in final][-1] == "resolved"
     assert [n.text for n in store.notes(incident.id)] == ["PSU swapped; <b>n1</b> back"]
+
+
+def test_the_incidents_page_in_chromium_acknowledges_under_the_admins_name(
+    alertmanager: str, hooks: dict[str, Webhook], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page in Debian's Chromium (1280x800) on the real Alertmanager; a screenshot in test-artifacts/portal/."""
+    xid = alert("GpuXidError", "critical", node="n1", gpu="0")
+    xid["annotations"] = {"summary": "GPU 0 reported Xid 79", "runbook": "docs/runbook.md#gpuxiderror"}
+    faults = [alert("NodeDown", "critical", node="n1"), xid, alert("GpuHung", "critical", node="n3", gpu="3")]
+    requests.post(f"{alertmanager}/api/v2/alerts", json=faults, timeout=5).raise_for_status()
+    posted = time.monotonic()
+    manager = Alertmanager(alertmanager, requests.Session())
+    wait_for(lambda: any(a.inhibited_by for a in manager.alerts()), "NodeDown to inhibit the Xid alert", 20)
+    [hung] = [i for i in group(manager.alerts()) if i.root.name == "GpuHung"]
+    manager.acknowledge(hung, "alice", "draining n3", hours=1, now=datetime.now(UTC))
+    store = IncidentStore(tmp_path / "data" / "incidents.sqlite")
+    store.record(group(manager.alerts()), datetime.now(UTC))
+    store.add_note(hung.id, "alice", "<script>alert(1)</script> **not bold**", datetime.now(UTC))
+    settings = tmp_path / "settings.yaml"
+    oncall = {"second_line": {"name": "carol", "webhook_url": hooks["carol"].url}, "escalate_after": "6s"}
+    settings.write_text(yaml.safe_dump({"monitoring": {"oncall": oncall}}))
+    for name, value in {
+        "GPUSLICE_SETTINGS": str(settings),
+        "GPUSLICE_ALERTMANAGER_URL": alertmanager,
+        "GPUSLICE_DATA_DIR": str(tmp_path / "data"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    secret, port = b"s" * 32, free_port()
+    streamlit = start_streamlit(port, "/services/portal/", secret)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            header = {"X-Gpuslice-Identity": sign(Identity("root-admin", admin=True), secret)}
+            page = browser.new_context(viewport={"width": 1280, "height": 800}, extra_http_headers=header).new_page()
+            wait_for(lambda: _up(f"http://127.0.0.1:{port}/services/portal/_stcore/health"), "Streamlit", 60)
+            time.sleep(max(0.0, 7 - (time.monotonic() - posted)))  # past escalate_after: the timeline shows it
+            page.goto(f"http://127.0.0.1:{port}/services/portal/incidents")
+            page.wait_for_selector("text=NodeDown on node n1", timeout=60_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(ARTIFACTS / "incidents.png"))
+            page.wait_for_selector("text=escalated to the second line (carol)", timeout=10_000)
+            body = page.inner_text("body")
+            assert "<script>alert(1)</script> **not bold**" in body  # shown as written, not run or rendered
+            assert "acknowledged by alice" in body
+            assert page.locator("a[href*='runbook#gpuxiderror']").count() == 1
+            page.get_by_label("Acknowledge: what you are doing").first.fill("rebooting n1")
+            page.get_by_role("button", name="Acknowledge").first.click()
+            page.wait_for_selector("text=acknowledged by root-admin", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "incidents-acknowledged.png"), full_page=True)
+            browser.close()
+    finally:
+        streamlit.terminate()
+        streamlit.wait(timeout=10)
+    made = {(s.created_by, tuple(s.matchers.items()), s.comment) for s in manager.silences()}
+    assert made == {
+        ("alice", (("node", "n3"), ("gpu", "3")), "draining n3"),
+        ("root-admin", (("node", "n1"),), "rebooting n1"),
+    }
+
+
+def _up(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).ok
+    except requests.ConnectionError:
+        return False
