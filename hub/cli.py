@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--step", type=int, default=300, help="seconds between samples (default 300)")
     report.add_argument("--csv", type=Path, help="also write the per-user rows to this CSV file")
 
+    oncall = commands.add_parser(
+        "oncall-config", help="print the Alertmanager config of the chart's on-call values (monitoring.oncall)"
+    )
+    oncall.add_argument("--kube-values", type=Path, required=True, help="the chart's rendered values (hub ConfigMap)")
+    oncall.add_argument("--webhook-url", help="where alerts go that no on-call route takes (default: nowhere)")
+
     ext = commands.add_parser("scheduler-extender", help="kube-scheduler extender (filter, prioritize, bind)")
     ext.add_argument("--port", type=int, default=8888, help="port (default 8888)")
     ext.add_argument(
@@ -119,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _usage(args)
     if args.command == "scheduler-extender":
         return _scheduler_extender(args)
+    if args.command == "oncall-config":
+        return _oncall_config(args)
     if args.bench == "spawn":
         with _bench_extra():
             from bench.spawn import run
@@ -266,6 +274,22 @@ def _monitoring_auth(settings: settings_mod.Settings) -> tuple[str, str] | None:
         return (settings_mod.MONITORING_USER, path.read_text().strip())
     except OSError:  # another Prometheus (--prometheus URL) or monitoring never started here
         return None
+
+
+def _oncall_config(args: argparse.Namespace) -> int:
+    """On Kubernetes the cluster runs Alertmanager: this is the config to give it (a Secret, amtool)."""
+    import yaml
+
+    from hub.kube_values import KubeValuesError, load_kube_values
+    from hub.monitoring import alertmanager_config
+
+    try:
+        values = load_kube_values(args.kube_values)
+    except KubeValuesError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(alertmanager_config(args.webhook_url, values.oncall), sort_keys=False), end="")
+    return 0
 
 
 def _usage(args: argparse.Namespace) -> int:

@@ -206,7 +206,7 @@ def incident_store() -> IncidentStore:
 
 def escalation() -> Escalation:
     """The on-call tiers' waits (monitoring.oncall), for the timeline's "escalated" entries."""
-    oncall = settings().monitoring["oncall"]
+    oncall = kube_values().oncall if _kubernetes() else settings().monitoring["oncall"]
     return Escalation(
         second_line=oncall.second_line.name if oncall.second_line else "",
         escalate_after_s=duration_s(oncall.escalate_after),
