@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--weeks", type=int, default=4, help="weeks back from now (default 4)")
     report.add_argument("--step", type=int, default=300, help="seconds between samples (default 300)")
     report.add_argument("--csv", type=Path, help="also write the per-user rows to this CSV file")
+    report.add_argument(
+        "--notices", type=Path, help="write last week's notice to each idle holder into this folder (USER.txt)"
+    )
+    report.add_argument(
+        "--min-idle", type=float, default=2.0, help="GPU-hours held idle in a week that earn a notice (default 2)"
+    )
 
     oncall = commands.add_parser(
         "oncall-config", help="print the Alertmanager config of the chart's on-call values (monitoring.oncall)"
@@ -322,6 +328,10 @@ def _usage(args: argparse.Namespace) -> int:
         print(f"# {week}: {allocated:.1f} GPU-hours allocated, {used:.1f} used; most idle-held: {worst or 'none'}")
     if args.csv:
         args.csv.write_text(usage.to_csv(rows))
+    if args.notices:
+        last_week = usage.iso_week((end - timedelta(weeks=1)).timestamp())
+        written = usage.write_notices(usage.idle_notices(rows, last_week, args.min_idle), args.notices / last_week)
+        print(f"# {len(written)} notices for {last_week} in {args.notices / last_week}")
     return 0
 
 
