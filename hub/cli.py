@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hub import settings as settings_mod
@@ -298,12 +298,25 @@ def _oncall_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_notices(notices: Mapping[str, str], folder: Path) -> list[Path]:
+    """One file per user (``USER.txt``) in ``folder``, for a mailer or the hub's announcements to send."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for user, text in sorted(notices.items()):
+        if not user or "/" in user or user.startswith("."):
+            raise ValueError(f"cannot write a notice for the user name {user!r}: it is not a plain file name")
+        path = folder / f"{user}.txt"
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
 def _usage(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime, timedelta
 
     from prometheus_api_client import PrometheusConnect
 
-    from hub import usage
+    from spawner import usage
 
     try:
         settings = settings_mod.load(args.config)
@@ -330,7 +343,7 @@ def _usage(args: argparse.Namespace) -> int:
         args.csv.write_text(usage.to_csv(rows))
     if args.notices:
         last_week = usage.iso_week((end - timedelta(weeks=1)).timestamp())
-        written = usage.write_notices(usage.idle_notices(rows, last_week, args.min_idle), args.notices / last_week)
+        written = write_notices(usage.idle_notices(rows, last_week, args.min_idle), args.notices / last_week)
         print(f"# {len(written)} notices for {last_week} in {args.notices / last_week}")
     return 0
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_api_client import PrometheusConnect
 
-from hub.usage import (
+from hub.cli import write_notices
+from spawner.usage import (
     Sample,
     UsageRow,
     by_group,
@@ -21,7 +22,6 @@ from hub.usage import (
     trend,
     usage,
     worst_holders,
-    write_notices,
 )
 from tests.e2e.alerting import wait_for
 from tests.e2e.platform import free_port

@@ -18,7 +18,6 @@ import io
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 BUSY_PERCENT = 5
 # The slice's share of its card, where Prometheus has it; and that share again, only at
@@ -169,16 +168,3 @@ def idle_notices(rows: Iterable[UsageRow], week: str, min_idle_h: float) -> dict
             f" {min_idle_h:g} GPU-hours idle in a week.)\n"
         )
     return notices
-
-
-def write_notices(notices: Mapping[str, str], folder: Path) -> list[Path]:
-    """One file per user (``USER.txt``) in ``folder``, for a mailer or the hub's announcements to send."""
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for user, text in sorted(notices.items()):
-        if not user or "/" in user or user.startswith("."):
-            raise ValueError(f"cannot write a notice for the user name {user!r}: it is not a plain file name")
-        path = folder / f"{user}.txt"
-        path.write_text(text)
-        written.append(path)
-    return written
