@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
 from portal.incidents import Escalation, Incident, Silence, duration_s, group
-from spawner import environ
+from spawner import environ, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
 
@@ -247,6 +247,23 @@ def incident_notes(identity: Identity, incident_id: str) -> list[Note]:
 def set_incident_summary(identity: Identity, incident_id: str, text: str) -> None:
     _admin(identity, "write incident summaries")
     incident_store().set_summary(incident_id, identity.name, text)
+
+
+USAGE_STEP_S = 900  # a sample per 15 minutes: 8 weeks stay under Prometheus' 11,000 points per query
+
+
+@st.cache_data(ttl=600)
+def _usage_rows(weeks: int) -> list[usage.UsageRow]:
+    end = datetime.now(UTC)
+    prom = prometheus.connect(prometheus_url(), timeout_s=30, auth=monitoring_auth())
+    samples = prometheus.usage_samples(prom, end - timedelta(weeks=weeks), end, USAGE_STEP_S)
+    return usage.usage(samples, USAGE_STEP_S, usage.group_members(group_rules()))
+
+
+def usage_rows(identity: Identity, weeks: int) -> list[usage.UsageRow]:
+    """GPU-hours per user and week: admins everyone's, teachers their classes', everyone else their own."""
+    seen = scope(identity)
+    return [r for r in _usage_rows(weeks) if seen.sees(r.user)]
 
 
 @st.cache_data(ttl=30)

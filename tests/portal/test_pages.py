@@ -19,6 +19,7 @@ from portal.incidents import Alert, Incident, Silence
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, ServerEvent
+from spawner.usage import UsageRow
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
@@ -98,7 +99,16 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
             ]
         ),
     )
+    monkeypatch.setattr(sources, "_usage_rows", lambda weeks: list(USAGE))
     yield state
+
+
+USAGE = [
+    UsageRow("2026-W47", "alice", "ml101", 6.0, 4.0),
+    UsageRow("2026-W48", "alice", "ml101", 5.0, 1.0),
+    UsageRow("2026-W48", "bob", "ml101", 3.0, 0.5),
+    UsageRow("2026-W48", "carl", "", 8.0, 0.0),
+]
 
 
 def run(page: str | None = None) -> AppTest:
@@ -300,7 +310,7 @@ def test_classes_page_on_kubernetes_reads_the_charts_classes(
     assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # the chart's budget
 
 
-PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py"]
+PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py", "screens/usage.py"]
 
 
 def everything(at: AppTest) -> str:
@@ -421,3 +431,25 @@ def test_incidents_are_for_admins_only(incidents: RecordingAlertmanager, fakes: 
     assert "NodeDown" not in markdown_text(at)
     with pytest.raises(PermissionError, match="alice may not read incidents"):
         sources.incidents(Identity("alice"))
+
+
+def test_usage_page_per_viewer_with_worst_holders_trend_and_csv(two_holders: None, fakes: dict[str, object]) -> None:
+    def users(at: AppTest) -> list[str]:
+        return sorted(set(at.dataframe[-1].value["user"]))
+
+    at = run("screens/usage.py")  # an admin: everyone
+    assert users(at) == ["alice", "bob", "carl"]
+    assert list(at.dataframe[0].value["user"]) == ["carl", "alice", "bob"]  # most idle-held first
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics == {
+        "Allocated (2026-W48)": "16.0 GPU-h",
+        "Used (2026-W48)": "1.5 GPU-h",
+        "Idle-held (2026-W48)": "14.5 GPU-h",
+    }
+    assert at.get("download_button")[0].proto.label == "Download CSV"
+    fakes["identity"] = Identity("tina")  # ml101's teacher: her class, not carl
+    at = run("screens/usage.py")
+    assert users(at) == ["alice", "bob"] and "your classes'" in texts(at)
+    fakes["identity"] = Identity("bob")  # a student: only himself, no ranking of others
+    at = run("screens/usage.py")
+    assert users(at) == ["bob"] and len(at.dataframe) == 1
