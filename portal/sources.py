@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -201,7 +202,13 @@ def alertmanager_client() -> Alertmanager:
 
 @st.cache_resource
 def incident_store() -> IncidentStore:
-    return IncidentStore(Path(environ.DATA_DIR.get() or settings().data_dir) / "incidents.sqlite")
+    path = Path(environ.DATA_DIR.get() or settings().data_dir) / "incidents.sqlite"
+    try:
+        return IncidentStore(path)
+    except (OSError, sqlite3.Error) as exc:  # a read-only volume: say where, not a traceback
+        raise prometheus.MetricsUnavailableError(
+            f"the incident store {path} cannot be written ({exc}); give the portal a writable {environ.DATA_DIR.name}"
+        ) from exc
 
 
 def escalation() -> Escalation:

@@ -453,3 +453,14 @@ def test_usage_page_per_viewer_with_worst_holders_trend_and_csv(two_holders: Non
     fakes["identity"] = Identity("bob")  # a student: only himself, no ranking of others
     at = run("screens/usage.py")
     assert users(at) == ["bob"] and len(at.dataframe) == 1
+
+
+def test_an_unwritable_incident_store_is_a_message_not_a_traceback(
+    incidents: RecordingAlertmanager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.undo()  # the real incident_store, on a data directory that cannot hold a database
+    (tmp_path / "data").write_text("a file where a folder should be")
+    monkeypatch.setenv("GPUSLICE_DATA_DIR", str(tmp_path / "data"))
+    sources.incident_store.clear()
+    with pytest.raises(MetricsUnavailableError, match="give the portal a writable GPUSLICE_DATA_DIR"):
+        sources.incident_store()
