@@ -17,6 +17,7 @@ pages = [
     st.Page("screens/usage.py", title="Usage", icon=":material/query_stats:"),
     st.Page("screens/alerts.py", title="Alerts", icon=":material/notifications:"),
     *([st.Page("screens/incidents.py", title="Incidents", icon=":material/emergency:")] if identity.admin else []),
+    *([st.Page("screens/anomalies.py", title="Anomalies", icon=":material/troubleshoot:")] if identity.admin else []),
     st.Page("screens/images.py", title="Images", icon=":material/inventory_2:"),
     st.Page("screens/models.py", title="Models", icon=":material/model_training:"),
     st.Page("screens/runbook.py", title="Runbook", icon=":material/menu_book:"),

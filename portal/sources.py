@@ -22,7 +22,7 @@ from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
 from portal.incidents import Escalation, Incident, Silence, duration_s, group
-from spawner import environ, usage
+from spawner import anomaly, environ, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
 
@@ -254,6 +254,42 @@ def incident_notes(identity: Identity, incident_id: str) -> list[Note]:
 def set_incident_summary(identity: Identity, incident_id: str, text: str) -> None:
     _admin(identity, "write incident summaries")
     incident_store().set_summary(incident_id, identity.name, text)
+
+
+ANOMALY_STEP_S = 60
+ANOMALY_DAYS = 3  # the models learn from the first two, and look for the unusual in all three
+CARD_QUERIES = {
+    "utilization": "DCGM_FI_DEV_GPU_UTIL",
+    "temperature": "DCGM_FI_DEV_GPU_TEMP",
+    "memory": "sum by (Hostname, gpu) (gpuslice_process_gpu_memory_bytes)",
+}
+
+
+@st.cache_data(ttl=300)
+def card_history() -> tuple[datetime, dict[str, dict[tuple[str, str], list[float | None]]]]:
+    """Each card's utilization, temperature and servers' GPU memory, a sample a minute for three days."""
+    end = datetime.now(UTC)
+    start = end - timedelta(days=ANOMALY_DAYS)
+    prom = prometheus.connect(prometheus_url(), timeout_s=30, auth=monitoring_auth())
+    return start, {
+        name: prometheus.card_series(prom, q, start, end, ANOMALY_STEP_S) for name, q in CARD_QUERIES.items()
+    }
+
+
+def anomalies(identity: Identity) -> list[tuple[tuple[str, str], anomaly.Finding, datetime]]:
+    """What the per-card models find (spawner/anomaly.py): (card, finding, when), newest first; admins only."""
+    _admin(identity, "read the anomaly findings")
+    start, history = card_history()
+    train = slice(0, (ANOMALY_DAYS - 1) * 86400 // ANOMALY_STEP_S)
+    found = []
+    for card, util in history["utilization"].items():
+        temp = history["temperature"].get(card)
+        if temp:
+            found += [(card, f) for f in anomaly.hot_for_load(util, temp, train)]
+    for card, memory in history["memory"].items():
+        found += [(card, f) for f in anomaly.memory_growing(memory)]
+    when = [(card, f, start + timedelta(seconds=f.found * ANOMALY_STEP_S)) for card, f in found]
+    return sorted(when, key=lambda x: x[2], reverse=True)
 
 
 USAGE_STEP_S = 900  # a sample per 15 minutes: 8 weeks stay under Prometheus' 11,000 points per query

@@ -464,3 +464,27 @@ def test_an_unwritable_incident_store_is_a_message_not_a_traceback(
     sources.incident_store.clear()
     with pytest.raises(MetricsUnavailableError, match="give the portal a writable GPUSLICE_DATA_DIR"):
         sources.incident_store()
+
+
+def test_anomalies_page_shows_each_finding_with_its_evidence(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import math
+
+    minutes = 3 * 1440
+    util = [50 + 45 * math.sin(m / 30) for m in range(minutes)]
+    temp = [35 + 0.4 * u + math.sin(m * 12.9898) for m, u in enumerate(util)]
+    for m in range(4000, 4060):
+        temp[m] += 12  # on the third day, an hour too warm for its load
+    memory = {("n1", "0"): [6 * GiB + 0.0] * minutes}
+    history = {"utilization": {("n1", "0"): util}, "temperature": {("n1", "0"): temp}, "memory": memory}
+    monkeypatch.setattr(sources, "card_history", lambda: (NOW - timedelta(days=3), history))
+    at = run("screens/anomalies.py")
+    assert [m.value.split(",")[0] for m in at.markdown] == ["**hot for its load** on n1 GPU 0"]
+    assert any("its model expects" in c.value for c in at.caption)
+    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 1
+    fakes["identity"] = Identity("alice")
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/anomalies.py")
+    with pytest.raises(PermissionError):
+        sources.anomalies(Identity("alice"))
