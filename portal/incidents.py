@@ -57,6 +57,7 @@ class Silence:
     comment: str
     starts: datetime
     matchers: dict[str, str]
+    ends: datetime | None = None  # None: still in force
     state: str = "active"
 
     def covers(self, alert: Alert) -> bool:
@@ -161,8 +162,13 @@ class Escalation:
 
 
 def acknowledgements(incident: Incident, silences: Sequence[Silence]) -> list[Silence]:
-    """The silences that cover one of the incident's alerts, oldest first (expired ones too: they happened)."""
-    return sorted((s for s in silences if any(s.covers(a) for a in incident.alerts)), key=lambda s: s.starts)
+    """The silences that cover one of the incident's alerts while it fired, oldest first (expired ones too).
+
+    A silence that had ended before the incident began (an earlier incident's, on the same
+    card) is not an acknowledgement of this one.
+    """
+    during = [s for s in silences if s.ends is None or s.ends > incident.started]
+    return sorted((s for s in during if any(s.covers(a) for a in incident.alerts)), key=lambda s: s.starts)
 
 
 def timeline(
@@ -177,10 +183,11 @@ def timeline(
         Event(a.started, "firing", f"{a.name} fired" + (f" ({a.where})" if a.where else "")) for a in incident.alerts
     ]
     acks = acknowledgements(incident, silences)
-    first_ack = acks[0].starts if acks else None
+    first_ack = max(acks[0].starts, incident.started) if acks else None
     for ack in acks:
         said = f": {ack.comment}" if ack.comment else ""
-        events.append(Event(ack.starts, "acknowledged", f"acknowledged by {ack.created_by}{said}"))
+        at = max(ack.starts, incident.started)  # a silence made beforehand (maintenance) counts from the start
+        events.append(Event(at, "acknowledged", f"acknowledged by {ack.created_by}{said}"))
     end = min(t for t in (first_ack, resolved_at, now) if t is not None)
     tiers = [(escalation.second_line, escalation.escalate_after_s, "second line")]
     if incident.severity == "critical":

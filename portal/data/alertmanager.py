@@ -46,6 +46,7 @@ def silence_from_api(raw: dict[str, Any]) -> Silence:
         comment=str(raw.get("comment", "")),
         starts=_time(raw["startsAt"]),
         matchers=matchers,
+        ends=_time(raw["endsAt"]) if raw.get("endsAt") else None,
         state=str((raw.get("status") or {}).get("state", "")),
     )
 

@@ -87,8 +87,9 @@ def test_an_acknowledged_then_resolved_incident_stops_escalating() -> None:
     incident = group([alert("a", "GpuHung", node="n3", gpu="3")])[0]
     ack = Silence("s1", "alice", "looking", T0 + timedelta(minutes=20), {"node": "n3", "gpu": "3"})
     other = Silence("s2", "bob", "", T0, {"node": "n9"})
+    earlier = Silence("s0", "carol", "last week's", T0 - timedelta(days=7), {"node": "n3"}, T0 - timedelta(days=6))
     events = timeline(
-        incident, [other, ack], ESCALATION, now=T0 + timedelta(hours=2), resolved_at=T0 + timedelta(minutes=50)
+        incident, [earlier, other, ack], ESCALATION, now=T0 + timedelta(hours=2), resolved_at=T0 + timedelta(minutes=50)
     )
     assert [(e.at - T0, e.what, e.text) for e in events] == [
         (timedelta(0), "firing", "GpuHung fired (node n3, gpu 3)"),
