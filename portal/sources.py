@@ -7,7 +7,7 @@ import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
@@ -22,9 +22,12 @@ from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
 from portal.incidents import Escalation, Incident, Silence, duration_s, group
-from spawner import anomaly, environ, usage
+from spawner import environ, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
+
+if TYPE_CHECKING:
+    from spawner.anomaly import Finding  # scikit-learn is optional: imported when the models run
 
 
 @st.cache_resource
@@ -276,9 +279,15 @@ def card_history() -> tuple[datetime, dict[str, dict[tuple[str, str], list[float
     }
 
 
-def anomalies(identity: Identity) -> list[tuple[tuple[str, str], anomaly.Finding, datetime]]:
+def anomalies(identity: Identity) -> list[tuple[tuple[str, str], Finding, datetime]]:
     """What the per-card models find (spawner/anomaly.py): (card, finding, when), newest first; admins only."""
     _admin(identity, "read the anomaly findings")
+    try:
+        from spawner import anomaly  # scikit-learn: the .[anomaly] extra, which a small install may leave out
+    except ImportError as exc:
+        raise prometheus.MetricsUnavailableError(
+            f"the anomaly models need scikit-learn ({exc.name} is missing): pip install 'gpuslice[anomaly]'"
+        ) from exc
     start, history = card_history()
     train = slice(0, (ANOMALY_DAYS - 1) * 86400 // ANOMALY_STEP_S)
     found = []
