@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hub import settings as settings_mod
@@ -61,6 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--weeks", type=int, default=4, help="weeks back from now (default 4)")
     report.add_argument("--step", type=int, default=300, help="seconds between samples (default 300)")
     report.add_argument("--csv", type=Path, help="also write the per-user rows to this CSV file")
+    report.add_argument(
+        "--notices", type=Path, help="write last week's notice to each idle holder into this folder (USER.txt)"
+    )
+    report.add_argument(
+        "--min-idle", type=float, default=2.0, help="GPU-hours held idle in a week that earn a notice (default 2)"
+    )
+
+    oncall = commands.add_parser(
+        "oncall-config", help="print the Alertmanager config of the chart's on-call values (monitoring.oncall)"
+    )
+    oncall.add_argument("--kube-values", type=Path, required=True, help="the chart's rendered values (hub ConfigMap)")
+    oncall.add_argument("--webhook-url", help="where alerts go that no on-call route takes (default: nowhere)")
 
     ext = commands.add_parser("scheduler-extender", help="kube-scheduler extender (filter, prioritize, bind)")
     ext.add_argument("--port", type=int, default=8888, help="port (default 8888)")
@@ -119,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _usage(args)
     if args.command == "scheduler-extender":
         return _scheduler_extender(args)
+    if args.command == "oncall-config":
+        return _oncall_config(args)
     if args.bench == "spawn":
         with _bench_extra():
             from bench.spawn import run
@@ -268,12 +282,41 @@ def _monitoring_auth(settings: settings_mod.Settings) -> tuple[str, str] | None:
         return None
 
 
+def _oncall_config(args: argparse.Namespace) -> int:
+    """On Kubernetes the cluster runs Alertmanager: this is the config to give it (a Secret, amtool)."""
+    import yaml
+
+    from hub.kube_values import KubeValuesError, load_kube_values
+    from hub.monitoring import alertmanager_config
+
+    try:
+        values = load_kube_values(args.kube_values)
+    except KubeValuesError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(alertmanager_config(args.webhook_url, values.oncall), sort_keys=False), end="")
+    return 0
+
+
+def write_notices(notices: Mapping[str, str], folder: Path) -> list[Path]:
+    """One file per user (``USER.txt``) in ``folder``, for a mailer or the hub's announcements to send."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for user, text in sorted(notices.items()):
+        if not user or "/" in user or user.startswith("."):
+            raise ValueError(f"cannot write a notice for the user name {user!r}: it is not a plain file name")
+        path = folder / f"{user}.txt"
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
 def _usage(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime, timedelta
 
     from prometheus_api_client import PrometheusConnect
 
-    from hub import usage
+    from spawner import usage
 
     try:
         settings = settings_mod.load(args.config)
@@ -298,6 +341,10 @@ def _usage(args: argparse.Namespace) -> int:
         print(f"# {week}: {allocated:.1f} GPU-hours allocated, {used:.1f} used; most idle-held: {worst or 'none'}")
     if args.csv:
         args.csv.write_text(usage.to_csv(rows))
+    if args.notices:
+        last_week = usage.iso_week((end - timedelta(weeks=1)).timestamp())
+        written = write_notices(usage.idle_notices(rows, last_week, args.min_idle), args.notices / last_week)
+        print(f"# {len(written)} notices for {last_week} in {args.notices / last_week}")
     return 0
 
 

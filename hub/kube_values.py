@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from hub.settings import validation_problems
+from hub.settings import OnCall, read_oncall, validation_problems
 from spawner import environ
 from spawner.quotas import GroupRulesError, group_rules
 
@@ -56,6 +56,13 @@ class KubeValues(BaseModel):
     prometheus_url: str = Field(default="", description="monitoring.prometheusUrl: the Prometheus the portal queries.")
     alertmanager_url: str = Field(default="", description="monitoring.alertmanagerUrl: the portal's Alerts page.")
     proposals_per_hour: int = Field(default=3, gt=0, description="markets.proposalsPerHour: model proposals per user.")
+    oncall: OnCall = Field(default_factory=OnCall, description="monitoring.oncall: the on-call rotation and tiers.")
+
+    @field_validator("oncall", mode="before")
+    @classmethod
+    def _oncall_checked(cls, raw: Any) -> OnCall:
+        """The checks of gpuslice.yaml's monitoring.oncall (contacts reachable, email needs smtp_*)."""
+        return raw if isinstance(raw, OnCall) else read_oncall(raw or {}, "the chart's values")
 
     def db_url(self) -> str:
         """JupyterHub's database: the Secret's URL (hub.db.existingSecret), else SQLite on the volume."""

@@ -242,7 +242,8 @@ def validation_problems(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
 
 
-def _oncall(raw: Any, source: str) -> OnCall:
+def read_oncall(raw: Any, source: str) -> OnCall:
+    """monitoring.oncall checked (gpuslice.yaml and the chart's values alike); SettingsError naming the key."""
     if not isinstance(raw, dict):
         raise SettingsError(f"{source}: monitoring.oncall must be a mapping (rotation, second_line, owner, ...)")
     try:
@@ -280,7 +281,7 @@ def _monitoring(raw: Any, source: str) -> dict[str, Any]:
     )
     result: dict[str, Any] = {
         "enabled": _bool(raw, "enabled", True, f"{source}: monitoring"),
-        "oncall": _oncall(raw.get("oncall") or {}, source),
+        "oncall": read_oncall(raw.get("oncall") or {}, source),
         "webhook_url": raw.get("webhook_url"),
         "scrape_interval": str(raw.get("scrape_interval", "15s")),
     }

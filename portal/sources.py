@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
@@ -16,12 +17,18 @@ from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
 from portal.data import access, alerts, cluster, hub, prometheus
 from portal.data.access import Scope
+from portal.data.alertmanager import Alertmanager
 from portal.data.hub import HubClient, ServerRow
+from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
-from spawner import environ
+from portal.incidents import Escalation, Incident, Silence, duration_s, group
+from spawner import environ, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
 from spawner.waitline import Manager, Reservation
+
+if TYPE_CHECKING:
+    from spawner.anomaly import Finding  # scikit-learn is optional: imported when the models run
 
 
 @st.cache_resource
@@ -255,6 +262,126 @@ def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
 @st.cache_data(ttl=10)
 def active_alerts() -> list[alerts.AlertRow]:
     return alerts.active_alerts(alertmanager_url(), auth=monitoring_auth())
+
+
+def alertmanager_client() -> Alertmanager:
+    """Alertmanager with the platform's monitoring credentials: acknowledgements are made with them."""
+    return Alertmanager(alertmanager_url(), auth=monitoring_auth())
+
+
+@st.cache_resource
+def incident_store() -> IncidentStore:
+    path = Path(environ.DATA_DIR.get() or settings().data_dir) / "incidents.sqlite"
+    try:
+        return IncidentStore(path)
+    except (OSError, sqlite3.Error) as exc:  # a read-only volume: say where, not a traceback
+        raise prometheus.MetricsUnavailableError(
+            f"the incident store {path} cannot be written ({exc}); give the portal a writable {environ.DATA_DIR.name}"
+        ) from exc
+
+
+def escalation() -> Escalation:
+    """The on-call tiers' waits (monitoring.oncall), for the timeline's "escalated" entries."""
+    oncall = kube_values().oncall if _kubernetes() else settings().monitoring["oncall"]
+    return Escalation(
+        second_line=oncall.second_line.name if oncall.second_line else "",
+        escalate_after_s=duration_s(oncall.escalate_after),
+        owner=oncall.owner.name if oncall.owner else "",
+        owner_after_s=duration_s(oncall.owner_after),
+    )
+
+
+def _admin(identity: Identity, what: str) -> None:
+    if not identity.admin:
+        raise PermissionError(f"{identity.name} may not {what}: incidents are for admins")
+
+
+def incidents(identity: Identity) -> tuple[list[Recorded], list[Silence]]:
+    """The incidents firing now (recorded as seen) and past ones from the store, with Alertmanager's silences."""
+    _admin(identity, "read incidents")
+    manager = alertmanager_client()
+    store = incident_store()
+    store.record(group(manager.alerts()), datetime.now(UTC))
+    return store.incidents(), manager.silences()
+
+
+def acknowledge(identity: Identity, incident: Incident, comment: str, hours: float) -> str:
+    _admin(identity, "acknowledge incidents")
+    return alertmanager_client().acknowledge(incident, identity.name, comment, hours, datetime.now(UTC))
+
+
+def add_incident_note(identity: Identity, incident_id: str, text: str) -> None:
+    _admin(identity, "write incident notes")
+    incident_store().add_note(incident_id, identity.name, text, datetime.now(UTC))
+
+
+def incident_notes(identity: Identity, incident_id: str) -> list[Note]:
+    _admin(identity, "read incident notes")
+    return incident_store().notes(incident_id)
+
+
+def set_incident_summary(identity: Identity, incident_id: str, text: str) -> None:
+    _admin(identity, "write incident summaries")
+    incident_store().set_summary(incident_id, identity.name, text)
+
+
+ANOMALY_STEP_S = 60
+ANOMALY_DAYS = 3  # the models learn from the first two, and look for the unusual in all three
+CARD_QUERIES = {
+    "utilization": "DCGM_FI_DEV_GPU_UTIL",
+    "temperature": "DCGM_FI_DEV_GPU_TEMP",
+    "memory": "sum by (Hostname, gpu) (gpuslice_process_gpu_memory_bytes)",
+}
+
+
+@st.cache_data(ttl=300)
+def card_history() -> tuple[datetime, dict[str, dict[tuple[str, str], list[float | None]]]]:
+    """Each card's utilization, temperature and servers' GPU memory, a sample a minute for three days."""
+    end = datetime.now(UTC)
+    start = end - timedelta(days=ANOMALY_DAYS)
+    prom = prometheus.connect(prometheus_url(), timeout_s=30, auth=monitoring_auth())
+    return start, {
+        name: prometheus.card_series(prom, q, start, end, ANOMALY_STEP_S) for name, q in CARD_QUERIES.items()
+    }
+
+
+def anomalies(identity: Identity) -> list[tuple[tuple[str, str], Finding, datetime]]:
+    """What the per-card models find (spawner/anomaly.py): (card, finding, when), newest first; admins only."""
+    _admin(identity, "read the anomaly findings")
+    try:
+        from spawner import anomaly  # scikit-learn: the .[anomaly] extra, which a small install may leave out
+    except ImportError as exc:
+        raise prometheus.MetricsUnavailableError(
+            f"the anomaly models need scikit-learn ({exc.name} is missing): pip install 'gpuslice[anomaly]'"
+        ) from exc
+    start, history = card_history()
+    train = slice(0, (ANOMALY_DAYS - 1) * 86400 // ANOMALY_STEP_S)
+    found = []
+    for card, util in history["utilization"].items():
+        temp = history["temperature"].get(card)
+        if temp:
+            found += [(card, f) for f in anomaly.hot_for_load(util, temp, train)]
+    for card, memory in history["memory"].items():
+        found += [(card, f) for f in anomaly.memory_growing(memory)]
+    when = [(card, f, start + timedelta(seconds=f.found * ANOMALY_STEP_S)) for card, f in found]
+    return sorted(when, key=lambda x: x[2], reverse=True)
+
+
+USAGE_STEP_S = 900  # a sample per 15 minutes: 8 weeks stay under Prometheus' 11,000 points per query
+
+
+@st.cache_data(ttl=600)
+def _usage_rows(weeks: int) -> list[usage.UsageRow]:
+    end = datetime.now(UTC)
+    prom = prometheus.connect(prometheus_url(), timeout_s=30, auth=monitoring_auth())
+    samples = prometheus.usage_samples(prom, end - timedelta(weeks=weeks), end, USAGE_STEP_S)
+    return usage.usage(samples, USAGE_STEP_S, usage.group_members(group_rules()))
+
+
+def usage_rows(identity: Identity, weeks: int) -> list[usage.UsageRow]:
+    """GPU-hours per user and week: admins everyone's, teachers their classes', everyone else their own."""
+    seen = scope(identity)
+    return [r for r in _usage_rows(weeks) if seen.sees(r.user)]
 
 
 @st.cache_data(ttl=30)

@@ -32,6 +32,8 @@ LAYERS: dict[str, int] = {
     "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
     "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
+    "spawner.anomaly": CORE,  # per-card anomaly models (scikit-learn): series in, findings out
+    "spawner.usage": CORE,  # utilization reports: GPU-hours per user, class and week (CLI and portal)
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,

@@ -9,6 +9,7 @@ from prometheus_api_client import PrometheusConnect
 from urllib3.util.retry import Retry
 
 from portal.data.errors import why
+from spawner.usage import Sample, samples_from_prometheus
 
 MiB = 1024 * 1024
 
@@ -114,3 +115,32 @@ def spawn_success_ratio(prom: PrometheusConnect) -> float | None:
         return None
     value = float(result[0]["value"][1])
     return None if value != value else value  # NaN: no attempts
+
+
+def usage_samples(prom: PrometheusConnect, start: datetime, end: datetime, step_s: int) -> list[Sample]:
+    """The utilization report's samples (spawner/usage.py's two range queries) over ``start``..``end``."""
+    try:
+        return samples_from_prometheus(prom.custom_query_range, start, end, step_s)
+    except Exception as exc:  # connection refused, timeout, PromQL error, too many points
+        raise MetricsUnavailableError(f"Prometheus did not answer ({why(exc)})") from exc
+
+
+def card_series(
+    prom: PrometheusConnect, expr: str, start: datetime, end: datetime, step_s: int
+) -> dict[tuple[str, str], list[float | None]]:
+    """``expr`` per card (Hostname, gpu) on the grid start, start + step_s, ... end; None where no sample."""
+    try:
+        result = prom.custom_query_range(expr, start_time=start, end_time=end, step=f"{step_s}s")
+    except Exception as exc:
+        raise MetricsUnavailableError(f"Prometheus did not answer ({why(exc)})") from exc
+    slots = int((end - start).total_seconds() // step_s) + 1
+    cards: dict[tuple[str, str], list[float | None]] = {}
+    for series in result:
+        values: list[float | None] = [None] * slots
+        for t, v in series["values"]:
+            i = round((float(t) - start.timestamp()) / step_s)
+            if 0 <= i < slots:
+                values[i] = float(v)
+        labels = series["metric"]
+        cards[(labels.get("Hostname", labels.get("node", "?")), labels.get("gpu", "?"))] = values
+    return cards

@@ -69,3 +69,56 @@ def test_a_values_file_from_another_release_is_refused_naming_the_key(tmp_path: 
     path.write_text("notebookImage: x\nproxyApiUrl: y\ngroups: {ml101: {maxSlise: 4GiB}}\n")
     with pytest.raises(KubeValuesError, match=r"max_slise.*did you mean max_slice"):
         load_kube_values(path)
+
+
+ONCALL = {
+    "rotation": [
+        {"name": "alice", "webhook_url": "https://chat.example.org/hooks/alice"},
+        {"name": "bob", "email": "bob@example.org"},
+    ],
+    "second_line": {"name": "platform-team", "webhook_url": "https://pager.example.org/platform"},
+    "owner": {"name": "dave", "email": "dave@example.org"},
+    "escalate_after": "10m",
+    "smtp_smarthost": "mail.example.org:25",
+    "smtp_from": "alerts@example.org",
+}
+
+
+def test_oncall_values_become_the_same_typed_settings_and_an_alertmanager_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hub.cli import main
+    from hub.settings import from_mapping
+
+    path = rendered_values(tmp_path, {"monitoring": {"oncall": ONCALL}})
+    values = load_kube_values(path)
+    assert values.oncall == from_mapping({"monitoring": {"oncall": ONCALL}}, "gpuslice.yaml").monitoring["oncall"]
+    assert [c.name for c in values.oncall.contacts()] == ["alice", "bob", "platform-team", "dave"]
+    assert values.oncall.escalate_after == "10m"
+    (tmp_path / "defaults").mkdir()
+    assert load_kube_values(rendered_values(tmp_path / "defaults")).oncall.enabled is False  # the default: {}
+
+    assert main(["oncall-config", "--kube-values", str(path)]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    receivers = {r["name"]: r for r in config["receivers"]}
+    assert list(receivers) == ["default", "first-line-alice", "first-line-bob", "second-line", "owner", "deadman"]
+    assert receivers["second-line"]["webhook_configs"][0]["url"] == "https://pager.example.org/platform"
+    assert receivers["owner"]["email_configs"][0]["to"] == "dave@example.org"
+    assert config["global"]["smtp_smarthost"] == "mail.example.org:25"
+
+
+@pytest.mark.parametrize(
+    ("oncall", "message"),
+    [
+        ({"rotation": [{"name": "bob", "email": "bob@example.org"}]}, "smtp_smarthost and smtp_from"),
+        ({"escalate_after": "ten minutes"}, "15m or 1h30m"),
+    ],
+)
+def test_bad_oncall_values_are_refused_naming_the_key(tmp_path: Path, oncall: dict[str, Any], message: str) -> None:
+    with pytest.raises(KubeValuesError, match=message):
+        load_kube_values(rendered_values(tmp_path, {"monitoring": {"oncall": oncall}}))
+
+
+def test_a_misspelt_oncall_key_is_refused_by_the_charts_schema(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="invalid propertyName 'rotaton'"):
+        rendered_values(tmp_path, {"monitoring": {"oncall": {"rotaton": []}}})

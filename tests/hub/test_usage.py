@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 from prometheus_api_client import PrometheusConnect
 
-from hub.usage import (
+from hub.cli import write_notices
+from spawner.usage import (
     Sample,
     UsageRow,
     by_group,
     group_members,
+    idle_notices,
     iso_week,
     samples_from_prometheus,
     to_csv,
@@ -58,6 +60,30 @@ def test_gpu_hours_allocated_used_and_idle_per_user_and_week() -> None:
         UsageRow("2026-W48", "*", "cs101", 2.0, 0.5),
         UsageRow("2026-W49", "*", "", 1.0, 0.0),
     ]
+
+
+def test_the_weekly_notice_goes_to_idle_holders_of_that_week_only(tmp_path: Path) -> None:
+    rows = [
+        UsageRow("2026-W48", "ann", "cs101", 10.0, 2.5),  # 7.5 h idle: a notice
+        UsageRow("2026-W48", "bob", "", 3.0, 2.0),  # 1 h idle: under the 2 h line
+        UsageRow("2026-W47", "cid", "", 9.0, 0.0),  # another week
+        UsageRow("2026-W48", "*", "cs101", 10.0, 2.5),  # a class total, not a person
+    ]
+    notices = idle_notices(rows, "2026-W48", min_idle_h=2)
+    assert notices == {
+        "ann": "Hello ann,\n\n"
+        "in 2026-W48 your notebook servers held 10.0 GPU-hours of GPU slices and used 2.5 (25% of it);"
+        " 7.5 GPU-hours were held without running anything on the GPU.\n"
+        "A held slice is GPU memory nobody else can have, and others wait for it. Please stop your server"
+        " when you are not computing (File > Hub Control Panel > Stop My Server) and start it again when"
+        " you need it: your files stay.\n\n"
+        "(A GPU-hour is one whole card for an hour; this notice goes to everyone who held at least"
+        " 2 GPU-hours idle in a week.)\n"
+    }
+    [path] = write_notices(notices, tmp_path / "2026-W48")
+    assert path == tmp_path / "2026-W48" / "ann.txt" and path.read_text() == notices["ann"]
+    with pytest.raises(ValueError, match="not a plain file name"):
+        write_notices({"../etc/x": "text"}, tmp_path)
 
 
 def test_csv_has_a_header_and_one_line_per_row() -> None:

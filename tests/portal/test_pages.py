@@ -8,15 +8,18 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from portal import auth, sources
+from portal import auth, sources, views
 from portal.data.alerts import AlertRow
 from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ServerRow
+from portal.data.incident_store import IncidentStore
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
+from portal.incidents import Alert, Incident, Silence
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, Ledger, ServerEvent
+from spawner.usage import UsageRow
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
@@ -96,7 +99,16 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
             ]
         ),
     )
+    monkeypatch.setattr(sources, "_usage_rows", lambda weeks: list(USAGE))
     yield state
+
+
+USAGE = [
+    UsageRow("2026-W47", "alice", "ml101", 6.0, 4.0),
+    UsageRow("2026-W48", "alice", "ml101", 5.0, 1.0),
+    UsageRow("2026-W48", "bob", "ml101", 3.0, 0.5),
+    UsageRow("2026-W48", "carl", "", 8.0, 0.0),
+]
 
 
 def run(page: str | None = None) -> AppTest:
@@ -298,7 +310,7 @@ def test_classes_page_on_kubernetes_reads_the_charts_classes(
     assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # the chart's budget
 
 
-PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py"]
+PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py", "screens/usage.py"]
 
 
 def everything(at: AppTest) -> str:
@@ -381,3 +393,136 @@ def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
     with pytest.raises(PermissionError, match="carl may not change the GPU line"):
         sources.cancel_waiting(Identity("carl"), "carl", "")
     assert [e.key for e in ledger.line()] == ["carl/"]
+
+
+class RecordingAlertmanager:
+    """Alertmanager's answers as the data layer returns them (its real API is tested in tests/e2e/test_incidents.py)."""
+
+    def __init__(self, alerts: list[Alert]) -> None:
+        self.firing, self.silenced, self.acknowledged = alerts, list[Silence](), list[tuple[str, str, str]]()
+
+    def alerts(self) -> list[Alert]:
+        return self.firing
+
+    def silences(self) -> list[Silence]:
+        return self.silenced
+
+    def acknowledge(self, incident: Incident, by: str, comment: str, hours: float, now: datetime) -> str:
+        self.acknowledged.append((incident.title, by, comment))
+        self.silenced.append(Silence("s1", by, comment, now, incident.silence_matchers()))
+        return "s1"
+
+
+@pytest.fixture
+def incidents(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> RecordingAlertmanager:
+    started = NOW - timedelta(hours=1)
+    manager = RecordingAlertmanager(
+        [
+            Alert("a", {"alertname": "NodeDown", "severity": "critical", "node": "n1"}, started, "n1 is down"),
+            Alert(
+                "b",
+                {"alertname": "GpuXidError", "severity": "critical", "node": "n1", "gpu": "0"},
+                started,
+                "Xid 79",
+                "docs/runbook.md#gpuxiderror",
+                inhibited_by=("a",),
+            ),
+        ]
+    )
+    monkeypatch.setattr(sources, "alertmanager_client", lambda: manager)
+    store = IncidentStore(tmp_path / "incidents.sqlite")
+    monkeypatch.setattr(sources, "incident_store", lambda: store)
+    return manager
+
+
+def test_incidents_page_groups_times_acknowledges_and_escapes_notes(incidents: RecordingAlertmanager) -> None:
+    at = run("screens/incidents.py")
+    page = markdown_text(at)
+    assert "**NodeDown on node n1** · critical · open, not acknowledged" in page
+    assert "escalated" not in page  # no second line in the default on-call settings: nobody to escalate to
+    assert (
+        "**GpuXidError** node n1, gpu 0 (explained by another alert here): Xid 79 · [runbook](runbook#gpuxiderror)"
+        in page
+    )
+    at.text_input(key=next(k for k in at.session_state if k.startswith("ack-text-"))).input("rebooting n1")
+    at.button[0].click().run()  # Acknowledge
+    assert incidents.acknowledged == [("NodeDown on node n1", "teacher", "rebooting n1")]
+    assert "acknowledged by teacher" in markdown_text(at)
+    assert "rebooting n1" in markdown_text(at)
+    note_key = next(k for k in at.session_state if k.startswith("note-text-"))
+    hostile = "<img src=x onerror=alert(1)> **bold** [x](javascript:alert(1))"
+    at.text_area(key=note_key).input(hostile)
+    next(b for b in at.button if b.label == "Add note").click().run()
+    page = markdown_text(at)
+    assert f"**teacher**: {views.plain(hostile)}" in page
+    assert "<img" not in page.replace("\\<img", "")
+
+
+def test_incidents_are_for_admins_only(incidents: RecordingAlertmanager, fakes: dict[str, object]) -> None:
+    fakes["identity"] = Identity("alice")
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/incidents.py")  # not in a non-admin's menu
+    at = AppTest.from_file(str(Path(APP).parent / "screens" / "incidents.py"), default_timeout=30)
+    at.session_state["identity"] = Identity("alice")  # the script run directly: its own check stops it
+    at.run()
+    assert at.error[0].value == "Incidents are for admins. The Alerts page lists what fires."
+    assert "NodeDown" not in markdown_text(at)
+    with pytest.raises(PermissionError, match="alice may not read incidents"):
+        sources.incidents(Identity("alice"))
+
+
+def test_usage_page_per_viewer_with_worst_holders_trend_and_csv(two_holders: None, fakes: dict[str, object]) -> None:
+    def users(at: AppTest) -> list[str]:
+        return sorted(set(at.dataframe[-1].value["user"]))
+
+    at = run("screens/usage.py")  # an admin: everyone
+    assert users(at) == ["alice", "bob", "carl"]
+    assert list(at.dataframe[0].value["user"]) == ["carl", "alice", "bob"]  # most idle-held first
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics == {
+        "Allocated (2026-W48)": "16.0 GPU-h",
+        "Used (2026-W48)": "1.5 GPU-h",
+        "Idle-held (2026-W48)": "14.5 GPU-h",
+    }
+    assert at.get("download_button")[0].proto.label == "Download CSV"
+    fakes["identity"] = Identity("tina")  # ml101's teacher: her class, not carl
+    at = run("screens/usage.py")
+    assert users(at) == ["alice", "bob"] and "your classes'" in texts(at)
+    fakes["identity"] = Identity("bob")  # a student: only himself, no ranking of others
+    at = run("screens/usage.py")
+    assert users(at) == ["bob"] and len(at.dataframe) == 1
+
+
+def test_an_unwritable_incident_store_is_a_message_not_a_traceback(
+    incidents: RecordingAlertmanager, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.undo()  # the real incident_store, on a data directory that cannot hold a database
+    (tmp_path / "data").write_text("a file where a folder should be")
+    monkeypatch.setenv("GPUSLICE_DATA_DIR", str(tmp_path / "data"))
+    sources.incident_store.clear()
+    with pytest.raises(MetricsUnavailableError, match="give the portal a writable GPUSLICE_DATA_DIR"):
+        sources.incident_store()
+
+
+def test_anomalies_page_shows_each_finding_with_its_evidence(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import math
+
+    minutes = 3 * 1440
+    util = [50 + 45 * math.sin(m / 30) for m in range(minutes)]
+    temp = [35 + 0.4 * u + math.sin(m * 12.9898) for m, u in enumerate(util)]
+    for m in range(4000, 4060):
+        temp[m] += 12  # on the third day, an hour too warm for its load
+    memory = {("n1", "0"): [6 * GiB + 0.0] * minutes}
+    history = {"utilization": {("n1", "0"): util}, "temperature": {("n1", "0"): temp}, "memory": memory}
+    monkeypatch.setattr(sources, "card_history", lambda: (NOW - timedelta(days=3), history))
+    at = run("screens/anomalies.py")
+    assert [m.value.split(",")[0] for m in at.markdown] == ["**hot for its load** on n1 GPU 0"]
+    assert any("its model expects" in c.value for c in at.caption)
+    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 1
+    fakes["identity"] = Identity("alice")
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/anomalies.py")
+    with pytest.raises(PermissionError):
+        sources.anomalies(Identity("alice"))

@@ -148,3 +148,23 @@ def samples_from_prometheus(query_range: QueryRange, start: datetime, end: datet
 
 def _key(metric: Mapping[str, str]) -> tuple[str, str, str, str]:
     return (metric.get("user", ""), metric.get("server", ""), metric.get("node", ""), metric.get("gpu", ""))
+
+
+def idle_notices(rows: Iterable[UsageRow], week: str, min_idle_h: float) -> dict[str, str]:
+    """The weekly notice to each user who held at least ``min_idle_h`` GPU-hours idle in ``week``: user -> text."""
+    notices = {}
+    for r in rows:
+        if r.week != week or r.user == "*" or r.idle_h < min_idle_h:
+            continue
+        used = f" ({r.used_ratio:.0%} of it)" if r.used_ratio is not None else ""
+        notices[r.user] = (
+            f"Hello {r.user},\n\n"
+            f"in {week} your notebook servers held {r.allocated_h:.1f} GPU-hours of GPU slices and used"
+            f" {r.used_h:.1f}{used}; {r.idle_h:.1f} GPU-hours were held without running anything on the GPU.\n"
+            "A held slice is GPU memory nobody else can have, and others wait for it. Please stop your server"
+            " when you are not computing (File > Hub Control Panel > Stop My Server) and start it again when"
+            " you need it: your files stay.\n\n"
+            "(A GPU-hour is one whole card for an hour; this notice goes to everyone who held at least"
+            f" {min_idle_h:g} GPU-hours idle in a week.)\n"
+        )
+    return notices

@@ -1,0 +1,95 @@
+"""Alertmanager's API v2 for incidents: the alerts with their inhibitions, silences, acknowledging.
+
+Takes its HTTP session (requests) so that tests hand it the real Alertmanager; the platform
+passes its monitoring credentials (basic auth) in ``auth``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import requests
+
+from portal.data.errors import why
+from portal.data.prometheus import MetricsUnavailableError
+from portal.incidents import Alert, Incident, Silence
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def alert_from_api(raw: dict[str, Any]) -> Alert:
+    status, annotations = raw.get("status") or {}, raw.get("annotations") or {}
+    return Alert(
+        fingerprint=str(raw.get("fingerprint", "")),
+        labels={str(k): str(v) for k, v in (raw.get("labels") or {}).items()},
+        started=_time(raw["startsAt"]),
+        summary=str(annotations.get("summary", "")),
+        runbook=str(annotations.get("runbook", "")),
+        inhibited_by=tuple(status.get("inhibitedBy") or ()),
+        silenced_by=tuple(status.get("silencedBy") or ()),
+    )
+
+
+def silence_from_api(raw: dict[str, Any]) -> Silence:
+    matchers = {
+        str(m["name"]): str(m["value"])
+        for m in raw.get("matchers") or ()
+        if not m.get("isRegex") and m.get("isEqual", True)
+    }
+    return Silence(
+        id=str(raw.get("id", "")),
+        created_by=str(raw.get("createdBy", "")),
+        comment=str(raw.get("comment", "")),
+        starts=_time(raw["startsAt"]),
+        matchers=matchers,
+        ends=_time(raw["endsAt"]) if raw.get("endsAt") else None,
+        state=str((raw.get("status") or {}).get("state", "")),
+    )
+
+
+@dataclass
+class Alertmanager:
+    url: str
+    session: requests.Session = field(default_factory=requests.Session)
+    auth: tuple[str, str] | None = None
+    timeout_s: float = 5
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.session.request(
+                method, f"{self.url.rstrip('/')}/api/v2/{path}", timeout=self.timeout_s, auth=self.auth, **kwargs
+            )
+            response.raise_for_status()
+            return response.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise MetricsUnavailableError(f"Alertmanager did not answer ({why(exc)})") from exc
+
+    def alerts(self) -> list[Alert]:
+        """Every firing alert, inhibited and silenced ones too (they belong to incidents)."""
+        return [alert_from_api(a) for a in self._call("GET", "alerts")]
+
+    def silences(self) -> list[Silence]:
+        """Active and expired silences (an expired acknowledgement still belongs on the timeline)."""
+        return [
+            silence_from_api(s) for s in self._call("GET", "silences") if s.get("status", {}).get("state") != "pending"
+        ]
+
+    def acknowledge(self, incident: Incident, by: str, comment: str, hours: float, now: datetime) -> str:
+        """A silence of the incident's place under the admin's name; its id."""
+        if not by:
+            raise ValueError("an acknowledgement needs the admin's name")
+        silence = {
+            "matchers": [
+                {"name": k, "value": v, "isRegex": False, "isEqual": True}
+                for k, v in incident.silence_matchers().items()
+            ],
+            "startsAt": now.isoformat(),
+            "endsAt": (now + timedelta(hours=hours)).isoformat(),
+            "createdBy": by,
+            "comment": comment or f"acknowledged incident {incident.title}",
+        }
+        return str(self._call("POST", "silences", json=silence)["silenceID"])

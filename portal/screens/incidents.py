@@ -1,0 +1,79 @@
+"""Incidents (admins): alerts grouped by cause, their timeline, runbooks, acknowledging, notes, summary."""
+
+from datetime import UTC, datetime
+
+import streamlit as st
+
+from portal import sources, views
+from portal.data.incident_store import Recorded
+from portal.data.prometheus import MetricsUnavailableError
+from portal.incidents import Silence, acknowledgements, timeline
+
+identity = st.session_state["identity"]
+st.title("Incidents")
+if not identity.admin:  # the page is not listed for others; this stops a direct visit too
+    st.error("Incidents are for admins. The Alerts page lists what fires.")
+    st.stop()
+try:
+    recorded, silences = sources.incidents(identity)
+except MetricsUnavailableError as exc:
+    st.warning(f"Alertmanager is unavailable: {exc}.")
+    st.stop()
+ICONS = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
+
+
+def when(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%a %d %b %H:%M:%S UTC")
+
+
+def show(record: Recorded, silences: list[Silence]) -> None:
+    incident, now = record.incident, datetime.now(UTC)
+    acks = acknowledgements(incident, silences)
+    state = "resolved" if record.resolved_at else ("acknowledged" if acks else "open, not acknowledged")
+    st.markdown(f"{ICONS.get(incident.severity, '')} **{views.plain(incident.title)}** · {incident.severity} · {state}")
+    st.caption(f"Incident {incident.id}")
+    st.markdown("**Timeline**")
+    for event in timeline(incident, silences, sources.escalation(), now, record.resolved_at):
+        st.markdown(f"- {when(event.at)} · *{event.what}* · {views.plain(event.text)}")
+    st.markdown(f"**Alerts in this incident** ({len(incident.alerts)})")
+    for alert in incident.alerts:
+        cause = " (explained by another alert here)" if alert.inhibited_by else ""
+        line = f"- **{views.plain(alert.name)}** {views.plain(alert.where)}{cause}: {views.plain(alert.summary)}"
+        href = views.runbook_href(alert.runbook)
+        st.markdown(line + (f" · [runbook]({href})" if href else ""))
+    if not record.resolved_at and not acks:
+        with st.form(f"ack-{incident.id}"):
+            comment = st.text_input("Acknowledge: what you are doing", key=f"ack-text-{incident.id}")
+            hours = st.number_input("Silence for hours", 0.5, 72.0, 2.0, 0.5, key=f"ack-hours-{incident.id}")
+            if st.form_submit_button("Acknowledge", type="primary"):
+                sources.acknowledge(identity, incident, comment, hours)
+                st.rerun()
+    notes = sources.incident_notes(identity, incident.id)
+    st.markdown(f"**Notes** ({len(notes)})")
+    for note in notes:
+        st.markdown(f"- {when(note.at)} · **{views.plain(note.author)}**: {views.plain(note.text)}")
+    with st.form(f"note-{incident.id}", clear_on_submit=True):
+        text = st.text_area("Add a note", key=f"note-text-{incident.id}")
+        if st.form_submit_button("Add note"):
+            try:
+                sources.add_incident_note(identity, incident.id, text)
+                st.rerun()
+            except ValueError as exc:
+                st.error(str(exc))
+    if record.summary:
+        st.markdown(f"**Post-incident summary** by {views.plain(record.summary_by)}: {views.plain(record.summary)}")
+    with st.form(f"summary-{incident.id}"):
+        summary = st.text_area("Post-incident summary", record.summary, key=f"summary-text-{incident.id}")
+        if st.form_submit_button("Save summary"):
+            try:
+                sources.set_incident_summary(identity, incident.id, summary)
+                st.rerun()
+            except ValueError as exc:
+                st.error(str(exc))
+
+
+if not recorded:
+    st.success("No incidents: nothing has fired since the portal started keeping them.")
+for record in recorded:
+    with st.container(border=True):
+        show(record, silences)
