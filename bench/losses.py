@@ -44,6 +44,20 @@ def failures(
     return capacity - allocated, failed
 
 
+def coverage(tasks: Sequence[TraceTask]) -> str:
+    """How much of the list the target workload (its most popular types) covers."""
+    demands = [t.demand() for t in tasks]
+    counts = Counter(demands)
+    kept = Workload.from_demands(demands).demands
+    multi_bound = [d for d in demands if d.gpus > 1 and d.models]
+    covered = sum(counts[d] for d in kept)
+    kept_multi_bound = sum(counts[d] for d in kept if d.gpus > 1 and d.models)
+    return (
+        f"{len(counts)} task types, {len(kept)} kept, covering {covered / len(demands):.0%} of tasks;"
+        f" model-bound multi-card tasks {len(multi_bound)}, {kept_multi_bound} of them of a kept type"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.losses", description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
@@ -56,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for index in args.mix:
         mix = make_mix(index, nodes, base)
         print(f"{mix.name}: {mix.spec.label()}, {sum(n.gpus for n in mix.nodes)} GPUs", flush=True)
+        print(f"  target workload: {coverage(mix.tasks)}", flush=True)
         for policy in args.policy or ["fgd", "default"]:
             runs = [failures(mix.nodes, mix.tasks, policy, s) for s in range(args.seeds)]
             per_seed = " ".join(f"{u:.1f}" for u, _ in runs)
