@@ -136,6 +136,10 @@ class DotProduct:
         return _ranked_slice(state, demand, [-score[:, None], left_after(state, demand)])
 
 
+# Node states remembered by fgd/default: about 100 bytes each, so at most ~50 MB.
+MEMO_STATES = 500_000
+
+
 @dataclass
 class FragmentationGradientDescent:
     """FGD: place where the node's expected fragmentation grows least (ties: first)."""
@@ -143,15 +147,21 @@ class FragmentationGradientDescent:
     workload: Workload
     name: str = "fgd"
     cpu_tasks_fragment: bool = True
+    remember_states: bool = True  # False: score every candidate state afresh (bench.latency's baseline)
     _arrays: WorkloadArrays | None = field(default=None, init=False, repr=False)
     _state_id: int = field(default=-1, init=False, repr=False)
     _frag: FloatArray = field(default_factory=lambda: np.zeros(0), init=False, repr=False)
     _seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
+    # A node state's fragmentation depends on nothing but that state (and the workload), and
+    # one commit changes one node, so the candidate states of the next decision are almost
+    # all states scored before: remember them, keyed by the state's exact bytes.
+    _memo: dict[bytes, float] = field(default_factory=dict, init=False, repr=False)
 
     def _current(self, state: ClusterState) -> FloatArray:
         """Each node's fragmentation now; recomputed only for nodes changed since last call."""
         if self._state_id != id(state) or self._arrays is None:
             self._arrays = WorkloadArrays.build(self.workload, state.model_names)
+            self._memo.clear()
             self._state_id = id(state)
             self._frag = self._frag_of(state, np.arange(len(state.names)))
             self._seen = state.version.copy()
@@ -179,16 +189,26 @@ class FragmentationGradientDescent:
         key = np.column_stack((free, cap, model, usable, cpu, mem)).astype(np.float64)
         hashes = key @ row_hash_weights(key.shape[1])
         _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        scores = fragmentation(
-            self._arrays,
-            free[first],
-            cap[first],
-            model[first],
-            usable[first],
-            cpu[first],
-            mem[first],
-            cpu_tasks_fragment=self.cpu_tasks_fragment,
-        )
+        rows = np.ascontiguousarray(key[first])
+        keys = [row.tobytes() for row in rows]
+        memo = self._memo if self.remember_states else {}
+        scores = np.array([memo.get(k, np.nan) for k in keys])
+        new = np.flatnonzero(np.isnan(scores))
+        if new.size:
+            at = first[new]
+            scores[new] = fragmentation(
+                self._arrays,
+                free[at],
+                cap[at],
+                model[at],
+                usable[at],
+                cpu[at],
+                mem[at],
+                cpu_tasks_fragment=self.cpu_tasks_fragment,
+            )
+            if len(memo) > MEMO_STATES:
+                memo.clear()
+            memo.update(zip((keys[i] for i in new), scores[new].tolist(), strict=True))
         return np.asarray(scores[inverse.reshape(-1)])
 
     def choose(self, state: ClusterState, demand: Demand) -> Choice | None:

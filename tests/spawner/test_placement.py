@@ -115,6 +115,25 @@ def test_fgd_cache_follows_commits() -> None:
     assert policy.choose(s, slice_(0.5)) == first
 
 
+@pytest.mark.parametrize("policy", [FragmentationGradientDescent, DefaultPolicy])
+def test_remembered_node_states_decide_as_scoring_afresh(policy: type[FragmentationGradientDescent]) -> None:
+    # Nodes that differ only in CPU or only in which card is used: a memo keyed on less than
+    # the whole node state would give one of them another's score.
+    demands = [slice_(0.5), slice_(0.25), Demand(cpu_milli=8000), Demand(gpus=1, cpu_milli=4000), slice_(0.75)]
+    workload = Workload.from_demands(demands)
+    cpu = [16000, 64000, 16000, 64000]
+    remembered, fresh = state([[1000] * 2] * 4, cpu), state([[1000] * 2] * 4, cpu)
+    mine, theirs = policy(workload), policy(workload, remember_states=False)
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        demand = demands[int(rng.integers(len(demands)))]
+        choice = mine.choose(remembered, demand)
+        assert choice == theirs.choose(fresh, demand)
+        if choice is not None:
+            remembered.commit(choice, demand)
+            fresh.commit(choice, demand)
+
+
 def test_best_fit_and_spread_are_opposites() -> None:
     s = state([[1000, 400], [900]])
     assert BestFit().choose(s, slice_(0.3)) == Choice(0, (1,))
