@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--simulate", help="GPU spec to simulate when NVML finds no GPU, e.g. 2x16GiB:T4")
     exporter.add_argument("--ledger", type=Path, help="the hub's ledger: simulated GPUs follow its slices")
     exporter.add_argument("--faults", type=Path, help="JSON list of faults to inject into simulated GPUs")
+    exporter.add_argument(
+        "--password-file", type=Path, help="ask for basic auth (user gpuslice) with the password in this 0600 file"
+    )
     exporter.add_argument("--hostname", help=f"the Hostname label (default: ${environ.NODE_NAME.name} or localhost)")
 
     report = commands.add_parser("usage", help="GPU-hours allocated, used and held idle per user, class and week")
@@ -222,7 +225,8 @@ def _exporter(args: argparse.Namespace) -> int:
         return 2
     collector = GpuCollector(source, name, args.hostname or default_hostname())
     print(f"gpuslice exporter: {name} GPUs on http://{args.address}:{args.port}/metrics", flush=True)
-    serve(registry_for(collector), args.port, args.address)
+    password = args.password_file.read_text().strip() if args.password_file else None
+    serve(registry_for(collector), args.port, args.address, password)
     return 0
 
 

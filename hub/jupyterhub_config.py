@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from hub import metrics, roles
+from hub import metrics, roles, userenv
 from hub.accounts import known_names, passwords_path
 from hub.settings import load
 from spawner import environ
@@ -54,6 +54,11 @@ c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)
 c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
 c.LocalGpuSpawner.isolation = settings.isolation
+if settings.isolation == "unix-users":
+    # Servers run as each user's own account, from an environment every account can read
+    # (gpuslice up builds it: hub/userenv.py), with the hook copied there too.
+    c.LocalGpuSpawner.user_env_prefix = str(settings.user_env)
+    c.LocalGpuSpawner.gpu_kernel_hook_dir = str(userenv.hook_dir(settings.user_env))
 c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.gpu_idle_timeout = settings.idle_timeout  # the culler's: its stops are named
@@ -72,7 +77,10 @@ c.LocalGpuSpawner.gpu_market_url = environ.MARKET_URL.get()
 c.LocalGpuSpawner.gpu_models_root = environ.MODELS_ROOT.get()
 if settings.images:
     c.LocalGpuSpawner.gpu_images = {
-        "default": {"path": sys.prefix, "description": "The platform's own Python environment"},
+        "default": {
+            "path": str(settings.user_env) if settings.isolation == "unix-users" else sys.prefix,
+            "description": "The platform's own Python environment",
+        },
         **settings.images,
     }
 
