@@ -164,8 +164,11 @@ def _bench_extra() -> Iterator[None]:
         raise
 
 
+JOIN_WORDS = "each member opens /hub/join and types their name, code and the password they choose; a code works once."
+
+
 def _class_add(args: argparse.Namespace) -> int:
-    from hub.accounts import first_passwords, passwords_path, write_private
+    from hub.accounts import invite_codes, write_private
     from hub.classes import add_class, read_roster
 
     rules = {
@@ -187,13 +190,13 @@ def _class_add(args: argparse.Namespace) -> int:
     else:
         how = f"start with `gpuslice up --config {written}` to apply it"
     print(f"class {args.name}: {len(members)} students written to {written}; {how} (a running hub: restart it).")
-    codes = first_passwords(passwords_path(settings.data_dir), members)
+    codes = invite_codes(settings.data_dir, members)
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())
     if args.invites and codes:
         write_private(args.invites, "username,invite_code\n" + lines)
-        print(f"{len(codes)} invite codes (each member's first password) written to {args.invites}.")
+        print(f"{len(codes)} invite codes written to {args.invites}; {JOIN_WORDS}")
     elif codes:
-        print("Invite codes, each member's first password (shown once; they change it at /hub/auth/change-password):")
+        print(f"Invite codes (shown once): {JOIN_WORDS}")
         print(lines, end="")
     return 0
 

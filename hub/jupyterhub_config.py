@@ -39,6 +39,7 @@ c.JupyterHub.cleanup_servers = True  # stopping the platform stops every noteboo
 c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
 c.GpusliceAuthenticator.dbm_path = str(passwords_path(data_dir))
 c.GpusliceAuthenticator.create_users = settings.open_signup
+c.GpusliceAuthenticator.data_dir = str(data_dir)  # invite codes (/hub/join)
 c.GpusliceAuthenticator.known_names = known_names(settings)
 c.Authenticator.admin_users = set(settings.admin_users)
 members = {m for g in settings.groups for m in g["members"]}
