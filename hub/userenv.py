@@ -14,6 +14,7 @@ a changed hub or hook rebuilds or refreshes it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -65,7 +66,16 @@ def system_python() -> Path:
 
 
 def ensure(prefix: Path) -> bool:
-    """Build or refresh the environment at ``prefix``; True when anything was (re)built."""
+    """Build or refresh the environment at ``prefix``; True when anything was (re)built.
+
+    Two platforms starting at once (tests in parallel) take turns: one builds, the other reuses."""
+    prefix.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    with open(prefix.parent / f".{prefix.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(prefix)
+
+
+def _ensure(prefix: Path) -> bool:
     wanted, have = wanted_stamp(), current_stamp(prefix)
     if have == wanted and (prefix / "bin" / "jupyterhub-singleuser").exists():
         return False
