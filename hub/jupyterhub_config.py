@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from hub import metrics, roles, userenv
-from hub.accounts import known_names, passwords_path
+from hub.accounts import known_names, passwords_path, service_token
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -118,6 +118,9 @@ c.JupyterHub.services.append(
         "display": True,
         "url": f"http://127.0.0.1:{settings.portal_port}",
         "command": [*with_hub, "portal.gate"],
+        # Its token from a 0600 file in the data folder (the hub hands it over; hub.with_hub keeps
+        # it out of the gate's /proc/PID/environ), so the platform's account can check its scopes.
+        "api_token": service_token(data_dir, "portal"),
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": roles.PORTAL_OAUTH_SCOPES,
         "environment": {

@@ -201,7 +201,7 @@ def _no_secret_in_any_environment(platform: Platform) -> None:
     """No platform process was started with a secret in its environment (what /proc/PID/environ shows
     to its own account): no hub token, no portal key, no password or token from the data folder.
     The proxy's CONFIGPROXY_AUTH_TOKEN is the one left (docs/security.md)."""
-    files = ["prometheus-hub-token", "monitoring/web-password", "jupyterhub_cookie_secret"]
+    files = ["prometheus-hub-token", "portal-hub-token", "monitoring/web-password", "jupyterhub_cookie_secret"]
     values = [(platform.data_dir / name).read_bytes().strip() for name in files]
     pids = platform_pids(platform)
     assert any(b"portal.gate" in _cmdline(pid) for pid in pids) and any(b"streamlit" in _cmdline(pid) for pid in pids)
