@@ -7,8 +7,10 @@ belong to whichever stranger typed the name first. So:
 
 * admins get a password at the first ``gpuslice up`` (printed once, or read from the
   file or environment variable that ``admin_password_from`` names);
-* ``gpuslice class add`` gives each new member an invite code, their first password,
-  printed once or written to a 0600 file (they change it at /hub/auth/change-password);
+* ``gpuslice class add`` gives each new member a single-use invite code, printed once or
+  written to a 0600 file: at ``/hub/join`` the member types their name, the code and the
+  password they choose; the code then stops working (``redeem_invite``). A code is never a
+  password: it does not log anyone in, and it is kept (bcrypt) in ``DATA/invites.dbm``;
 * ``gpuslice user set-password NAME`` sets or resets one;
 * ``GpusliceAuthenticator`` refuses a login to a known name that has no password yet,
   instead of letting the login set it.
@@ -40,6 +42,14 @@ NO_PASSWORD_YET = (
     "This account has no password yet, and it cannot be claimed by typing one: "
     "ask your teacher for your invite code, or an admin to run `gpuslice user set-password {name}`."
 )
+
+
+# The same words for a wrong code, another member's code and a spent one: nothing to probe.
+INVITE_REFUSED = (
+    "That invite code does not open this name: check both, or ask your teacher for a new code "
+    "(a code works once; after that, log in with the password you chose)."
+)
+USE_THE_INVITE = "Your account is waiting for you: choose your password with your invite code at {url}."
 
 
 class AccountsError(ValueError):
@@ -78,13 +88,51 @@ def new_code() -> str:
 
 
 def first_passwords(store: Path, names: Iterable[str]) -> dict[str, str]:
-    """A new code for each name without a password (existing ones are kept): name -> code."""
+    """A new password for each name without one (the admins' at the first start): name -> password."""
     given = {}
     for name in names:
         if not has_password(store, name):
             given[name] = new_code()
             set_password(store, name, given[name])
     return given
+
+
+def service_token(data_dir: Path, service: str) -> str:
+    """A hub service's API token, made once into ``DATA/SERVICE-hub-token`` (0600)."""
+    path = data_dir / f"{service}-hub-token"
+    if not path.exists():
+        write_private(path, secrets.token_hex(32))
+    return path.read_text().strip()
+
+
+def invites_path(data_dir: Path) -> Path:
+    return data_dir.absolute() / "invites.dbm"
+
+
+def invite_codes(data_dir: Path, names: Iterable[str]) -> dict[str, str]:
+    """A single-use invite code for each name with neither a password nor a code waiting: name -> code."""
+    passwords, invites = passwords_path(data_dir), invites_path(data_dir)
+    given = {}
+    for name in names:
+        if not has_password(passwords, name) and not has_password(invites, name):
+            given[name] = new_code()
+            set_password(invites, name, given[name])
+    return given
+
+
+def redeem_invite(data_dir: Path, name: str, code: str, password: str) -> None:
+    """``name`` chooses ``password`` with their invite code, which is then gone; AccountsError otherwise."""
+    if len(password) < MIN_PASSWORD_LENGTH:
+        raise AccountsError(f"choose a password of at least {MIN_PASSWORD_LENGTH} characters")
+    invites = invites_path(data_dir)
+    if not has_password(invites, name):  # no code waiting (or no store at all)
+        raise AccountsError(INVITE_REFUSED)
+    with dbm.open(str(invites), "w") as db:  # one writer at a time: a code is spent once
+        hashed = db.get(name.encode())
+        if hashed is None or not bcrypt.checkpw(code.encode(), hashed):
+            raise AccountsError(INVITE_REFUSED)
+        set_password(passwords_path(data_dir), name, password)
+        del db[name.encode()]
 
 
 def write_private(path: Path, text: str) -> None:
@@ -137,20 +185,31 @@ def signup_words(settings: Settings) -> str:
 
 
 class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
-    """FirstUseAuthenticator, except that a known name without a password cannot be claimed."""
+    """FirstUseAuthenticator, except that a known name without a password cannot be claimed;
+    a class member chooses theirs at /hub/join with their single-use invite code."""
 
     known_names = Set(Unicode(), help="Admins and class members: their first password comes from gpuslice.").tag(
         config=True
     )
+    data_dir = Unicode("", help="The data folder: invite codes in invites.dbm (hub/accounts.py).").tag(config=True)
 
     async def authenticate(self, handler: Any, data: dict[str, str]) -> str | None:
         name = self.normalize_username(data["username"])
         if name in self.known_names and not has_password(Path(self.dbm_path), name):
-            handler.custom_login_error = NO_PASSWORD_YET.format(name=name)
+            if self.data_dir and has_password(invites_path(Path(self.data_dir)), name):
+                handler.custom_login_error = USE_THE_INVITE.format(url=handler.hub.base_url + "join")
+            else:
+                handler.custom_login_error = NO_PASSWORD_YET.format(name=name)
             self.log.warning("refused a first login to %s, which has no password yet", name)
             return None
         result: str | None = await super().authenticate(handler, data)
         return result
+
+    def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
+        from hub.join import JoinHandler  # JupyterHub's handlers: only inside the hub
+
+        handlers: list[tuple[str, Any]] = super().get_handlers(app)
+        return [*handlers, (r"/join", JoinHandler)]
 
 
 # -- Kubernetes: the admins' password from the chart's Secret --------------------------------

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     exporter.add_argument("--simulate", help="GPU spec to simulate when NVML finds no GPU, e.g. 2x16GiB:T4")
     exporter.add_argument("--ledger", type=Path, help="the hub's ledger: simulated GPUs follow its slices")
     exporter.add_argument("--faults", type=Path, help="JSON list of faults to inject into simulated GPUs")
+    exporter.add_argument(
+        "--password-file", type=Path, help="ask for basic auth (user gpuslice) with the password in this 0600 file"
+    )
     exporter.add_argument("--hostname", help=f"the Hostname label (default: ${environ.NODE_NAME.name} or localhost)")
 
     report = commands.add_parser("usage", help="GPU-hours allocated, used and held idle per user, class and week")
@@ -175,8 +178,11 @@ def _bench_extra() -> Iterator[None]:
         raise
 
 
+JOIN_WORDS = "each member opens /hub/join and types their name, code and the password they choose; a code works once."
+
+
 def _class_add(args: argparse.Namespace) -> int:
-    from hub.accounts import first_passwords, passwords_path, write_private
+    from hub.accounts import invite_codes, write_private
     from hub.classes import add_class, read_roster
 
     rules = {
@@ -198,13 +204,13 @@ def _class_add(args: argparse.Namespace) -> int:
     else:
         how = f"start with `gpuslice up --config {written}` to apply it"
     print(f"class {args.name}: {len(members)} students written to {written}; {how} (a running hub: restart it).")
-    codes = first_passwords(passwords_path(settings.data_dir), members)
+    codes = invite_codes(settings.data_dir, members)
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())
     if args.invites and codes:
         write_private(args.invites, "username,invite_code\n" + lines)
-        print(f"{len(codes)} invite codes (each member's first password) written to {args.invites}.")
+        print(f"{len(codes)} invite codes written to {args.invites}; {JOIN_WORDS}")
     elif codes:
-        print("Invite codes, each member's first password (shown once; they change it at /hub/auth/change-password):")
+        print(f"Invite codes (shown once): {JOIN_WORDS}")
         print(lines, end="")
     return 0
 
@@ -236,7 +242,8 @@ def _exporter(args: argparse.Namespace) -> int:
         return 2
     collector = GpuCollector(source, name, args.hostname or default_hostname())
     print(f"gpuslice exporter: {name} GPUs on http://{args.address}:{args.port}/metrics", flush=True)
-    serve(registry_for(collector), args.port, args.address)
+    password = args.password_file.read_text().strip() if args.password_file else None
+    serve(registry_for(collector), args.port, args.address, password)
     return 0
 
 

@@ -8,6 +8,8 @@ the slices in the hub's ledger. A failing source drops its families for that scr
 
 from __future__ import annotations
 
+import base64
+import hmac
 import json
 import math
 import time
@@ -21,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from hub.settings import MONITORING_USER
 from spawner import environ
 from spawner.gpus import GpuSample
 from spawner.inventory import Gpu
@@ -384,8 +387,19 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") -> None:
-    """Serve /metrics until SIGTERM or SIGINT, always in the text format dcgm-exporter serves."""
+def allowed(authorization: object, password: str | None) -> bool:
+    """Whether an Authorization header carries the monitoring user's password (always, without one)."""
+    if password is None:
+        return True
+    expected = "Basic " + base64.b64encode(f"{MONITORING_USER}:{password}".encode()).decode()
+    return isinstance(authorization, str) and hmac.compare_digest(authorization.encode(), expected.encode())
+
+
+def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1", password: str | None = None) -> None:
+    """Serve /metrics until SIGTERM or SIGINT, always in the text format dcgm-exporter serves.
+
+    ``password``: ask for basic auth (user ``gpuslice``), as Prometheus and Alertmanager do on one
+    machine: the per-process series say who runs what, which students may not read."""
     import signal
     import threading
     from wsgiref.simple_server import make_server
@@ -393,6 +407,9 @@ def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") ->
     from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
     def app(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
+        if not allowed(environ.get("HTTP_AUTHORIZATION"), password):
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="gpuslice"')])
+            return [b"Unauthorized\n"]
         if environ.get("PATH_INFO") == "/favicon.ico":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b""]

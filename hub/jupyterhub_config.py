@@ -9,8 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from hub import metrics, roles
-from hub.accounts import known_names, passwords_path
+from hub import metrics, roles, userenv
+from hub.accounts import known_names, passwords_path, service_token
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -39,6 +39,7 @@ c.JupyterHub.cleanup_servers = True  # stopping the platform stops every noteboo
 c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
 c.GpusliceAuthenticator.dbm_path = str(passwords_path(data_dir))
 c.GpusliceAuthenticator.create_users = settings.open_signup
+c.GpusliceAuthenticator.data_dir = str(data_dir)  # invite codes (/hub/join)
 c.GpusliceAuthenticator.known_names = known_names(settings)
 c.Authenticator.admin_users = set(settings.admin_users)
 members = {m for g in settings.groups for m in g["members"]}
@@ -56,6 +57,11 @@ c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)
 c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
 c.LocalGpuSpawner.isolation = settings.isolation
+if settings.isolation == "unix-users":
+    # Servers run as each user's own account, from an environment every account can read
+    # (gpuslice up builds it: hub/userenv.py), with the hook copied there too.
+    c.LocalGpuSpawner.user_env_prefix = str(settings.user_env)
+    c.LocalGpuSpawner.gpu_kernel_hook_dir = str(userenv.hook_dir(settings.user_env))
 c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.gpu_culler_timeout = settings.idle_timeout  # the culler's: its stops are named
@@ -74,7 +80,10 @@ c.LocalGpuSpawner.gpu_market_url = environ.MARKET_URL.get()
 c.LocalGpuSpawner.gpu_models_root = environ.MODELS_ROOT.get()
 if settings.images:
     c.LocalGpuSpawner.gpu_images = {
-        "default": {"path": sys.prefix, "description": "The platform's own Python environment"},
+        "default": {
+            "path": str(settings.user_env) if settings.isolation == "unix-users" else sys.prefix,
+            "description": "The platform's own Python environment",
+        },
         **settings.images,
     }
 
@@ -111,6 +120,9 @@ c.JupyterHub.services.append(
         "display": True,
         "url": f"http://127.0.0.1:{settings.portal_port}",
         "command": [*with_hub, "portal.gate"],
+        # Its token from a 0600 file in the data folder (the hub hands it over; hub.with_hub keeps
+        # it out of the gate's /proc/PID/environ), so the platform's account can check its scopes.
+        "api_token": service_token(data_dir, "portal"),
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": roles.PORTAL_OAUTH_SCOPES,
         "environment": {

@@ -20,7 +20,7 @@ from types import FrameType
 
 import yaml
 
-from hub import monitoring, recovery
+from hub import monitoring, recovery, userenv
 from hub.accounts import AccountsError, ensure_admin_passwords, signup_words, write_private
 from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
@@ -45,10 +45,11 @@ def hub_command() -> list[str]:
     return [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)]
 
 
+# One sentence, the same on the spawn form (spawner/form.py SHARED_ACCOUNT_WARNING).
 ROOT_WARNING = (
-    "gpuslice: WARNING: isolation is none and gpuslice runs as root, so every notebook runs as root: "
-    "any user can read and change everything on this machine, other users' files and the platform's "
-    "secrets included. For a class set isolation: unix-users (an account per user; docs/security.md)."
+    "gpuslice: WARNING: isolation is none, so everyone's notebooks run as the same account (root) and can "
+    "read each other's files and the platform's secrets; for a class remove isolation: none from the "
+    "settings (the default as root is an account per user, docs/security.md)."
 )
 
 
@@ -65,6 +66,8 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
     url, models = prepare_market(settings.model_copy(update={"data_dir": data_dir}))
+    if settings.isolation == "unix-users":
+        prepare_user_env(settings.user_env)
     env = dict(os.environ)
     env[environ.SETTINGS.name] = str(config_path.absolute()) if config_path else ""
     env[environ.DATA_DIR.name] = str(data_dir)
@@ -72,6 +75,16 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     env[environ.MODELS_ROOT.name] = str(models)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     return data_dir, env
+
+
+def prepare_user_env(prefix: Path) -> None:
+    """The Python environment every user's account can run (hub/userenv.py), built once."""
+    if userenv.wanted_stamp() != userenv.current_stamp(prefix):
+        print(f"gpuslice: making the users' Python environment in {prefix} (once; about a minute)", flush=True)
+    try:
+        userenv.ensure(prefix)
+    except userenv.UserEnvError as exc:
+        raise PlatformError(str(exc)) from None
 
 
 def prepare_market(settings: Settings) -> tuple[str, Path]:
@@ -156,6 +169,8 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
         str(data_dir / "ledger.sqlite"),
         "--faults",
         str(folder / "faults.json"),
+        "--password-file",  # its per-process series name users' processes: not for students
+        str(password_file),
     ]
     commands: dict[str, list[str]] = {"exporter": exporter}
     missing = [name for name in ("prometheus", "alertmanager") if not found[name]]

@@ -6,6 +6,7 @@ with a "did you mean" suggestion. Group rules are parsed by spawner/quotas.py.
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import date
 from pathlib import Path
@@ -45,7 +46,15 @@ class Settings(BaseModel):
         default=(), description="Classes: members and GPU rules (spawner/quotas.py)."
     )
     images: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Image id -> {path, description}.")
-    isolation: str = Field(default="none", description="none (one account) or unix-users (an account per user).")
+    isolation: str = Field(
+        default_factory=lambda: default_isolation(),
+        description="unix-users (an account per user; the default as root) or none (every notebook runs as "
+        "gpuslice's own account; the default otherwise).",
+    )
+    user_env: Path = Field(
+        default=Path("/opt/gpuslice/user"),
+        description="Under unix-users: the Python environment every account can read that notebooks run from.",
+    )
     idle_timeout: int = Field(default=3600, description="Seconds of inactivity before a server is stopped.")
     gpu_idle_timeout: int = Field(
         default=900, description="While anyone waits for a GPU: seconds idle before a slice is reclaimed."
@@ -77,6 +86,11 @@ TOP_LEVEL_KEYS = tuple(sorted({*Settings.model_fields, "gpus"} - {"simulate", "s
 
 
 DEFAULT_CONFIG = Path("gpuslice.yaml")  # read by `gpuslice up` and written by `gpuslice class add` without --config
+
+
+def default_isolation() -> str:
+    """As root, an account per user: otherwise every notebook would run as root (docs/security.md)."""
+    return "unix-users" if os.geteuid() == 0 else "none"
 
 
 def config_path(given: Path | None) -> Path | None:
@@ -130,7 +144,8 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         source=source,
         groups=_groups(raw.get("groups") or {}, source),
         images=_images(raw.get("images") or {}, source),
-        isolation=_choice(raw, "isolation", ("none", "unix-users"), "none", source),
+        isolation=_choice(raw, "isolation", ("none", "unix-users"), default_isolation(), source),
+        user_env=_user_env(raw, source),
         idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
         line_max_wait=_positive_int(raw, "line_max_wait", 14400, source),
         gpu_idle_timeout=_positive_int(raw, "gpu_idle_timeout", 900, source),
@@ -333,6 +348,13 @@ def _port(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise SettingsError(f"{source}: {key} must be a number from 1 to 65535, not {value!r}")
     return value
+
+
+def _user_env(raw: dict[str, Any], source: str) -> Path:
+    path = Path(str(raw.get("user_env", "/opt/gpuslice/user")))
+    if not path.is_absolute():
+        raise SettingsError(f"{source}: user_env must be an absolute folder path (such as /opt/gpuslice/user)")
+    return path
 
 
 def _choice(raw: dict[str, Any], key: str, allowed: tuple[str, ...], fallback: str, source: str) -> str:

@@ -17,6 +17,9 @@ JupyterHub stops a managed service with SIGINT and waits 30 s before SIGTERM. A 
 started with SIGINT ignored (``gpuslice up &`` from a script, nohup) passes that on to the
 services, which then sat out the 30 s: Ctrl-C took 32 s. The service gets Python's own
 SIGINT handler back before it starts.
+
+The hub token JupyterHub gives the service in its environment is moved to a 0600 file first,
+and the wrapper starts itself again without it (spawner/secretenv.py).
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ import runpy
 import signal
 import sys
 
+from spawner import secretenv
 from spawner.lifetime import die_with_parent
 
 
 def main(argv: list[str]) -> None:
+    # JupyterHub hands a service its hub token in the environment: move it to a 0600 file and
+    # start again without it, so that /proc/PID/environ shows no token (spawner/secretenv.py).
+    secretenv.reexec_without_secrets(["-m", "hub.with_hub", *argv])
+    secretenv.load_secrets()
     parent = None
     if argv and argv[0].startswith("--hub-pid="):
         parent = int(argv.pop(0).removeprefix("--hub-pid="))

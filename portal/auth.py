@@ -5,10 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from portal.identity import HEADER, Identity, IdentityError, verify
-from spawner import environ
+from spawner import environ, secretenv
 
 
 def require_identity() -> Identity:
+    secretenv.load_secrets()  # the gate's key and the hub token, from the gate's 0600 file (first page only)
     secret = bytes.fromhex(environ.PORTAL_SECRET.get()) or b""
     try:
         if not secret:

@@ -23,7 +23,7 @@ from jupyterhub.utils import url_path_join
 from tornado import httpclient, web, websocket
 
 from portal.identity import HEADER, Identity, sign
-from spawner import environ
+from spawner import environ, secretenv
 from spawner.lifetime import die_with_parent
 from spawner.ports import free_port
 
@@ -162,7 +162,8 @@ def make_app(prefix: str, upstream: Upstream, cookie_secret: bytes) -> web.Appli
 
 def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[bytes]:
     app = Path(__file__).with_name("app.py")
-    env = {**os.environ, environ.PORTAL_SECRET.name: secret.hex()}
+    # The key and the hub token in a 0600 file, not in Streamlit's /proc/PID/environ.
+    env = secretenv.child_env({**os.environ, environ.PORTAL_SECRET.name: secret.hex()})
     return subprocess.Popen(
         [
             sys.executable,

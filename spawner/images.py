@@ -46,18 +46,22 @@ class ImagesMixin(HasTraits):
 
     @default("gpu_images")
     def _default_images(self) -> dict[str, Any]:
-        return {"default": {"path": sys.prefix, "description": "The platform's own Python environment"}}
+        return {"default": {"path": self.platform_prefix(), "description": "The platform's own Python environment"}}
+
+    def platform_prefix(self) -> str:
+        """Where the platform's own environment is, for servers (LocalGpuSpawner: the users' copy)."""
+        return sys.prefix
 
     def images(self) -> dict[str, SpawnImage]:
         """Every image this machine can run: the settings' and the market's."""
         found = {
-            slug: SpawnImage(slug, str(spec.get("description", "")), str(spec.get("path") or sys.prefix))
+            slug: SpawnImage(slug, str(spec.get("description", "")), str(spec.get("path") or self.platform_prefix()))
             for slug, spec in self.gpu_images.items()
         }
         store = self._market()
         if store is not None:
             for image in store.images():
-                path = local_prefix(image.local_path, sys.prefix)
+                path = local_prefix(image.local_path, self.platform_prefix())
                 if path is not None:
                     found[image.slug] = SpawnImage(
                         image.slug, image.name, str(path), image.status == "deprecated", frozenset(image.groups)

@@ -66,6 +66,11 @@ class LedgerGpuMixin(GpuShareMixin):
     gpu_idle_timeout = Integer(
         900, help="Seconds idle before a slice is reclaimed while anyone waits (for the line's estimated start times)."
     ).tag(config=True)
+    gpu_kernel_hook_dir = Unicode(
+        str(HOOK_DIR),
+        help="The folder on notebooks' PYTHONPATH: the kernel hook (under isolation unix-users, "
+        "a copy every account can read: hub/userenv.py).",
+    ).tag(config=True)
     gpu_option_keys = OPTION_KEYS | {"wait"}
 
     _gpu_ledger: Ledger | None = None
@@ -457,7 +462,7 @@ class LedgerGpuMixin(GpuShareMixin):
             env.update(self._gpu_spec.env)
         # Only the kernel hook: the hub's own PYTHONPATH (the platform's source tree) would let
         # our hub, portal and spawner packages shadow a user's packages of the same names.
-        env["PYTHONPATH"] = str(HOOK_DIR)
+        env["PYTHONPATH"] = self.gpu_kernel_hook_dir
         if self._machine.simulated and self._gpu_holds:
             env[environ.SIMULATED.name] = "1"
         if self._gpu_models:

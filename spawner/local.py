@@ -2,14 +2,16 @@
 
 Isolation settings (``LocalGpuSpawner.isolation``):
 
-* ``none`` (default, a personal machine): every server runs as the account that runs
-  gpuslice, with its own home folder under the data folder. Users cannot see each
-  other's files through the notebook UI's file browser root, but code in a notebook
+* ``none`` (the default when gpuslice does not run as root: a personal machine): every
+  server runs as the account that runs gpuslice, with its own home folder under the data
+  folder. Users cannot see each other's files through the notebook UI's file browser root, but code in a notebook
   can read and write anything that account can, other users' homes included. Use it
   when everyone trusts everyone (one person, a small team).
-* ``unix-users`` (needs root): each hub user gets a system account ``jupyter-<name>``
-  (created on first spawn) with a private home; servers run as that account, so
-  users' files and processes are protected from each other by the kernel.
+* ``unix-users`` (needs root; the default when gpuslice runs as root): each hub user gets
+  a system account ``jupyter-<name>`` (created on first spawn) with a home of mode 0700;
+  servers run as that account, never root, from the users' environment (``user_env_prefix``,
+  hub/userenv.py), so users' files and processes, and the platform's, are protected from
+  each other by the kernel.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from spawner import environ, mounts
 from spawner.lifecycle import LedgerGpuMixin
 
 SYSTEM_PREFIX = "jupyter-"
+# Said on the spawn form under isolation none (and by `gpuslice up` as root), in these words.
+SHARED_ACCOUNT_WARNING = "Everyone's notebooks on this hub run as the same account and can read each other's files."
 _SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,30}$")
 
 
@@ -37,6 +41,11 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
     isolation = Unicode("none", help="none (one account, a home folder per user) or unix-users (needs root).").tag(
         config=True
     )
+    user_env_prefix = Unicode(
+        "",
+        help="The Python environment servers run from when no image is chosen (empty: the hub's own). "
+        "Under unix-users, one every account can read (hub/userenv.py).",
+    ).tag(config=True)
     home_root = Unicode("homes", help="Folder holding each user's home folder when isolation is none.").tag(config=True)
 
     @validate("isolation")
@@ -72,7 +81,8 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
 
     def user_env(self, env: dict[str, str]) -> dict[str, str]:
         if self.isolation == "unix-users":
-            return super().user_env(env) | {"USER": self.system_user}  # type: ignore[no-any-return]
+            account = pwd.getpwnam(self.system_user)  # not the hub's user name: no such account
+            return env | {"USER": self.system_user, "HOME": account.pw_dir, "SHELL": account.pw_shell}
         env["USER"] = self.user.name
         env["HOME"] = str(self.home_dir)
         env["SHELL"] = "/bin/bash"
@@ -85,6 +95,15 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
             args.append("--allow-root")
         return args
 
+    def platform_prefix(self) -> str:
+        return self.user_env_prefix or sys.prefix
+
+    def render_form(self) -> str:
+        form: str = super().render_form()
+        if self.isolation == "none":
+            return f'<p class="alert alert-warning gpuslice-shared-account">{SHARED_ACCOUNT_WARNING}</p>{form}'
+        return form
+
     def move_certs(self, paths: dict[str, str]) -> dict[str, str]:
         return paths  # internal SSL is not used on loopback
 
@@ -92,7 +111,7 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
         # The chosen image is a Python environment: run its single-user server.
         image = (self.user_options or {}).get("image") or self.gpu_default_image
         local = self.images().get(image) if isinstance(image, str) else None
-        prefix = Path(local.target) if local else Path(sys.prefix)
+        prefix = Path(local.target) if local else Path(self.platform_prefix())
         self.cmd = [str(prefix / "bin" / "jupyterhub-singleuser")]
         return await super().start()
 
@@ -127,3 +146,5 @@ def ensure_system_user(name: str) -> None:
         pwd.getpwnam(name)
     except KeyError:
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+    # Private whatever the system's HOME_MODE: no other user's notebook may read it.
+    Path(pwd.getpwnam(name).pw_dir).chmod(0o700)

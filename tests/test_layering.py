@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "spawner.gpus": LOWER,
     "spawner.metrics": LOWER,
     "spawner.lifetime": LOWER,
+    "spawner.secretenv": LOWER,
     "spawner.ports": LOWER,
     # 3. the spawner runtime: everything else in spawner/ (mixin and its parts, local, kube, mounts).
     "spawner": RUNTIME,

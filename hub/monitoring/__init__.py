@@ -84,7 +84,7 @@ def prometheus_config(
             metrics_path="/hub/metrics",
             authorization={"type": "Bearer", "credentials_file": str(hub_token_file)},
         ),
-        job("gpu-exporter", ports.exporter),
+        job("gpu-exporter", ports.exporter, **auth),
         job("prometheus", ports.prometheus, **auth),
         job("alertmanager", ports.alertmanager, **auth),
     ]

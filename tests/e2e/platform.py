@@ -53,12 +53,16 @@ class Platform:
             "admin_users": ["admin"],
             "gpus": {"simulate": "2x16GiB:T4"},
             "monitoring": {"enabled": False},  # tests that want it pass free ports
+            # One account for every user, as on a personal machine: these tests are about other
+            # things. tests/e2e/test_attacker.py passes isolation=None to run under the defaults.
+            "isolation": "none",
         }
         admin_password = self.root / "admin-password"
         write_private(admin_password, PASSWORD)
         base["admin_password_from"] = f"file:{admin_password}"
         self.config = self.root / "gpuslice.yaml"
-        self.config.write_text(yaml.safe_dump({**base, **self.settings}))
+        merged = {**base, **self.settings}
+        self.config.write_text(yaml.safe_dump({k: v for k, v in merged.items() if v is not None}))
         self.log = self.root / "platform.log"
 
     @property

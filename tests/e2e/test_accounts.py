@@ -21,6 +21,14 @@ def try_login(platform: Platform, user: str, password: str) -> requests.Response
     )
 
 
+def join(platform: Platform, user: str, code: str, password: str) -> requests.Response:
+    """A member at /hub/join: their name, an invite code and the password they choose."""
+    session = Session(platform.url)
+    assert session.get(f"{platform.url}/hub/join").status_code == 200
+    form = {"username": user, "code": code, "password": password, "password2": password, "_xsrf": session.xsrf()}
+    return session.post(f"{platform.url}/hub/join", data=form, allow_redirects=False)
+
+
 def gpuslice(*args: str) -> str:
     done = subprocess.run([GPUSLICE, *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -54,8 +62,17 @@ def test_a_stranger_cannot_claim_the_teacher_or_a_class_member(make_platform: An
     rosa_password = reset.strip().rsplit(" ", 1)[1]
     platform.login("rosa", rosa_password)
     assert try_login(platform, "sam", "a-guess-at-the-code").status_code == 403
-    platform.login("sam", codes["sam"])
-    platform.login("tess", codes["tess"])
+    # A code is no password; at /hub/join it opens its own member's account once.
+    refused = try_login(platform, "sam", codes["sam"])
+    assert refused.status_code == 403 and "/hub/join" in refused.text
+    assert join(platform, "tess", codes["sam"], "tess-took-sams-code").status_code == 403  # another's code
+    joined = join(platform, "sam", codes["sam"], "sams-own-password")
+    assert joined.status_code == 302 and joined.headers["Location"].endswith("/hub/spawn"), joined.text[:300]
+    assert join(platform, "sam", codes["sam"], "a-strangers-password").status_code == 403  # spent
+    assert try_login(platform, "sam", codes["sam"]).status_code == 403
+    platform.login("sam", "sams-own-password")
+    assert join(platform, "tess", codes["tess"], "tess-own-password").status_code == 302
+    platform.login("tess", "tess-own-password")
 
     # Open sign-up (the default here) still lets a new name choose its password, once.
     platform.login("newcomer", PASSWORD)

@@ -45,6 +45,8 @@ def test_the_form_offers_what_the_class_allows_with_its_slice_chosen(school: Pla
     assert _selected(page, "gpu") == ["4GiB"]
     assert "whole GPU" not in page and "8GiB" not in page
     assert 'class="form-select"' in page
+    # Under isolation none (the Platform helper's), the form says in one sentence what that means.
+    assert "run as the same account and can read each other's files" in page
 
 
 def test_a_refusal_shows_the_reason_in_the_forms_words_and_keeps_the_choice(school: Platform) -> None:

@@ -37,3 +37,11 @@ def test_from_a_private_file_or_an_environment_variable(tmp_path: Path, monkeypa
     with dbm.open(str(passwords_path(tmp_path)), "r") as db:
         assert bcrypt.checkpw(b"from-the-env", db[b"teacher"])
     assert oct(os.stat(next(tmp_path.glob("passwords.dbm*"))).st_mode & 0o777) == "0o600"
+
+
+def test_a_service_token_is_made_once_in_a_private_file(tmp_path: Path) -> None:
+    from hub.accounts import service_token
+
+    token = service_token(tmp_path, "portal")
+    assert len(token) == 64 and service_token(tmp_path, "portal") == token
+    assert (tmp_path / "portal-hub-token").stat().st_mode & 0o777 == 0o600

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub.accounts import has_password, passwords_path
+from hub.accounts import AccountsError, has_password, invites_path, passwords_path, redeem_invite
 from hub.cli import main
 from hub.settings import load
 
@@ -21,11 +21,32 @@ def test_new_members_get_an_invite_code_once(tmp_path: Path, capsys: pytest.Capt
     printed = capsys.readouterr().out
     codes = dict(line.split(",") for line in printed.splitlines() if "," in line and " " not in line)
     assert set(codes) == {"carol", "dave"} and all(len(code) >= 16 for code in codes.values())
-    assert has_password(passwords_path(tmp_path / "gpuslice-data"), "carol")
+    data = tmp_path / "gpuslice-data"
+    assert has_password(invites_path(data), "carol") and not has_password(passwords_path(data), "carol")
     roster.write_text("carol\ndave\nerin\n")
     assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
     again = capsys.readouterr().out
-    assert "erin," in again and "carol," not in again  # an existing password is never replaced
+    assert "erin," in again and "carol," not in again  # a waiting code is never replaced
+
+
+def test_an_invite_code_works_once_and_only_for_its_member(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings, roster = tmp_path / "gpuslice.yaml", tmp_path / "r.csv"
+    roster.write_text("carol\ndave\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    codes = dict(line.split(",") for line in capsys.readouterr().out.splitlines() if "," in line and " " not in line)
+    data = tmp_path / "gpuslice-data"
+    with pytest.raises(AccountsError, match="does not open this name"):
+        redeem_invite(data, "dave", codes["carol"], "dave-took-carols-code")  # another member's code
+    with pytest.raises(AccountsError, match="at least 7 characters"):
+        redeem_invite(data, "carol", codes["carol"], "short")
+    redeem_invite(data, "carol", codes["carol"], "carols-own-password")
+    with pytest.raises(AccountsError, match="does not open this name"):
+        redeem_invite(data, "carol", codes["carol"], "a-strangers-password")  # spent
+    with pytest.raises(AccountsError, match="does not open this name"):
+        redeem_invite(data, "erin", "anything-at-all", "a-strangers-password")  # never invited
+    assert not has_password(invites_path(data), "carol") and has_password(invites_path(data), "dave")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    assert "carol," not in capsys.readouterr().out  # joined: no new code
 
 
 def test_class_add_writes_the_group_and_keeps_other_settings(

@@ -353,3 +353,44 @@ def test_docs_list_every_dcgm_field_served() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "monitoring.md").read_text()
     listed = {line.split("`")[1] for line in docs.splitlines() if line.startswith("| `DCGM_FI_")}
     assert listed == {f.name for f in DCGM_FIELDS}
+
+
+def test_with_a_password_file_the_exporter_asks_for_it(tmp_path: Path) -> None:
+    """Its per-process series say whose process uses which GPU: on one machine, students may not read them."""
+    import subprocess
+    import sys
+
+    import requests
+
+    from spawner.ports import free_port
+
+    password = tmp_path / "web-password"
+    password.write_text("monitoring-secret\n")
+    port = free_port()
+    gpuslice = str(Path(sys.executable).with_name("gpuslice"))
+    command = [gpuslice, "exporter", "--port", str(port), "--simulate", "1x16GiB:T4", "--password-file", str(password)]
+    exporter = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert exporter.stdout is not None and "GPUs on" in exporter.stdout.readline()
+        url = f"http://127.0.0.1:{port}/metrics"
+        _wait_listening(port)
+        for auth in (None, ("gpuslice", "a-guess"), ("admin", "monitoring-secret")):
+            assert requests.get(url, auth=auth, timeout=10).status_code == 401, auth
+        answer = requests.get(url, auth=("gpuslice", "monitoring-secret"), timeout=10)
+        assert answer.status_code == 200 and "DCGM_FI_DEV_FB_USED" in answer.text
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=10)
+
+
+def _wait_listening(port: int) -> None:
+    import socket
+    import time
+
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")

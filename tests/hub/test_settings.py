@@ -1,9 +1,10 @@
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from hub.settings import DEFAULT_SIMULATE, Settings, SettingsError, load
+from hub.settings import DEFAULT_SIMULATE, Settings, SettingsError, from_mapping, load
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,3 +148,19 @@ def test_bad_market_settings(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(SettingsError, match=re.escape(message)):
         load(path)
+
+
+def test_isolation_defaults_to_an_account_per_user_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As root, isolation none would run every notebook as root: it must be asked for by name."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert Settings().isolation == "unix-users"
+    assert from_mapping({}, "test").isolation == "unix-users"
+    assert from_mapping({"isolation": "none"}, "test").isolation == "none"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert Settings().isolation == "none"
+    assert from_mapping({}, "test").isolation == "none"
+
+
+def test_user_env_must_be_absolute() -> None:
+    with pytest.raises(SettingsError, match="user_env must be an absolute folder path"):
+        from_mapping({"user_env": "venvs/user"}, "test")

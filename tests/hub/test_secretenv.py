@@ -1,0 +1,43 @@
+"""Secrets never in /proc/PID/environ of the platform's services (spawner/secretenv.py, issue 13)."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from spawner import secretenv
+
+# A service that reports what its code sees, then waits to be looked at.
+_SERVICE = "tests.hub.secret_service"
+
+
+def test_a_service_run_by_with_hub_has_its_token_but_not_in_its_environ(tmp_path: Path) -> None:
+    env = {**os.environ, "JUPYTERHUB_API_TOKEN": "hub-token-sekrit", "JPY_API_TOKEN": "hub-token-sekrit"}
+    service = subprocess.Popen(
+        [sys.executable, "-m", "hub.with_hub", _SERVICE], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert service.stdout is not None
+        seen = json.loads(service.stdout.readline())
+        assert seen["token"] == "hub-token-sekrit"  # the service's code still finds it
+        assert seen["pid"] == service.pid  # the same process, started again (exec)
+        environ = Path(f"/proc/{service.pid}/environ").read_bytes()
+        assert b"sekrit" not in environ
+        assert secretenv.FILE_VAR.encode() in environ  # named there, and gone once read:
+        handover = environ.split(secretenv.FILE_VAR.encode() + b"=")[1].split(b"\0")[0].decode()
+        assert not Path(handover).exists()
+    finally:
+        service.kill()
+        service.wait()
+
+
+def test_a_childs_secrets_go_in_a_private_file(tmp_path: Path) -> None:
+    env = secretenv.child_env({"PATH": "/usr/bin", "GPUSLICE_PORTAL_SECRET": "ab" * 32, "JUPYTERHUB_API_TOKEN": "t"})
+    assert set(env) == {"PATH", secretenv.FILE_VAR}
+    handover = Path(env[secretenv.FILE_VAR])
+    assert stat.S_IMODE(handover.stat().st_mode) == 0o600
+    assert json.loads(handover.read_text()) == {"GPUSLICE_PORTAL_SECRET": "ab" * 32, "JUPYTERHUB_API_TOKEN": "t"}
+    handover.unlink()
+    assert secretenv.child_env({"PATH": "/usr/bin"}) == {"PATH": "/usr/bin"}
