@@ -56,6 +56,10 @@ STREAMLIT_PORT = EnvVar(
 PORTAL_SECRET = EnvVar(
     "GPUSLICE_PORTAL_SECRET", "Hex key the gate signs the identity header with; set by the gate for its Streamlit only."
 )
+SECRETS_FILE = EnvVar(
+    "GPUSLICE_SECRETS_FILE",
+    "A 0600 file of a service's secrets (hub tokens, the portal key), read and deleted as it starts.",
+)
 NODE_NAME = EnvVar("GPUSLICE_NODE_NAME", "The exporter's Hostname label (default: localhost).")
 
 # -- Kubernetes: set by the chart's Deployments ---------------------------------------------------

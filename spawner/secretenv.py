@@ -20,10 +20,12 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
+from spawner import environ
+
 # The environment variables that hold secrets: hub API tokens (JupyterHub sets both names
 # for a managed service) and the portal's identity key.
-SECRET_NAMES = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "GPUSLICE_PORTAL_SECRET")
-FILE_VAR = "GPUSLICE_SECRETS_FILE"
+SECRET_NAMES = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", environ.PORTAL_SECRET.name)
+FILE_VAR = environ.SECRETS_FILE.name
 
 
 def child_env(env: Mapping[str, str]) -> dict[str, str]:
