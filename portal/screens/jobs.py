@@ -1,4 +1,5 @@
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import streamlit as st
@@ -18,6 +19,16 @@ states = set(right.multiselect("State", views.JOB_STATES))
 
 def _label(job: views.JobRow) -> str:
     return f"{job.user}/{job.server or '(default)'}"
+
+
+def _act(action: Callable[[], object], done: str) -> None:
+    """Run what the reader asked; a refusal (checked in the data layer) shows as an error."""
+    try:
+        action()
+    except PermissionError as exc:
+        st.error(str(exc))
+    else:
+        st.success(done)
 
 
 @st.fragment(run_every=sources.REFRESH_S)
@@ -85,12 +96,7 @@ stoppable = [j for j in shown if j.state in ("running", "pending") and (identity
 if stoppable:
     choice = st.selectbox("Stop a server", stoppable, format_func=_label)
     if st.button("Stop", type="primary") and choice is not None:
-        try:
-            sources.stop_server(identity, choice.user, choice.server)
-        except PermissionError as exc:
-            st.error(str(exc))
-        else:
-            st.success(f"Stopping {_label(choice)}.")
+        _act(lambda: sources.stop_server(identity, choice.user, choice.server), f"Stopping {_label(choice)}.")
 
 st.subheader("Queue")
 waiting = sources.waiting_line(identity)
@@ -129,19 +135,15 @@ if manageable:
     chosen_wait = st.selectbox("Waiting request", manageable, format_func=_waiting_label, key="waiting")
     first_col, cancel_col = st.columns(2)
     if first_col.button("Put first") and chosen_wait is not None:
-        try:
-            sources.put_first(identity, chosen_wait.user, chosen_wait.server)
-        except PermissionError as exc:
-            st.error(str(exc))
-        else:
-            st.success(f"{views.plain(chosen_wait.user)} goes first.")
+        _act(
+            lambda: sources.put_first(identity, chosen_wait.user, chosen_wait.server),
+            f"{views.plain(chosen_wait.user)} goes first.",
+        )
     if cancel_col.button("Cancel the request") and chosen_wait is not None:
-        try:
-            sources.cancel_waiting(identity, chosen_wait.user, chosen_wait.server)
-        except PermissionError as exc:
-            st.error(str(exc))
-        else:
-            st.success(f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.")
+        _act(
+            lambda: sources.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),
+            f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.",
+        )
 
 st.subheader("Reserved GPU memory")
 booked = sources.reservations()
@@ -191,9 +193,5 @@ if classes:
             "Reservation", mine, format_func=lambda r: f"{r.group}: {format_bytes(r.memory_bytes)}", key="dropped"
         )
         if st.button("Remove the reservation") and dropped is not None and dropped.id is not None:
-            try:
-                sources.drop_reservation(identity, dropped.id)
-            except PermissionError as exc:
-                st.error(str(exc))
-            else:
-                st.success(f"Removed the reservation for {dropped.group}.")
+            reservation, group_name = dropped.id, dropped.group
+            _act(lambda: sources.drop_reservation(identity, reservation), f"Removed the reservation for {group_name}.")

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from portal import auth, sources, views
@@ -49,6 +50,8 @@ def fake_inventory() -> tuple[object, list[Held]]:
 
 @pytest.fixture
 def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+    # Cached reads (the line, the hub's users) live in this process across tests: each test starts empty.
+    st.cache_data.clear()
     state: dict[str, object] = {"identity": Identity("teacher", admin=True), "metrics_down": False, "stopped": []}
 
     def metrics(value: object) -> object:
