@@ -178,7 +178,7 @@ def ensure_admin_passwords(settings: Settings, data_dir: Path) -> dict[str, str]
 
 def signup_words(settings: Settings) -> str:
     """What the login page accepts, in the words the startup banner prints."""
-    known = "admins and class members log in with the password or invite code gpuslice gave them"
+    known = "admins log in with the password gpuslice gave them; class members join once at /hub/join with their code"
     if settings.open_signup:
         return f"{known}; any other new name sets its own password at first login (open_signup: true)"
     return f"{known}; nobody else can sign up (open_signup: false)"

@@ -34,8 +34,9 @@ c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
 c.ConfigurableHTTPProxy.command = [str(repo / "node_modules" / ".bin" / "configurable-http-proxy")]
 c.JupyterHub.cleanup_servers = True  # stopping the platform stops every notebook server
 
-# Logins (hub/accounts.py): admins and class members log in with the password or invite code
-# gpuslice gave them; with open_signup a new name, and only a new one, sets its password.
+# Logins (hub/accounts.py): admins log in with the password gpuslice gave them, class members
+# join once at /hub/join with their invite code; with open_signup a new name, and only a new
+# one, sets its password.
 c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
 c.GpusliceAuthenticator.dbm_path = str(passwords_path(data_dir))
 c.GpusliceAuthenticator.create_users = settings.open_signup
