@@ -24,7 +24,9 @@ PAGES = {
     "images": ("images", "Image market"),
     "models": ("models", "Model market"),
     "runbook": ("runbook", "Runbook"),
+    "usage": ("usage", "GPU usage"),
 }
+ADMIN_PAGES = {"incidents": ("incidents", "Incidents"), "anomalies": ("anomalies", "Anomalies")}
 
 # Text-bearing elements the check looks at: cut off (overflow hidden or an ellipsis with more
 # text than room) and overlapping (two boxes that are neither inside the other).
@@ -64,7 +66,7 @@ def test_every_page_and_the_spawn_flow_at_two_sizes_has_nothing_cut_off_or_overl
             for who in ("bob", "admin"):
                 page = browser.new_context(viewport={"width": width, "height": height}).new_page()
                 login(page, school, who)
-                for name, (path, title) in PAGES.items():
+                for name, (path, title) in (PAGES | (ADMIN_PAGES if who == "admin" else {})).items():
                     page.goto(f"{school.url}/services/portal/{path}")
                     page.wait_for_selector(f"h1:has-text('{title}')", timeout=30_000)
                     problems[f"{name}-{who}-{size}"] = _shoot(page, f"{name}-{who}-{size}")
