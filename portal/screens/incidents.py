@@ -1,5 +1,6 @@
 """Incidents (admins): alerts grouped by cause, their timeline, runbooks, acknowledging, notes, summary."""
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import streamlit as st
@@ -24,6 +25,16 @@ ICONS = {"critical": ":material/error:", "warning": ":material/warning:", "info"
 
 def when(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%a %d %b %H:%M:%S UTC")
+
+
+def _save(write: Callable[[], object]) -> None:
+    """Store what the admin wrote, then show it; a refusal (empty, too long) shows as an error."""
+    try:
+        write()
+    except ValueError as exc:
+        st.error(str(exc))
+    else:
+        st.rerun()
 
 
 def show(record: Recorded, silences: list[Silence]) -> None:
@@ -55,21 +66,13 @@ def show(record: Recorded, silences: list[Silence]) -> None:
     with st.form(f"note-{incident.id}", clear_on_submit=True):
         text = st.text_area("Add a note", key=f"note-text-{incident.id}")
         if st.form_submit_button("Add note"):
-            try:
-                sources.add_incident_note(identity, incident.id, text)
-                st.rerun()
-            except ValueError as exc:
-                st.error(str(exc))
+            _save(lambda: sources.add_incident_note(identity, incident.id, text))
     if record.summary:
         st.markdown(f"**Post-incident summary** by {views.plain(record.summary_by)}: {views.plain(record.summary)}")
     with st.form(f"summary-{incident.id}"):
         summary = st.text_area("Post-incident summary", record.summary, key=f"summary-text-{incident.id}")
         if st.form_submit_button("Save summary"):
-            try:
-                sources.set_incident_summary(identity, incident.id, summary)
-                st.rerun()
-            except ValueError as exc:
-                st.error(str(exc))
+            _save(lambda: sources.set_incident_summary(identity, incident.id, summary))
 
 
 if not recorded:
