@@ -121,16 +121,12 @@ def rows_of(user: dict[str, Any]) -> list[ServerRow]:
 
 def every_user(client: HubClient) -> list[dict[str, Any]]:
     """Every user with their servers, stopped ones included: one snapshot that all viewers share."""
-    return list(client.get_every_page("/users?include_stopped_servers=1"))
+    return client.get_every_page("/users?include_stopped_servers=1")
 
 
 def servers_in_scope(users: list[dict[str, Any]], scope: Scope) -> list[ServerRow]:
     """Admins see every server; a teacher their classes' too; everyone else only their own (checked here)."""
     return [row for user in users if scope.sees(str(user["name"])) for row in rows_of(user)]
-
-
-def list_servers(client: HubClient, scope: Scope) -> list[ServerRow]:
-    return servers_in_scope(every_user(client), scope)
 
 
 def check_may_stop(identity: Identity, user: str) -> None:

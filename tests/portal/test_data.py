@@ -83,7 +83,7 @@ class FakeHub(hub.HubClient):
 
 
 def test_servers_from_the_user_model() -> None:
-    rows = hub.list_servers(FakeHub(), Scope("alice"))
+    rows = hub.servers_in_scope(hub.every_user(FakeHub()), Scope("alice"))
     default, big = rows
     assert (default.user, default.name, default.state, default.gpu_memory) == ("alice", "", "running", "4GiB")
     assert default.started is not None and default.started.year == 2026
@@ -116,7 +116,7 @@ def test_a_teacher_lists_their_class_members_servers() -> None:
     teacher = access.scope_of(
         Identity("tina"), [{"name": "ml101", "teachers": ["tina"], "members": ["ghost"]}], {"ml101": ["alice", "bob"]}
     )
-    assert {r.user for r in hub.list_servers(FakeHub(), teacher)} == {"alice"}
+    assert {r.user for r in hub.servers_in_scope(hub.every_user(FakeHub()), teacher)} == {"alice"}
     student = access.scope_of(Identity("bob"), [{"name": "ml101", "teachers": ["tina"]}], {"ml101": ["alice", "bob"]})
     assert not student.sees("alice") and student.sees("bob") and not student.teaches
 
@@ -288,7 +288,7 @@ def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
 def test_a_hung_hub_is_reported_as_unavailable(hung_server: str) -> None:
     client = hub.HubClient(f"{hung_server}/hub/api", "token", timeout_s=1)
     with pytest.raises(errors.SourceUnavailableError, match=r"JupyterHub did not answer \(timed out\)"):
-        within(10, lambda: hub.list_servers(client, Scope("admin", everyone=True)))
+        within(10, lambda: hub.every_user(client))
 
 
 def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server: str) -> None:
