@@ -56,7 +56,11 @@ def pod_event(pod: Mapping[str, Any], reason: str, message: str, component: str,
 
 def timestamp(event: Mapping[str, Any]) -> float:
     """When an event last happened (seconds since the epoch; 0 when it says nothing)."""
-    text = str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
+    return parse_time(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp"))
+
+
+def parse_time(text: str | None) -> float:
+    """A Kubernetes RFC 3339 time in seconds since the epoch (0 for none)."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0
 
 

@@ -24,6 +24,7 @@ from spawner.stop_events import (
     STOP_REQUESTED,
     STOPPED,
     USER_ANNOTATION,
+    parse_time,
     pod_event,
     stopped_servers,
     timestamp,
@@ -247,7 +248,7 @@ def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, A
         if not user:
             continue
         key = server_key(user, annotations.get("hub.jupyter.org/servername", ""))
-        pod_made[key] = timestamp({"firstTimestamp": meta.get("creationTimestamp")})
+        pod_made[key] = parse_time(meta.get("creationTimestamp"))
         event: dict[str, Any] | None = latest.get(meta.get("name", ""))
         created = timestamp(event) if event else pod_made[key]
         if status.get("phase") == "Failed":
