@@ -91,7 +91,7 @@ def _chart_url(url: str, key: str, what: str) -> str:
 
 def scope(identity: Identity) -> Scope:
     """Whose names and servers this viewer may see (admins all, teachers their classes)."""
-    return access.scope_of(identity, settings().groups, groups())
+    return access.scope_of(identity, group_rules(), groups())
 
 
 # How old the hub's and the ledger's state may be on a live page. One snapshot is shared by

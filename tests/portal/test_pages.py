@@ -4,6 +4,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import streamlit as st
@@ -529,3 +530,13 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
         run("screens/anomalies.py")
     with pytest.raises(PermissionError):
         sources.anomalies(Identity("alice"))
+
+
+def test_on_kubernetes_a_teacher_named_in_the_charts_classes_sees_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chart's classes, not the single-machine settings (which have none here), say who teaches.
+    chart_classes = [{"name": "ml101", "teachers": ["tina"]}]
+    monkeypatch.setattr(sources, "_kubernetes", lambda: True)
+    monkeypatch.setattr(sources, "kube_values", lambda: SimpleNamespace(group_list=lambda: chart_classes))
+    monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
+    assert sources.scope(Identity("tina")).sees("alice")
+    assert not sources.scope(Identity("bob")).sees("alice")
