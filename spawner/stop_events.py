@@ -16,12 +16,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from spawner.inventory import SERVERNAME, USERNAME
 from spawner.ledger import STOP_NOTE_S, ServerEvent, server_key
 
 STOP_REQUESTED = "GpusliceStopRequested"
 STOPPED = "GpusliceStopped"
-USER_ANNOTATION = "hub.jupyter.org/username"
-SERVER_ANNOTATION = "hub.jupyter.org/servername"
 
 
 def pod_event(pod: Mapping[str, Any], reason: str, message: str, component: str, now: datetime) -> dict[str, Any]:
@@ -35,7 +34,7 @@ def pod_event(pod: Mapping[str, Any], reason: str, message: str, component: str,
         "metadata": {
             "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
             "namespace": meta["namespace"],
-            "annotations": {k: annotations[k] for k in (USER_ANNOTATION, SERVER_ANNOTATION) if k in annotations},
+            "annotations": {k: annotations[k] for k in (USERNAME, SERVERNAME) if k in annotations},
         },
         "involvedObject": {
             "apiVersion": "v1",
@@ -66,8 +65,8 @@ def parse_time(text: str | None) -> float:
 
 def _key(event: Mapping[str, Any]) -> str | None:
     annotations = (event.get("metadata") or {}).get("annotations") or {}
-    user = annotations.get(USER_ANNOTATION)
-    return server_key(user, annotations.get(SERVER_ANNOTATION, "")) if user else None
+    user = annotations.get(USERNAME)
+    return server_key(user, annotations.get(SERVERNAME, "")) if user else None
 
 
 def stop_request(events: Iterable[Mapping[str, Any]], pod_name: str, now: float) -> ServerEvent | None:

@@ -17,13 +17,11 @@ from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
 from spawner.backends import Backend
 from spawner.gpus import machine
-from spawner.inventory import GROUP_ANNOTATION, Inventory, build_kube, build_local
+from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, Inventory, build_kube, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
 from spawner.stop_events import (
-    SERVER_ANNOTATION,
     STOP_REQUESTED,
     STOPPED,
-    USER_ANNOTATION,
     parse_time,
     pod_event,
     stopped_servers,
@@ -193,7 +191,7 @@ def note_kube_stop(client: KubeClient, namespace: str, scope: Scope, user: str, 
     access.require(scope, user, "server")
     for pod in client.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector=component%3Dsingleuser-server"):
         annotations = pod["metadata"].get("annotations") or {}
-        if annotations.get(USER_ANNOTATION) == user and annotations.get(SERVER_ANNOTATION, "") == server:
+        if annotations.get(USERNAME) == user and annotations.get(SERVERNAME, "") == server:
             note = pod_event(pod, STOP_REQUESTED, f"{scope.viewer} in the portal", "gpuslice-portal", now)
             try:
                 client.create(f"/api/v1/namespaces/{namespace}/events", note)
@@ -244,10 +242,10 @@ def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, A
     for pod in pods:
         meta, status = pod.get("metadata", {}), pod.get("status", {})
         annotations = meta.get("annotations") or {}
-        user = annotations.get("hub.jupyter.org/username") or (meta.get("labels") or {}).get("hub.jupyter.org/username")
+        user = annotations.get(USERNAME) or (meta.get("labels") or {}).get(USERNAME)
         if not user:
             continue
-        key = server_key(user, annotations.get("hub.jupyter.org/servername", ""))
+        key = server_key(user, annotations.get(SERVERNAME, ""))
         pod_made[key] = parse_time(meta.get("creationTimestamp"))
         event: dict[str, Any] | None = latest.get(meta.get("name", ""))
         created = timestamp(event) if event else pod_made[key]
