@@ -27,7 +27,7 @@ from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
-from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
 from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
@@ -146,20 +146,20 @@ class LedgerGpuMixin(GpuShareMixin):
     def _refused(self, refusal: GpuRefused) -> None:
         metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
         if refusal.waitable:
-            refusal.jupyterhub_message += " " + self._choices_text()
+            fits = self.largest_fit_now()
+            refusal.jupyterhub_message += " " + self._choices_text(fits)
             if self._gpu_request is not None:
-                self._gpu_offer = WaitOffer(self._gpu_request[0].describe(), self.largest_fit_now())
+                self._gpu_offer = WaitOffer(self._gpu_request[0].describe(), fits)
         if self._from_form():
             refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
         self._record("refused", 100, refusal.jupyterhub_message)
 
-    def _choices_text(self) -> str:
-        """What the user can do instead, now: CPU only, the largest slice that fits, or wait."""
-        fits = self.largest_fit_now()
+    def _choices_text(self, fits: int) -> str:
+        """What the user can do instead, now: CPU only, ``fits`` (the largest slice that fits), or wait."""
         if self._from_form():
             slice_now = f" start {format_bytes(fits)} now," if fits else ""
             return f"Or: start CPU-only now,{slice_now} or wait in line for it (the buttons below keep your choices)."
-        slice_now = f' start {format_bytes(fits)} now (gpu_memory "{_compact(fits)}");' if fits else ""
+        slice_now = f' start {format_bytes(fits)} now (gpu_memory "{quantity_text(fits)}");' if fits else ""
         return f'Or: start CPU-only now (gpu_memory "0");{slice_now} or wait in line for it (add "wait": true).'
 
     def largest_fit_now(self) -> int:
@@ -593,11 +593,6 @@ def _group_bytes(holds: list[Held]) -> dict[str, int]:
         if h.group:
             totals[h.group] = totals.get(h.group, 0) + h.memory_bytes
     return totals
-
-
-def _compact(size: int) -> str:
-    """A size as the REST API takes it: "4GiB"."""
-    return format_bytes(size).replace(" ", "")
 
 
 def _held_by_user(holds: list[Held]) -> dict[str, int]:
