@@ -282,7 +282,9 @@ def _bench_placement(args: argparse.Namespace) -> int:
 
 def _monitoring_auth(settings: settings_mod.Settings) -> tuple[str, str] | None:
     """gpuslice up's Prometheus asks for basic auth; its password is in the data folder (0600)."""
-    path = settings.data_dir / "monitoring" / "web-password"
+    from hub.platform import monitoring_password_path  # lazy, as `up`: the platform's imports are heavy
+
+    path = monitoring_password_path(settings.data_dir)
     try:
         return (settings_mod.MONITORING_USER, path.read_text().strip())
     except OSError:  # another Prometheus (--prometheus URL) or monitoring never started here

@@ -128,13 +128,23 @@ def hub_token(data_dir: Path) -> Path:
     return path
 
 
-def monitoring_password(folder: Path) -> Path:
+def monitoring_folder(data_dir: Path) -> Path:
+    """Prometheus's, Alertmanager's and their password's folder in the data folder."""
+    return data_dir / "monitoring"
+
+
+def monitoring_password_path(data_dir: Path) -> Path:
+    """Where gpuslice up keeps the monitoring password (0600), for whoever must present it."""
+    return monitoring_folder(data_dir) / "web-password"
+
+
+def monitoring_password(data_dir: Path) -> Path:
     """The monitoring password in a 0600 file, and the web config (bcrypt hash) Prometheus and
     Alertmanager read; made once, kept across restarts."""
-    path = folder / "web-password"
+    path = monitoring_password_path(data_dir)
     if not path.exists():
         write_private(path, secrets.token_urlsafe(24))
-    write_private(folder / "web.yml", yaml.safe_dump(monitoring.web_config(path.read_text().strip())))
+    write_private(path.parent / "web.yml", yaml.safe_dump(monitoring.web_config(path.read_text().strip())))
     return path
 
 
@@ -144,9 +154,9 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
     if not options["enabled"]:
         print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
         return []
-    folder = data_dir / "monitoring"
+    folder = monitoring_folder(data_dir)
     folder.mkdir(exist_ok=True, mode=0o700)
-    password_file = monitoring_password(folder)
+    password_file = monitoring_password(data_dir)
     env[environ.MONITORING_PASSWORD_FILE.name] = str(password_file)
     found = monitoring.binaries()
     ports = monitoring.Ports(
