@@ -74,6 +74,15 @@ def has_password(store: Path, name: str) -> bool:
         return False
 
 
+def password_matches(store: Path, name: str, password: str) -> bool:
+    try:
+        with dbm.open(str(store), "r") as db:
+            stored = db.get(name.encode())
+    except dbm.error:  # no password store yet
+        return False
+    return stored is not None and bcrypt.checkpw(password.encode(), stored)
+
+
 def set_password(store: Path, name: str, password: str) -> None:
     if len(password) < MIN_PASSWORD_LENGTH:
         raise AccountsError(f"a password needs at least {MIN_PASSWORD_LENGTH} characters")
@@ -235,9 +244,7 @@ def read_admin_password(path: Path) -> str:
 
 
 def set_admin_passwords(dbm_path: Path, admins: Iterable[str], password: str) -> None:
-    """Store ``password``'s hash for every admin in FirstUseAuthenticator's store (its format: bcrypt)."""
-    with dbm.open(str(dbm_path), "c", 0o600) as db:
-        for name in admins:
-            stored = db.get(name.encode("utf8"))
-            if stored is None or not bcrypt.checkpw(password.encode("utf8"), stored):
-                db[name.encode("utf8")] = bcrypt.hashpw(password.encode("utf8"), bcrypt.gensalt())
+    """Make ``password`` every admin's (the chart's Secret is what counts); a hash already right is kept."""
+    for name in admins:
+        if not password_matches(dbm_path, name, password):
+            set_password(dbm_path, name, password)

@@ -1,11 +1,13 @@
 """The admins' first password and the store it goes to (hub/accounts.py), with literal inputs."""
 
+import dbm
 import os
 from pathlib import Path
 
 import bcrypt
 import pytest
 
+from hub import accounts
 from hub.accounts import AccountsError, admin_password, ensure_admin_passwords, has_password, passwords_path
 from hub.settings import Settings
 
@@ -45,3 +47,21 @@ def test_a_service_token_is_made_once_in_a_private_file(tmp_path: Path) -> None:
     token = service_token(tmp_path, "portal")
     assert len(token) == 64 and service_token(tmp_path, "portal") == token
     assert (tmp_path / "portal-hub-token").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_charts_admin_password_is_what_counts_and_a_right_hash_is_kept(tmp_path: Path) -> None:
+    store = tmp_path / "passwords.dbm"
+    accounts.set_admin_passwords(store, ["root", "ops"], "from-the-secret-1")
+    assert accounts.password_matches(store, "root", "from-the-secret-1")
+    assert accounts.password_matches(store, "ops", "from-the-secret-1")
+    with dbm.open(str(store), "r") as db:
+        first_hash = db[b"root"]
+
+    accounts.set_admin_passwords(store, ["root"], "from-the-secret-1")  # a restart with the same Secret
+    with dbm.open(str(store), "r") as db:
+        assert db[b"root"] == first_hash
+
+    accounts.set_admin_passwords(store, ["root"], "rotated-secret-2")  # the Secret was changed
+    assert accounts.password_matches(store, "root", "rotated-secret-2")
+    assert not accounts.password_matches(store, "root", "from-the-secret-1")
+    assert not accounts.password_matches(store, "nobody", "rotated-secret-2")
