@@ -106,12 +106,16 @@ def first_passwords(store: Path, names: Iterable[str]) -> dict[str, str]:
     return given
 
 
-def service_token(data_dir: Path, service: str) -> str:
-    """A hub service's API token, made once into ``DATA/SERVICE-hub-token`` (0600)."""
+def service_token_file(data_dir: Path, service: str) -> Path:
+    """A hub service's API token, made once into ``DATA/SERVICE-hub-token`` (0600), for whoever reads it from a file."""
     path = data_dir / f"{service}-hub-token"
     if not path.exists():
         write_private(path, secrets.token_hex(32))
-    return path.read_text().strip()
+    return path
+
+
+def service_token(data_dir: Path, service: str) -> str:
+    return service_token_file(data_dir, service).read_text().strip()
 
 
 def invites_path(data_dir: Path) -> Path:

@@ -21,7 +21,7 @@ from types import FrameType
 import yaml
 
 from hub import monitoring, recovery, userenv
-from hub.accounts import AccountsError, ensure_admin_passwords, signup_words, write_private
+from hub.accounts import AccountsError, ensure_admin_passwords, service_token_file, signup_words, write_private
 from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
@@ -121,11 +121,7 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120
 
 def hub_token(data_dir: Path) -> Path:
     """The token Prometheus scrapes the hub's /hub/metrics with (read:metrics only)."""
-    path = data_dir / "prometheus-hub-token"
-    if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_hex(32))
-    return path
+    return service_token_file(data_dir, "prometheus")
 
 
 def monitoring_folder(data_dir: Path) -> Path:
