@@ -40,7 +40,7 @@ if values.admin_users:
     )
 c.Authenticator.allow_all = True
 # The chart's camelCase group rules (maxSlice) through the one parser of group rules.
-groups = {g["name"]: {k: v for k, v in g.items() if k != "name"} for g in values.group_list()}
+groups = values.group_rules()
 c.JupyterHub.load_groups = {name: {"users": list(g.get("members") or [])} for name, g in groups.items()}
 
 c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"

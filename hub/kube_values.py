@@ -72,12 +72,16 @@ class KubeValues(BaseModel):
         """The markets' database: the Secret's URL (markets.existingSecret), else SQLite on the hub's volume."""
         return environ.MARKET_URL.get() or f"sqlite:///{self.data_dir / 'market.sqlite'}"
 
-    def group_list(self) -> tuple[dict[str, Any], ...]:
-        """The classes as the settings model has them: {"name", "members", "max_slice", ...}."""
+    def group_rules(self) -> dict[str, dict[str, Any]]:
+        """Each class's rules by name, through the one parser of group rules ({"members", "max_slice", ...})."""
         try:
-            return tuple({"name": name, **group_rules(name, rules)} for name, rules in self.groups.items())
+            return {name: group_rules(name, rules) for name, rules in self.groups.items()}
         except GroupRulesError as exc:
             raise KubeValuesError(f"groups: {exc}") from None
+
+    def group_list(self) -> tuple[dict[str, Any], ...]:
+        """The classes as the settings model has them: {"name", "members", "max_slice", ...}."""
+        return tuple({"name": name, **rules} for name, rules in self.group_rules().items())
 
 
 def load_kube_values(path: Path | None = None) -> KubeValues:
