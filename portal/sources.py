@@ -17,9 +17,9 @@ from hub.kube_values import KubeValues, load_kube_values
 from hub.settings import MONITORING_USER, Settings, load, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
-from portal.data import access, alerts, cluster, hub, prometheus
+from portal.data import access, cluster, hub, prometheus
 from portal.data.access import Scope
-from portal.data.alertmanager import Alertmanager
+from portal.data.alertmanager import Alertmanager, AlertRow
 from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
@@ -262,8 +262,8 @@ def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
 
 
 @st.cache_data(ttl=10)
-def active_alerts() -> list[alerts.AlertRow]:
-    return alerts.active_alerts(alertmanager_url(), auth=monitoring_auth())
+def active_alerts() -> list[AlertRow]:
+    return alertmanager_client().rows()
 
 
 def alertmanager_client() -> Alertmanager:

@@ -11,7 +11,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from portal import auth, sources, views
-from portal.data.alerts import AlertRow
+from portal.data.alertmanager import AlertRow
 from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ServerRow
 from portal.data.incident_store import IncidentStore
