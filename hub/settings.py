@@ -177,8 +177,17 @@ def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
     return images
 
 
-DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")  # Alertmanager's duration syntax
-WEEKDAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")  # Alertmanager's duration syntax, one part
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")  # Alertmanager's names
+
+
+def duration_s(text: str) -> float:
+    """Alertmanager's duration syntax (``15m``, ``1h30m``) in seconds; the one parser of it."""
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"must be a duration like 15m or 1h30m, not {text!r}")
+    return sum(int(n) * _UNIT_S[u] for n, u in parts)
 
 
 def _http_url(value: str | None) -> str | None:
@@ -226,14 +235,14 @@ class OnCall(BaseModel):
     @field_validator("escalate_after", "owner_after", "critical_repeat", "warning_repeat", "group_interval")
     @classmethod
     def _duration(cls, value: str) -> str:
-        if not DURATION.match(value):
-            raise ValueError(f"must be a duration like 15m or 1h30m, not {value!r}")
+        duration_s(value)  # refuses what Alertmanager would not read
         return value
 
     @field_validator("business_days")
     @classmethod
     def _days(cls, value: str) -> str:
-        if not re.fullmatch(rf"({WEEKDAYS})(:({WEEKDAYS}))?", value):
+        day = "|".join(WEEKDAYS)
+        if not re.fullmatch(rf"({day})(:({day}))?", value):
             raise ValueError(f"must be a weekday or a range like monday:friday, not {value!r}")
         return value
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 from hub.kube_values import KubeValues, load_kube_values
-from hub.settings import MONITORING_USER, Settings, load, market_url
+from hub.settings import MONITORING_USER, Settings, duration_s, load, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
 from portal.data import access, cluster, hub, prometheus
@@ -23,7 +23,7 @@ from portal.data.alertmanager import Alertmanager, AlertRow
 from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
-from portal.incidents import Escalation, Incident, Silence, duration_s, group
+from portal.incidents import Escalation, Incident, Silence, group
 from spawner import environ, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
