@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
         "--notices", type=Path, help="write last week's notice to each idle holder into this folder (USER.txt)"
     )
     report.add_argument(
+        "--send", action="store_true", help="also mail each notice through notice_mail's relay (with --notices)"
+    )
+    report.add_argument(
         "--min-idle", type=float, default=2.0, help="GPU-hours held idle in a week that earn a notice (default 2)"
     )
 
@@ -332,6 +335,12 @@ def _usage(args: argparse.Namespace) -> int:
     except settings_mod.SettingsError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
+    if args.send and not (args.notices and settings.notice_mail):
+        print(
+            "gpuslice: --send needs --notices FOLDER and notice_mail (smtp_smarthost, smtp_from) in the settings",
+            file=sys.stderr,
+        )
+        return 2
     url = args.prometheus or f"http://127.0.0.1:{settings.monitoring['prometheus_port']}"
     end = datetime.now(UTC)
     try:
@@ -352,8 +361,27 @@ def _usage(args: argparse.Namespace) -> int:
         args.csv.write_text(usage.to_csv(rows))
     if args.notices:
         last_week = usage.iso_week((end - timedelta(weeks=1)).timestamp())
-        written = write_notices(usage.idle_notices(rows, last_week, args.min_idle), args.notices / last_week)
+        notices = usage.idle_notices(rows, last_week, args.min_idle)
+        written = write_notices(notices, args.notices / last_week)
         print(f"# {len(written)} notices for {last_week} in {args.notices / last_week}")
+        if args.send and settings.notice_mail:
+            return _mail_notices(notices, last_week, settings.notice_mail)
+    return 0
+
+
+def _mail_notices(notices: dict[str, str], week: str, relay: settings_mod.NoticeMail) -> int:
+    import smtplib
+
+    from hub import mail
+
+    host, port = relay.smtp_smarthost.rsplit(":", 1)
+    try:
+        with smtplib.SMTP(host, int(port), timeout=30) as smtp:
+            sent = mail.send_notices(notices, week, relay, smtp)
+    except (OSError, RuntimeError) as exc:
+        print(f"gpuslice: mailing the notices failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"# {len(sent)} notices mailed through {relay.smtp_smarthost}")
     return 0
 
 

@@ -26,6 +26,22 @@ class SettingsError(ValueError):
     """A settings file that cannot be used; the message names the file and key."""
 
 
+class NoticeMail(BaseModel):
+    """How ``gpuslice usage --notices FOLDER --send`` mails the weekly idle notice (docs/operations.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    smtp_smarthost: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the mail relay (no login; plain SMTP)."
+    )
+    smtp_from: str = Field(pattern=r"^[^@\s]+@[^@\s]+$", description="Sender address of the notices.")
+    address: str = Field(
+        default="{user}@localhost",
+        pattern=r"^[^@\s]*\{user\}[^@\s]*@[^@\s]+$",
+        description="Each user's address, {user} replaced by the user name (e.g. {user}@students.example.org).",
+    )
+
+
 class Settings(BaseModel):
     """The platform's settings: ``gpuslice up``'s YAML, checked by ``from_mapping``."""
 
@@ -78,6 +94,9 @@ class Settings(BaseModel):
     market: dict[str, Any] = Field(
         default_factory=lambda: _market({}, "defaults"),
         description="url, models_root, images_catalog, models_catalog, proposals_per_hour (docs/markets.md).",
+    )
+    notice_mail: NoticeMail | None = Field(
+        default=None, description="Mail the weekly idle notice (gpuslice usage --send); none: files only."
     )
 
 
@@ -154,7 +173,19 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         smallest_slice=_amount(raw, "smallest_slice", "256MiB", source),
         monitoring=_monitoring(raw.get("monitoring") or {}, source),
         market=_market(raw.get("market") or {}, source),
+        notice_mail=_notice_mail(raw.get("notice_mail"), source),
     )
+
+
+def _notice_mail(raw: Any, source: str) -> NoticeMail | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: notice_mail must be a mapping (smtp_smarthost, smtp_from, address)")
+    try:
+        return NoticeMail.model_validate(raw)
+    except ValidationError as exc:
+        raise SettingsError(f"{source}: notice_mail: {validation_problems(exc)}") from None
 
 
 def _groups(raw: Any, source: str) -> tuple[dict[str, Any], ...]:
@@ -177,8 +208,17 @@ def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
     return images
 
 
-DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")  # Alertmanager's duration syntax
-WEEKDAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")  # Alertmanager's duration syntax, one part
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")  # Alertmanager's names
+
+
+def duration_s(text: str) -> float:
+    """Alertmanager's duration syntax (``15m``, ``1h30m``) in seconds; the one parser of it."""
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"must be a duration like 15m or 1h30m, not {text!r}")
+    return sum(int(n) * _UNIT_S[u] for n, u in parts)
 
 
 def _http_url(value: str | None) -> str | None:
@@ -226,14 +266,14 @@ class OnCall(BaseModel):
     @field_validator("escalate_after", "owner_after", "critical_repeat", "warning_repeat", "group_interval")
     @classmethod
     def _duration(cls, value: str) -> str:
-        if not DURATION.match(value):
-            raise ValueError(f"must be a duration like 15m or 1h30m, not {value!r}")
+        duration_s(value)  # refuses what Alertmanager would not read
         return value
 
     @field_validator("business_days")
     @classmethod
     def _days(cls, value: str) -> str:
-        if not re.fullmatch(rf"({WEEKDAYS})(:({WEEKDAYS}))?", value):
+        day = "|".join(WEEKDAYS)
+        if not re.fullmatch(rf"({day})(:({day}))?", value):
             raise ValueError(f"must be a weekday or a range like monday:friday, not {value!r}")
         return value
 

@@ -11,14 +11,11 @@ portal saw the incident end.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 
 
 @dataclass(frozen=True)
@@ -141,14 +138,6 @@ def group(alerts: Iterable[Alert]) -> list[Incident]:
         members.setdefault(find(alert.fingerprint), []).append(alert)
     incidents = [Incident(tuple(sorted(m, key=lambda a: (a.started, a.name)))) for m in members.values()]
     return sorted(incidents, key=lambda i: (SEVERITY_ORDER.get(i.severity, 3), i.started))
-
-
-def duration_s(text: str) -> float:
-    """Alertmanager's duration syntax (``15m``, ``1h30m``) in seconds."""
-    parts = _DURATION_PART.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a duration like 15m or 1h30m: {text!r}")
-    return sum(int(n) * _UNIT_S[u] for n, u in parts)
 
 
 @dataclass(frozen=True)

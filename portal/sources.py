@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
 from hub.kube_values import KubeValues, load_kube_values
-from hub.settings import MONITORING_USER, Settings, load, market_url
+from hub.settings import MONITORING_USER, Settings, duration_s, load, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
-from portal.data import access, alerts, cluster, hub, prometheus
+from portal.data import access, cluster, hub, prometheus
 from portal.data.access import Scope
-from portal.data.alertmanager import Alertmanager
+from portal.data.alertmanager import Alertmanager, AlertRow
 from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
-from portal.incidents import Escalation, Incident, Silence, duration_s, group
+from portal.incidents import Escalation, Incident, Silence, group
 from spawner import environ, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
@@ -260,8 +262,8 @@ def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
 
 
 @st.cache_data(ttl=10)
-def active_alerts() -> list[alerts.AlertRow]:
-    return alerts.active_alerts(alertmanager_url(), auth=monitoring_auth())
+def active_alerts() -> list[AlertRow]:
+    return alertmanager_client().rows()
 
 
 def alertmanager_client() -> Alertmanager:
@@ -331,12 +333,17 @@ CARD_QUERIES = {
     "utilization": "DCGM_FI_DEV_GPU_UTIL",
     "temperature": "DCGM_FI_DEV_GPU_TEMP",
     "memory": "sum by (Hostname, gpu) (gpuslice_process_gpu_memory_bytes)",
+    "errors": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",  # correctable (single-bit) ECC errors, a counter
+    "held": "sum by (node, gpu) (gpuslice_gpu_memory_allocated_bytes)",  # the slices servers hold
 }
 
 
 @st.cache_data(ttl=300)
 def card_history() -> tuple[datetime, dict[str, dict[tuple[str, str], list[float | None]]]]:
-    """Each card's utilization, temperature and servers' GPU memory, a sample a minute for three days."""
+    """Each card's utilization, temperature, servers' GPU memory, correctable errors and held slices.
+
+    A sample a minute for three days.
+    """
     end = datetime.now(UTC)
     start = end - timedelta(days=ANOMALY_DAYS)
     prom = prometheus.connect(prometheus_url(), timeout_s=30, auth=monitoring_auth())
@@ -345,24 +352,42 @@ def card_history() -> tuple[datetime, dict[str, dict[tuple[str, str], list[float
     }
 
 
-def anomalies(identity: Identity) -> list[tuple[tuple[str, str], Finding, datetime]]:
-    """What the per-card models find (spawner/anomaly.py): (card, finding, when), newest first; admins only."""
-    _admin(identity, "read the anomaly findings")
+def _anomaly_models() -> ModuleType:
     try:
         from spawner import anomaly  # scikit-learn: the .[anomaly] extra, which a small install may leave out
     except ImportError as exc:
         raise prometheus.MetricsUnavailableError(
             f"the anomaly models need scikit-learn ({exc.name} is missing): pip install 'gpuslice[anomaly]'"
         ) from exc
+    return anomaly
+
+
+def platform_load() -> dict[tuple[str, str], list[float | None]]:
+    """Per card, the other held cards' mean utilization: the load the collapse model compares it with."""
+    _, history = card_history()
+    means = _anomaly_models().others_mean(history["utilization"], history["held"])
+    return {card: [None if math.isnan(v) else float(v) for v in values] for card, values in means.items()}
+
+
+def anomalies(identity: Identity) -> list[tuple[tuple[str, str], Finding, datetime]]:
+    """What the per-card models find (spawner/anomaly.py): (card, finding, when), newest first; admins only."""
+    _admin(identity, "read the anomaly findings")
+    anomaly = _anomaly_models()
     start, history = card_history()
     train = slice(0, (ANOMALY_DAYS - 1) * 86400 // ANOMALY_STEP_S)
+    platform = anomaly.others_mean(history["utilization"], history["held"])
     found = []
     for card, util in history["utilization"].items():
         temp = history["temperature"].get(card)
         if temp:
             found += [(card, f) for f in anomaly.hot_for_load(util, temp, train)]
+        if card in history["held"]:
+            held = history["held"][card]
+            found += [(card, f) for f in anomaly.utilization_collapsed(util, held, platform[card], train)]
     for card, memory in history["memory"].items():
         found += [(card, f) for f in anomaly.memory_growing(memory)]
+    for card, errors in history["errors"].items():
+        found += [(card, f) for f in anomaly.correctable_errors_rising(errors, train)]
     when = [(card, f, start + timedelta(seconds=f.found * ANOMALY_STEP_S)) for card, f in found]
     return sorted(when, key=lambda x: x[2], reverse=True)
 

@@ -7,6 +7,14 @@
 - *Memory growing without bound*: the slope of a server's GPU memory over a sliding hour
   (``LinearRegression``); a steady climb is a leak long before it crosses the slice (the
   GpuMemoryOverSlice rule).
+- *Correctable errors rising*: a Poisson regression (``PoissonRegressor``) of the card's
+  single-bit ECC errors per bin over a sliding two hours; a rate that at least doubles
+  across the window, seen in most bins (not one burst), and ends well above the card's
+  usual rate in its history, is memory going bad before a double-bit error.
+- *Utilization that collapses*: a robust regression (``HuberRegressor``) of the card's
+  utilization on the platform's (the other held cards' mean), fitted on its history; a
+  held card far below what the platform's load now predicts for it, for ``minutes`` in a
+  row, has stopped doing its work (a stalled data loader, a wedged job) though not at 0%.
 
 Pure: series in (one value per sample, None where there is none), findings out, each with
 its evidence in words. Designed on the replay's seed 1 (bench/anomaly.py).
@@ -14,18 +22,20 @@ its evidence in words. Designed on the replay's seed 1 (bench/anomaly.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
-from sklearn.linear_model import HuberRegressor, LinearRegression
+from sklearn.linear_model import HuberRegressor, LinearRegression, PoissonRegressor
 
 MiB = 1024**2
+Card = TypeVar("Card", bound=Hashable)  # (node, gpu) as the caller names it
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # "hot for its load" or "memory growing"
+    kind: str  # "hot for its load", "memory growing", "correctable errors rising", "utilization collapsed"
     start: int  # the sample where the unusual stretch began
     found: int  # the sample where the model was sure (start + the stretch it needs)
     evidence: str
@@ -105,4 +115,126 @@ def memory_growing(
             f"(unusual above {mib_per_sample:.0f})",
         )
         for _, found in _stretches(growing, windows)
+    ]
+
+
+def _increments(counter: np.ndarray) -> np.ndarray:
+    """Per-sample increase of a counter; a counter that restarted (driver reload) counts from zero."""
+    increase = np.diff(counter, prepend=np.nan)
+    restarted = increase < 0
+    increase[restarted] = counter[restarted]
+    return increase
+
+
+def _binned(values: np.ndarray, size: int) -> np.ndarray:
+    """Sums of ``size`` samples; NaN where fewer than half of a bin's samples exist."""
+    usable = len(values) // size * size
+    bins = values[:usable].reshape(-1, size)
+    seen = np.isfinite(bins).sum(axis=1)
+    return np.where(seen * 2 >= size, np.nansum(bins, axis=1), np.nan)
+
+
+def correctable_errors_rising(
+    counter: Sequence[float | None],
+    train: slice,
+    bin_samples: int = 10,
+    window_bins: int = 12,
+    factor: float = 4.0,
+    floor_per_bin: float = 1.5,
+    bins: int = 3,
+) -> list[Finding]:
+    """Windows where the card's correctable-error rate doubles and ends above ``factor`` times its usual rate.
+
+    ``counter`` is the card's cumulative single-bit (correctable) ECC error count, one value a
+    sample. The rate is fitted per ``bin_samples`` bin over ``window_bins`` bins; ``bins``
+    such windows in a row make a finding.
+    """
+    counts = _binned(_increments(_array(counter)), bin_samples)
+    history = counts[(train.start or 0) // bin_samples : (train.stop or len(counter)) // bin_samples]
+    history = history[np.isfinite(history)]
+    # Its usual rate, bursts aside: the mean of its history without the busiest 1% of bins.
+    usual = float(history[history <= np.quantile(history, 0.99)].mean()) if len(history) else 0.0
+    limit = max(factor * usual, floor_per_bin)
+    place = np.linspace(0.0, 1.0, window_bins).reshape(-1, 1)
+    flags = np.zeros(len(counts), dtype=bool)
+    end_rates = np.full(len(counts), np.nan)
+    for end in range(window_bins, len(counts) + 1):
+        recent = counts[end - window_bins : end]
+        if not np.isfinite(recent).all() or (recent > 0).sum() * 2 < window_bins:
+            continue  # a gap, or errors in too few bins to be a rate
+        if np.median(recent[window_bins // 2 :]) < limit:
+            continue  # most recent bins under the limit: a burst at most, not a rising rate
+        # The biggest bin counts as much as the next biggest: one burst of errors is not a trend.
+        recent = np.minimum(recent, np.sort(recent)[-2])
+        fit = PoissonRegressor(alpha=0.0).fit(place, recent)
+        end_rates[end - 1] = float(np.exp(fit.intercept_ + fit.coef_[0]))
+        flags[end - 1] = fit.coef_[0] >= np.log(2) and end_rates[end - 1] > limit
+    per_hour = 60 / bin_samples  # the evidence in errors per hour, at one sample a minute
+    return [
+        Finding(
+            "correctable errors rising",
+            (start - window_bins + 1) * bin_samples,
+            (found + 1) * bin_samples - 1,
+            f"{end_rates[found] * per_hour:.0f} correctable ECC errors an hour and rising (more than doubled over "
+            f"the last {window_bins * bin_samples} samples); its usual is {usual * per_hour:.1f} an hour "
+            f"(unusual above {limit * per_hour:.0f})",
+        )
+        for start, found in _stretches(flags, bins)
+    ]
+
+
+def others_mean(
+    utilization: Mapping[Card, Sequence[float | None]], held: Mapping[Card, Sequence[float | None]]
+) -> dict[Card, np.ndarray]:
+    """Per card, the mean utilization of the *other* cards that servers hold: the platform's load at each sample."""
+    cards = list(utilization)
+    length = max((len(v) for v in utilization.values()), default=0)
+    util = np.full((len(cards), length), np.nan)
+    for row, card in enumerate(cards):
+        values = _array(utilization[card])
+        holding = _array(held.get(card) or [None] * len(values))
+        util[row, : len(values)] = np.where(np.nan_to_num(holding) > 0, values, np.nan)
+    seen = np.isfinite(util)
+    total, count = np.nansum(util, axis=0), seen.sum(axis=0)
+    out = {}
+    for row, card in enumerate(cards):
+        others = count - seen[row]
+        rest = total - np.nan_to_num(util[row])
+        out[card] = np.divide(rest, others, out=np.full(length, np.nan), where=others > 0)
+    return out
+
+
+def utilization_collapsed(
+    utilization: Sequence[float | None],
+    held: Sequence[float | None],
+    platform: Sequence[float | None] | np.ndarray,
+    train: slice,
+    below: float = 15.0,
+    ratio: float = 0.33,
+    minutes: int = 30,
+) -> list[Finding]:
+    """Stretches where a held card is ``below`` points and ``ratio`` under what the platform's load predicts."""
+    util, holding = _array(utilization), np.nan_to_num(_array(held)) > 0
+    load = np.asarray(platform, dtype=float) if isinstance(platform, np.ndarray) else _array(platform)
+    seen = np.isfinite(util) & np.isfinite(load) & holding
+    fit = np.zeros(len(util), dtype=bool)
+    fit[train] = True
+    fit &= seen
+    if (load[fit] > 20).sum() < 60:
+        return []  # never held while the platform worked for an hour: how much it works is unknown
+    model = HuberRegressor().fit(load[fit].reshape(-1, 1), util[fit])
+    expected = np.full(len(util), np.nan)
+    expected[seen] = model.predict(load[seen].reshape(-1, 1))
+    unusual = np.minimum(expected - below, ratio * expected)
+    low = seen & (util < unusual)
+    return [
+        Finding(
+            "utilization collapsed",
+            start,
+            found,
+            f"{util[found]:.0f}% busy while its servers hold it; at the platform's load now ({load[found]:.0f}%) "
+            f"its history predicts {expected[found]:.0f}% (unusual below {unusual[found]:.0f}%) "
+            f"for {minutes} samples in a row",
+        )
+        for start, found in _stretches(low, minutes)
     ]

@@ -14,11 +14,10 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import Any
 
-from hub.settings import Contact, OnCall
+from hub.settings import WEEKDAYS, Contact, OnCall
 
 HORIZON_DAYS = 26 * 7  # rotation turns written ahead; `gpuslice up` writes the config afresh at each start
 AFTER_HOURS = "after-hours"
-WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 HEARTBEAT = "Watchdog"
 
 

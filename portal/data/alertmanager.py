@@ -1,4 +1,5 @@
-"""Alertmanager's API v2 for incidents: the alerts with their inhibitions, silences, acknowledging.
+"""Alertmanager's API v2: the Alerts page's rows, and for incidents the alerts with their
+inhibitions, silences, acknowledging.
 
 Takes its HTTP session (requests) so that tests hand it the real Alertmanager; the platform
 passes its monitoring credentials (basic auth) in ``auth``.
@@ -16,6 +17,22 @@ from portal.data.errors import why
 from portal.data.prometheus import MetricsUnavailableError
 from portal.incidents import Alert, Incident, Silence
 
+HEARTBEAT = "Watchdog"  # the always-firing heartbeat of the alerting pipeline: never listed
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    """One firing alert as the Alerts page lists it."""
+
+    name: str
+    severity: str
+    summary: str
+    description: str
+    runbook: str
+    started: datetime | None
+    state: str
+
 
 def _time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -31,6 +48,19 @@ def alert_from_api(raw: dict[str, Any]) -> Alert:
         runbook=str(annotations.get("runbook", "")),
         inhibited_by=tuple(status.get("inhibitedBy") or ()),
         silenced_by=tuple(status.get("silencedBy") or ()),
+    )
+
+
+def row_from_api(raw: dict[str, Any]) -> AlertRow:
+    labels, annotations = raw.get("labels") or {}, raw.get("annotations") or {}
+    return AlertRow(
+        name=labels.get("alertname", "?"),
+        severity=labels.get("severity", "none"),
+        summary=annotations.get("summary", ""),
+        description=annotations.get("description", ""),
+        runbook=annotations.get("runbook", ""),
+        started=_time(raw["startsAt"]) if raw.get("startsAt") else None,
+        state=(raw.get("status") or {}).get("state", "active"),
     )
 
 
@@ -67,6 +97,12 @@ class Alertmanager:
             return response.json()
         except (requests.RequestException, ValueError) as exc:
             raise MetricsUnavailableError(f"Alertmanager did not answer ({why(exc)})") from exc
+
+    def rows(self) -> list[AlertRow]:
+        """The firing alerts for the Alerts page, most severe first, without the heartbeat."""
+        rows = [row_from_api(a) for a in self._call("GET", "alerts")]
+        rows = [r for r in rows if r.name != HEARTBEAT]
+        return sorted(rows, key=lambda r: (SEVERITY_ORDER.get(r.severity, 3), r.name))
 
     def alerts(self) -> list[Alert]:
         """Every firing alert, inhibited and silenced ones too (they belong to incidents)."""

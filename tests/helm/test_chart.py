@@ -235,3 +235,31 @@ def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar(tmp_path: Path) ->
     assert mine["metadata"]["labels"]["my_dashboards"] == "yes" and mine["metadata"]["annotations"] == {
         "grafana_folder": "GPU"
     }
+
+
+def test_the_portal_has_a_writable_volume_of_its_own_for_the_incident_store(tmp_path: Path) -> None:
+    from spawner import environ  # the variable the portal reads the data folder from
+
+    def portal_data(*values: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        docs = render(*values)
+        portal = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gs-gpuslice-portal")
+        claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+        return portal, claims
+
+    portal, claims = portal_data()
+    (container,) = containers(portal)
+    data_dir = next(e["value"] for e in container["env"] if e["name"] == environ.DATA_DIR.name)
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == data_dir)
+    assert not mount.get("readOnly")
+    volume = next(v for v in portal["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    claim = next(c for c in claims if c["metadata"]["name"] == volume["persistentVolumeClaim"]["claimName"])
+    assert claim["metadata"]["name"] != "gs-gpuslice-hub-db"  # the hub's volume is ReadWriteOnce and the hub's
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"] and claim["spec"]["resources"]["requests"]["storage"]
+    assert portal["spec"]["strategy"] == {"type": "Recreate"}  # the old pod lets go of the claim first
+
+    existing = tmp_path / "existing.yaml"
+    existing.write_text("portal: {data: {existingClaim: ops-portal-data}}\n")
+    portal, claims = portal_data(existing)
+    volumes = {v["name"]: v for v in portal["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mount["name"]]["persistentVolumeClaim"] == {"claimName": "ops-portal-data"}
+    assert all("portal" not in c["metadata"]["name"] for c in claims)

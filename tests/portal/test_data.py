@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import requests
 
-from portal.data import access, alerts, errors, hub, prometheus
+from portal.data import access, errors, hub, prometheus
 from portal.data.access import Scope
+from portal.data.alertmanager import Alertmanager
 from portal.identity import Identity
 
 ALICE = {
@@ -215,7 +216,7 @@ class FakeSession(requests.Session):
         super().__init__()
         self.answer, self.status = answer, status
 
-    def get(self, url: str | bytes, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
         response = requests.Response()
         response.status_code = self.status
         response._content = __import__("json").dumps(self.answer).encode()
@@ -224,14 +225,14 @@ class FakeSession(requests.Session):
 
 
 def test_alerts_from_alertmanager_most_severe_first() -> None:
-    rows = alerts.active_alerts("http://am", FakeSession(list(reversed(AM_ALERTS))))
+    rows = Alertmanager("http://am", FakeSession(list(reversed(AM_ALERTS)))).rows()
     assert [r.name for r in rows] == ["GpuXidError", "GpuTemperatureHigh"]
     assert rows[0].runbook == "docs/runbook.md#gpuxiderror" and rows[0].started is not None
 
 
 def test_alertmanager_down_is_reported_as_unavailable() -> None:
     with pytest.raises(prometheus.MetricsUnavailableError, match="Alertmanager"):
-        alerts.active_alerts("http://am", FakeSession({}, status=503))
+        Alertmanager("http://am", FakeSession({}, status=503)).rows()
 
 
 def test_per_gpu_trend_and_spawn_success() -> None:
@@ -282,7 +283,7 @@ def test_a_hung_prometheus_times_out_instead_of_hanging_the_page(hung_server: st
 
 def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
     with pytest.raises(prometheus.MetricsUnavailableError, match=r"Alertmanager did not answer \(timed out\)"):
-        within(10, lambda: alerts.active_alerts(hung_server, timeout_s=1))
+        within(10, lambda: Alertmanager(hung_server, timeout_s=1).rows())
 
 
 def test_a_hung_hub_is_reported_as_unavailable(hung_server: str) -> None:
@@ -307,5 +308,5 @@ def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server
 
 def test_the_watchdog_heartbeat_is_not_listed_as_an_alert() -> None:
     heartbeat = {"labels": {"alertname": "Watchdog", "severity": "none"}, "annotations": {}, "status": {}}
-    rows = alerts.active_alerts("http://am", FakeSession([heartbeat, *AM_ALERTS]))
+    rows = Alertmanager("http://am", FakeSession([heartbeat, *AM_ALERTS])).rows()
     assert [r.name for r in rows] == ["GpuXidError", "GpuTemperatureHigh"]

@@ -4,7 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from portal.incidents import Alert, Escalation, Incident, Silence, duration_s, group, timeline
+from hub.settings import duration_s
+from portal.incidents import Alert, Escalation, Incident, Silence, group, timeline
 
 T0 = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 

@@ -11,7 +11,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from portal import auth, sources, views
-from portal.data.alerts import AlertRow
+from portal.data.alertmanager import AlertRow
 from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ServerRow
 from portal.data.incident_store import IncidentStore
@@ -518,13 +518,33 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
     temp = [35 + 0.4 * u + math.sin(m * 12.9898) for m, u in enumerate(util)]
     for m in range(4000, 4060):
         temp[m] += 12  # on the third day, an hour too warm for its load
-    memory = {("n1", "0"): [6 * GiB + 0.0] * minutes}
-    history = {"utilization": {("n1", "0"): util}, "temperature": {("n1", "0"): temp}, "memory": memory}
+    stalled = [0.8 * u + 3 * math.sin(m * 7.1) for m, u in enumerate(util)]
+    for m in range(3500, 3600):
+        stalled[m] = 4.0  # n1/1, still held, stops working while n1/0 works on
+    errors, total = [], 0.0
+    for m in range(minutes):
+        total += 1.0 if m % 30 == 0 else 0.0  # 2 an hour: its usual
+        if 3000 <= m < 3360:
+            total += 2 ** ((m - 3360) / 60)  # then doubling every hour for six hours
+        errors.append(total)
+    cards = [("n1", "0"), ("n1", "1")]
+    history = {
+        "utilization": {("n1", "0"): util, ("n1", "1"): stalled},
+        "temperature": {("n1", "0"): temp},
+        "memory": {card: [6 * GiB + 0.0] * minutes for card in cards},
+        "errors": {("n1", "0"): [0.0] * minutes, ("n1", "1"): errors},
+        "held": {card: [10.0 * GiB] * minutes for card in cards},
+    }
     monkeypatch.setattr(sources, "card_history", lambda: (NOW - timedelta(days=3), history))
     at = run("screens/anomalies.py")
-    assert [m.value.split(",")[0] for m in at.markdown] == ["**hot for its load** on n1 GPU 0"]
-    assert any("its model expects" in c.value for c in at.caption)
-    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 1
+    assert [m.value.split(",")[0] for m in at.markdown] == [
+        "**hot for its load** on n1 GPU 0",
+        "**utilization collapsed** on n1 GPU 1",
+        "**correctable errors rising** on n1 GPU 1",
+    ]
+    captions = " ".join(c.value for c in at.caption)
+    assert "its model expects" in captions and "its history predicts" in captions and "an hour and rising" in captions
+    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 3
     fakes["identity"] = Identity("alice")
     with pytest.raises(ValueError, match="Could not find a navigation page"):
         run("screens/anomalies.py")

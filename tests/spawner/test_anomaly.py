@@ -2,7 +2,13 @@
 
 import math
 
-from spawner.anomaly import hot_for_load, memory_growing
+from spawner.anomaly import (
+    correctable_errors_rising,
+    hot_for_load,
+    memory_growing,
+    others_mean,
+    utilization_collapsed,
+)
 
 MiB = 1024**2
 
@@ -41,3 +47,57 @@ def test_a_steady_climb_is_a_leak_and_noise_is_not() -> None:
     assert memory_growing(flat) == []
     gaps = [None if m % 50 == 0 else v for m, v in enumerate(leak)]  # no full window: no finding
     assert memory_growing(gaps, window=60) == []
+
+
+def counter(per_sample: list[float]) -> list[float | None]:
+    total, out = 0.0, []
+    for increase in per_sample:
+        total += increase
+        out.append(total)
+    return out
+
+
+def test_a_rising_correctable_error_rate_is_found_and_a_steady_trickle_or_a_burst_is_not() -> None:
+    minutes = 1440
+    steady = [1.0 if m % 20 == 0 else 0.0 for m in range(minutes)]  # 3 an hour, every hour: its usual
+    rising = list(steady)
+    for m in range(900, 1260):  # doubling every hour for six hours, to 48 an hour
+        rising[m] += 0.8 * 2 ** ((m - 1260) / 60) * 60 / 60
+    found = correctable_errors_rising(counter(rising), slice(0, 720))
+    assert [f.kind for f in found] == ["correctable errors rising"]
+    assert 900 < found[0].found < 1260 and "rising" in found[0].evidence
+    assert correctable_errors_rising(counter(steady), slice(0, 720)) == []
+    burst = list(steady)
+    burst[1000] += 40  # many errors at once, then its usual trickle: one bin, not a trend
+    assert correctable_errors_rising(counter(burst), slice(0, 720)) == []
+    restarted = counter(steady)[:800] + counter(steady[800:])  # the driver reloaded: the counter restarts
+    assert correctable_errors_rising(restarted, slice(0, 720)) == []
+
+
+def test_a_held_card_far_below_what_the_platforms_load_predicts_is_found() -> None:
+    minutes = 900
+    platform = [max(0.0, 60 + 35 * math.sin(m / 40)) for m in range(minutes)]
+    util = [0.8 * p + noise(m, 8) for m, p in enumerate(platform)]
+    held: list[float | None] = [10.0 * 2**30] * minutes
+    collapsed = list(util)
+    for m in range(600, 700):
+        collapsed[m] = 5.0  # still held, at 5%: no work
+    found = utilization_collapsed(collapsed, held, platform, slice(0, 500))
+    assert [(f.kind, f.start) for f in found] == [("utilization collapsed", found[0].start)]
+    assert 600 <= found[0].start < 640 and found[0].found == found[0].start + 29
+    assert "its history predicts" in found[0].evidence
+    assert utilization_collapsed(util, held, platform, slice(0, 500)) == []
+    released: list[float | None] = [v if m < 600 else None for m, v in enumerate(held)]
+    assert utilization_collapsed(collapsed, released, platform, slice(0, 500)) == []  # no server holds it
+
+
+def test_the_platforms_load_for_a_card_is_the_other_held_cards_mean() -> None:
+    util = {("n", "0"): [10.0, 90.0], ("n", "1"): [50.0, 30.0], ("n", "2"): [70.0, 0.0]}
+    held: dict[tuple[str, str], list[float | None]] = {
+        ("n", "0"): [1.0, 1.0],
+        ("n", "1"): [1.0, 1.0],
+        ("n", "2"): [1.0, None],
+    }
+    mean = others_mean(util, held)
+    assert list(mean[("n", "0")]) == [60.0, 30.0]
+    assert list(mean[("n", "2")]) == [30.0, 60.0]
