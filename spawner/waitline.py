@@ -17,6 +17,9 @@ held back by its group's budget only blocks later entries of the same group. Ent
 whose spawn has not been seen for ``away_after_s`` (the hub restarted, the tab went
 away and the spawn ended) keep their place but do not hold up the line.
 
+Each finished wait (joined the line, then placed or left it) is a ``Wait``; ``wait_stats``
+gives their percentiles per class and per day, ``sees_wait`` who may see which.
+
 Admins, and a class's teachers for their class's requests, manage the line
 (``may_manage``): put a request first, cancel it, or reserve GPU memory for a class for a
 time window (``Reservation``). While a reservation is on, the memory it keeps that its
@@ -26,6 +29,8 @@ together never promise more than the machine has (``reservation_problem``).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -267,3 +272,77 @@ def reservation_problem(new: Reservation, existing: Iterable[Reservation], capac
                 f" more than the {format_bytes(capacity_bytes)} of GPU memory here: reserve less or another time"
             )
     return None
+
+
+# How a wait ended: placed on a GPU, or out of the line without one (the spawn stopped,
+# it waited longer than the limit, a teacher or admin cancelled it).
+WAIT_OUTCOMES = ("placed", "left", "cancelled")
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One finished wait in the line: from joining it (``queued``) to ``ended``, seconds since the epoch."""
+
+    key: str
+    user: str
+    group: str | None
+    queued: float
+    ended: float
+    outcome: str  # one of WAIT_OUTCOMES
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.ended - self.queued)
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    """The waits that began on one UTC day for one class (``group`` None: charged to no class)."""
+
+    day: str  # YYYY-MM-DD, UTC
+    group: str | None
+    waits: int
+    placed: int  # the others left the line without a GPU
+    p50_s: float
+    p95_s: float
+    longest_s: float
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank ``p``-th percentile: the smallest value with at least p% of ``values`` at or below it."""
+    if not values:
+        raise ValueError("no values to take a percentile of")
+    if not 0 < p <= 100:
+        raise ValueError(f"a percentile is in (0, 100], not {p}")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def wait_day(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(stamp))
+
+
+def wait_stats(waits: Iterable[Wait]) -> list[WaitStats]:
+    """Wait-time percentiles per class and per day (the day a wait began, UTC); latest day first, then by class.
+
+    A wait counts from joining the line to being placed or leaving it, so those who gave up
+    count too (for as long as they waited): leaving them out would make a crowded day look short.
+    """
+    grouped: dict[tuple[str, str | None], list[Wait]] = {}
+    for w in waits:
+        grouped.setdefault((wait_day(w.queued), w.group), []).append(w)
+    rows = []
+    for (day, group), found in grouped.items():
+        seconds = [w.seconds for w in found]
+        placed = sum(w.outcome == "placed" for w in found)
+        rows.append(
+            WaitStats(day, group, len(found), placed, percentile(seconds, 50), percentile(seconds, 95), max(seconds))
+        )
+    rows.sort(key=lambda r: (r.group is None, r.group or ""))
+    rows.sort(key=lambda r: r.day, reverse=True)
+    return rows
+
+
+def sees_wait(manager: Manager, wait: Wait) -> bool:
+    """Admins see every class's waits, a teacher their classes' (and their own), anyone else only their own."""
+    return manager.admin or (wait.group is not None and wait.group in manager.classes) or wait.user == manager.name
