@@ -154,6 +154,19 @@ def stop_message(
     return "stopped (from JupyterHub: its home page, its API or its shutdown)"
 
 
+def reclaim_notice(latest: ServerEvent | None, now: float, lead_s: float) -> str | None:
+    """What to tell a server's owner while the GPU line's reclaimer has warned it (None: nothing).
+
+    ``latest``: the server's latest event; a ``warned`` one stands for ``lead_s`` seconds (then
+    the server is stopped, or it was used again and the warning lapsed).
+    """
+    if latest is None or latest.kind != "warned" or not 0 <= now - latest.created < lead_s:
+        return None
+    at = time.strftime("%H:%M:%S UTC", time.gmtime(latest.created + lead_s))
+    # Short enough for JupyterLab's notification, which cuts messages after 140 characters.
+    return f"Idle while others wait for a GPU: this server will be stopped at {at} unless used. Save your work now."
+
+
 def server_key(user: str, server: str) -> str:
     return f"{user}/{server}"
 

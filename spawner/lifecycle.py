@@ -22,15 +22,16 @@ from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.form import WaitOffer, in_form_words
 from spawner.inventory import Inventory, build_local
-from spawner.ledger import Held, Ledger, LedgerError, stop_message
+from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice, stop_message
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
-from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions
+from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions, warning_lead
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
+LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
 
 
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
@@ -69,6 +70,11 @@ class LedgerGpuMixin(GpuShareMixin):
     gpu_kernel_hook_dir = Unicode(
         str(HOOK_DIR),
         help="The folder on notebooks' PYTHONPATH: the kernel hook (under isolation unix-users, "
+        "a copy every account can read: hub/userenv.py).",
+    ).tag(config=True)
+    gpu_lab_dir = Unicode(
+        str(LAB_DIR),
+        help="The folder on notebooks' JUPYTER_PATH: JupyterLab's reclaim notice (under isolation unix-users, "
         "a copy every account can read: hub/userenv.py).",
     ).tag(config=True)
     gpu_option_keys = OPTION_KEYS | {"wait"}
@@ -452,6 +458,20 @@ class LedgerGpuMixin(GpuShareMixin):
         if self._gpu_stages is not None:
             self._gpu_stages.append(Stage(progress, message, time.monotonic()))
 
+    @property
+    def gpu_warning_lead(self) -> float:
+        return warning_lead(self.gpu_idle_timeout)
+
+    def gpu_reclaim_warning(self) -> tuple[str, float] | None:
+        """The GPU line's warning standing for this server now, and when it was given (hub/notice.py)."""
+        try:
+            history = self._ledger.history(self._key)
+        except LedgerError:
+            return None
+        latest = history[-1] if history else None
+        said = reclaim_notice(latest, time.time(), self.gpu_warning_lead)
+        return (said, latest.created) if said and latest else None
+
     def _last_event_kind(self) -> str | None:
         history = self._ledger.history(self._key)
         return history[-1].kind if history else None
@@ -463,6 +483,8 @@ class LedgerGpuMixin(GpuShareMixin):
         # Only the kernel hook: the hub's own PYTHONPATH (the platform's source tree) would let
         # our hub, portal and spawner packages shadow a user's packages of the same names.
         env["PYTHONPATH"] = self.gpu_kernel_hook_dir
+        # JupyterLab finds the reclaim notice's prebuilt extension there (and the user's own dirs after it).
+        env["JUPYTER_PATH"] = self.gpu_lab_dir
         if self._machine.simulated and self._gpu_holds:
             env[environ.SIMULATED.name] = "1"
         if self._gpu_models:

@@ -177,6 +177,11 @@ def put_first(entries: Iterable[Entry], key: str) -> list[Entry]:
     return [replace(e, priority=top + 1) if e.key == key else e for e in entries]
 
 
+def warning_lead(gpu_idle_timeout: float) -> float:
+    """Seconds between the reclaimer's warning and the stop: 3 minutes, less for short timeouts."""
+    return min(180.0, gpu_idle_timeout / 3)
+
+
 @dataclass(frozen=True)
 class Holder:
     """A running server as reclaiming sees it."""
