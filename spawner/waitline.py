@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from spawner.inventory import Inventory
@@ -190,6 +190,76 @@ class Holder:
     has_gpu: bool
     kernels_idle_since: float | None  # None: a kernel is busy now
     gpu_idle_since: float | None  # None: its processes use the GPU now
+
+
+# GPU memory moves a little on its own (allocator caches, the driver); a change larger than
+# this between two looks is a process at work.
+GPU_MEMORY_STEADY_BYTES = 16 * 2**20
+# A card this busy, used by one server's processes alone, is that server's work.
+GPU_BUSY_PCT = 5.0
+
+
+@dataclass(frozen=True)
+class GpuTrace:
+    """What reclaiming remembers of one server's GPU memory (all its processes together)."""
+
+    memory_bytes: int  # the reading that later ones are compared with
+    changed: float | None  # when it last moved by more than GPU_MEMORY_STEADY_BYTES; None: not since first seen
+
+
+def follow_gpu_memory(
+    traces: Mapping[str, GpuTrace],
+    readings: Mapping[str, int],
+    now: float,
+    steady_bytes: int = GPU_MEMORY_STEADY_BYTES,
+) -> dict[str, GpuTrace]:
+    """Each server's trace after one more look (``readings``: its processes' GPU memory now, 0 for none).
+
+    The reference reading moves only with a change, so a slow creep adds up until it counts.
+    A server seen for the first time has no change yet: its GPU says nothing either way.
+    """
+    followed = {}
+    for key, memory in readings.items():
+        before = traces.get(key)
+        if before is None:
+            followed[key] = GpuTrace(memory, None)
+        elif abs(memory - before.memory_bytes) > steady_bytes:
+            followed[key] = GpuTrace(memory, now)
+        else:
+            followed[key] = before
+    return followed
+
+
+def busy_alone(cards: Iterable[tuple[float, Iterable[str]]], busy_pct: float = GPU_BUSY_PCT) -> set[str]:
+    """The servers whose card is busy while their processes are the only ones on it.
+
+    ``cards``: each card's utilization (%) and the servers owning its processes. A busy card
+    shared by several servers' processes says nothing about which of them works (per-process
+    utilization is not read), so none of them is counted busy by it.
+    """
+    busy: set[str] = set()
+    for utilization, owners in cards:
+        keys = set(owners)
+        if utilization >= busy_pct and len(keys) == 1:
+            busy |= keys
+    return busy
+
+
+def with_gpu_activity(holders: Iterable[Holder], traces: Mapping[str, GpuTrace], busy: Set[str]) -> list[Holder]:
+    """The holders with their GPU's own evidence joined to JupyterHub's activity.
+
+    A server alone on a busy card uses the GPU now; one whose GPU memory changed at ``t`` has
+    been GPU-idle only since ``t``. The GPU can only make a server busier than JupyterHub says.
+    """
+    joined = []
+    for h in holders:
+        if h.key in busy:
+            h = replace(h, gpu_idle_since=None)
+        trace = traces.get(h.key)
+        if trace is not None and trace.changed is not None and h.gpu_idle_since is not None:
+            h = replace(h, gpu_idle_since=max(h.gpu_idle_since, trace.changed))
+        joined.append(h)
+    return joined
 
 
 def reclaim(

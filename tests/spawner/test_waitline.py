@@ -9,22 +9,28 @@ from spawner.placement import Demand
 from spawner.shares import GiB
 from spawner.waitline import (
     Entry,
+    GpuTrace,
+    Holder,
     Manager,
     Reservation,
     Wait,
     WaitStats,
     admit,
+    busy_alone,
     estimated_start,
     fair_order,
+    follow_gpu_memory,
     kept_for_others,
     may_manage,
     never_fits,
     percentile,
     positions,
     put_first,
+    reclaim,
     reservation_problem,
     sees_wait,
     wait_stats,
+    with_gpu_activity,
 )
 
 TWO_CARDS = simulated_gpus("2x16GiB:T4")
@@ -268,3 +274,31 @@ def test_admins_see_every_waits_teachers_their_classes_students_their_own() -> N
     assert seen(Manager("tom", classes=frozenset({"ml101"}))) == ["ann", "tom"]
     assert seen(Manager("bo")) == ["bo"]
     assert seen(Manager("cy")) == []
+
+
+MiB = 2**20
+
+
+def test_gpu_memory_that_moves_is_a_change_a_little_drift_is_not_until_it_adds_up() -> None:
+    first = follow_gpu_memory({}, {"ann/": 1000 * MiB, "bo/": 0}, now=100)
+    assert first == {"ann/": GpuTrace(1000 * MiB, None), "bo/": GpuTrace(0, None)}  # nothing known yet
+    second = follow_gpu_memory(first, {"ann/": 1010 * MiB, "bo/": 2000 * MiB}, now=130)
+    assert second == {"ann/": GpuTrace(1000 * MiB, None), "bo/": GpuTrace(2000 * MiB, 130)}
+    third = follow_gpu_memory(second, {"ann/": 1020 * MiB, "bo/": 0}, now=160)  # ann crept 20 MiB; bo freed all
+    assert third == {"ann/": GpuTrace(1020 * MiB, 160), "bo/": GpuTrace(0, 160)}
+    assert follow_gpu_memory(third, {}, now=190) == {}  # servers gone are forgotten
+
+
+def test_a_busy_card_counts_for_the_one_server_alone_on_it_only() -> None:
+    cards = [(80.0, ["ann/", "ann/"]), (90.0, ["bo/", "cy/"]), (1.0, ["di/"]), (50.0, [])]
+    assert busy_alone(cards) == {"ann/"}
+
+
+def test_the_gpus_evidence_keeps_a_server_whose_kernels_look_idle_from_being_reclaimed() -> None:
+    hub_says = [Holder(k, True, 0.0, 0.0) for k in ("ann/", "bo/", "cy/", "di/")]
+    traces = {"bo/": GpuTrace(4 * GiB, 950.0), "cy/": GpuTrace(4 * GiB, None), "di/": GpuTrace(0, 10.0)}
+    joined = with_gpu_activity(hub_says, traces, busy={"ann/"})
+    assert [h.gpu_idle_since for h in joined] == [None, 950.0, 0.0, 10.0]
+    warn, stop = reclaim(joined, waiting=4, now=1000.0, gpu_idle_timeout=900, warn_before=180)
+    assert stop == ["cy/", "di/"] and warn == []  # ann computes now, bo's memory moved 50 s ago
+    assert reclaim(hub_says, waiting=4, now=1000.0, gpu_idle_timeout=900)[1] == ["ann/", "bo/", "cy/", "di/"]
