@@ -83,6 +83,7 @@ class LedgerGpuMixin(GpuShareMixin):
     _gpu_stages: list[Stage] | None = None
     _gpu_base_start_timeout: float | None = None
     _gpu_request: tuple[GpuRequest, str] | None = None
+    _gpu_line_view: tuple[int, list[Held]] | None = None  # the last turn's place in line and the holds it saw
 
     @property
     def _ledger(self) -> Ledger:
@@ -237,6 +238,10 @@ class LedgerGpuMixin(GpuShareMixin):
             raise GpuRefused(
                 409, f"Waited in line longer than {self.gpu_line_max_wait // 60} minutes; no GPU came free.", "line"
             )
+        # The place as this transaction sees it: the progress words need not read the line again.
+        present = [e for e in line if not e.away(now)]
+        position = positions([*present, me], _held_by_user(holds)).get(self._key, len(present) + 1)
+        self._gpu_line_view = (position, holds)
         return None, me
 
     def _entry(
@@ -297,11 +302,9 @@ class LedgerGpuMixin(GpuShareMixin):
         return f"Your place in the GPU line was {who}; no GPU is held. Start again to wait once more."
 
     def _place_in_line(self, request: GpuRequest) -> str:
-        """Position, people ahead and an estimated start, in words."""
+        """Position, people ahead and an estimated start, in words (from the last turn's look at the line)."""
         now = time.time()
-        line = [e for e in self._ledger.line() if not e.away(now) or e.key == self._key]
-        holds = self._ledger.holdings()
-        position = positions(line, _held_by_user(holds)).get(self._key, len(line) + 1)
+        position, holds = self._gpu_line_view or (1, [])
         eta = estimated_start(position, self._frees_at(holds, now), now)
         when = time.strftime("%H:%M UTC", time.gmtime(eta)) if eta is not None else "unknown"
         return (
