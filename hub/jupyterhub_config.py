@@ -11,10 +11,12 @@ from pathlib import Path
 
 from hub import metrics, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
+from hub.notice import NoticeHandler
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
 from spawner.ledger import Ledger
+from spawner.waitline import warning_lead
 
 settings = load(Path(environ.SETTINGS.get()) if environ.SETTINGS.get() else None)
 data_dir = Path(environ.DATA_DIR.get() or settings.data_dir).absolute()
@@ -53,6 +55,9 @@ c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in se
 # Notebook servers with GPU slices.
 # Our pages first (the spawn-pending page's words for the GPU line); JupyterHub's for the rest.
 c.JupyterHub.template_paths.prepend([str(Path(__file__).parent / "templates")])
+# The GPU line's warnings for JupyterLab's notification (spawner/lab) and the home page. A hub
+# page, not a service: it is read with the hub's login cookie, from the same origin as JupyterLab.
+c.JupyterHub.extra_handlers = [(r"/gpuslice/notice", NoticeHandler)]
 c.JupyterHub.spawner_class = "spawner.local.LocalGpuSpawner"
 c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)
@@ -63,6 +68,7 @@ if settings.isolation == "unix-users":
     # (gpuslice up builds it: hub/userenv.py), with the hook copied there too.
     c.LocalGpuSpawner.user_env_prefix = str(settings.user_env)
     c.LocalGpuSpawner.gpu_kernel_hook_dir = str(userenv.hook_dir(settings.user_env))
+    c.LocalGpuSpawner.gpu_lab_dir = str(userenv.lab_dir(settings.user_env))
 c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.gpu_culler_timeout = settings.idle_timeout  # the culler's: its stops are named
@@ -108,7 +114,7 @@ c.JupyterHub.services.append(
             "hub.reclaimer",
             f"--ledger={ledger_path}",
             f"--gpu-idle-timeout={reclaim_after}",
-            f"--warn-before={min(180.0, reclaim_after / 3)}",
+            f"--warn-before={warning_lead(reclaim_after)}",
             f"--interval={min(30.0, reclaim_after / 10)}",
         ],
     }

@@ -9,8 +9,11 @@ With nobody waiting nothing is reclaimed (the idle culler's normal timeout appli
 servers without a GPU are never reclaimed.
 
 Activity is JupyterHub's ``last_activity`` for the server (kernels, terminals, the
-browser through the proxy). On this machine the GPU's own idleness is taken to be the
-same: the exporter's per-process GPU readings are not joined in yet.
+browser through the proxy), joined with the GPU's own readings where NVML finds real GPUs:
+the per-process GPU memory the exporter reads too (``nvml_samples``, each process's server
+from its environment: ``owner_from_proc``), summed per server. A server whose GPU memory
+moved since the last look, or whose processes alone keep a card busy, is not idle
+(spawner/waitline.py ``with_gpu_activity``). Simulated GPUs give no such evidence.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from urllib.parse import quote
 
 import requests
 
+from hub.exporter import OwnerOf, Source, owner_from_proc
+from spawner.gpus import GpuSample
 from spawner.ledger import Ledger, server_key
-from spawner.waitline import Holder, reclaim
+from spawner.waitline import GpuTrace, Holder, busy_alone, follow_gpu_memory, reclaim, with_gpu_activity
 
 log = logging.getLogger("gpuslice.reclaimer")
 
@@ -46,6 +51,25 @@ def holders_from_hub(users: Iterable[dict[str, Any]], gpu_keys: set[str]) -> lis
     return found
 
 
+def gpu_evidence(
+    samples: Iterable[GpuSample], owner_of: OwnerOf, gpu_keys: set[str]
+) -> tuple[dict[str, int], list[tuple[float, list[str]]]]:
+    """Per GPU server, its processes' GPU memory now (0 for none); per card, its utilization and the
+    owners of its processes (a process of no notebook server counts as an owner of its own)."""
+    memory = dict.fromkeys(gpu_keys, 0)
+    cards = []
+    for sample in samples:
+        owners = []
+        for pid, used in sample.processes:
+            owner = owner_of(pid)
+            key = server_key(owner.user, owner.server) if owner else f"pid {pid}"
+            owners.append(key)
+            if key in memory:
+                memory[key] += used
+        cards.append((sample.utilization_pct, owners))
+    return memory, cards
+
+
 def _timestamp(text: str | None) -> float | None:
     if not text:
         return None  # never active: treated as busy rather than stopped on a guess
@@ -56,12 +80,32 @@ def _timestamp(text: str | None) -> float | None:
 class Reclaimer:
     """One look at the line and the servers per ``step``; remembers whom it has warned."""
 
-    def __init__(self, api_url: str, token: str, ledger: Ledger, gpu_idle_timeout: float, warn_before: float) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        ledger: Ledger,
+        gpu_idle_timeout: float,
+        warn_before: float,
+        gpu_source: Source | None = None,
+        owner_of: OwnerOf = owner_from_proc,
+    ) -> None:
         self.api_url, self.ledger = api_url.rstrip("/"), ledger
         self.timeout, self.warn_before = gpu_idle_timeout, warn_before
+        self.gpu_source, self.owner_of = gpu_source, owner_of
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"token {token}"
         self.warned: dict[str, float] = {}
+        self.traces: dict[str, GpuTrace] = {}
+
+    def holders(self, users: list[dict[str, Any]], gpu_keys: set[str], now: float) -> list[Holder]:
+        """The hub's ready servers, with the GPU's own readings joined when there are real GPUs."""
+        holders = holders_from_hub(users, gpu_keys)
+        if self.gpu_source is None:
+            return holders
+        memory, cards = gpu_evidence(self.gpu_source(), self.owner_of, gpu_keys)
+        self.traces = follow_gpu_memory(self.traces, memory, now)
+        return with_gpu_activity(holders, self.traces, busy_alone(cards))
 
     def step(self, now: float) -> list[str]:
         """Warn and stop as needed; returns the servers stopped."""
@@ -70,7 +114,7 @@ class Reclaimer:
         response = self.session.get(f"{self.api_url}/users", params={"state": "ready"}, timeout=30)
         response.raise_for_status()
         warn, stop = reclaim(
-            holders_from_hub(response.json(), gpu_keys),
+            self.holders(response.json(), gpu_keys, now),
             waiting=waiting,
             now=now,
             gpu_idle_timeout=self.timeout,
@@ -102,6 +146,18 @@ class Reclaimer:
         log.info("gpuslice reclaimer: stopped %s (idle while others waited)", key)
 
 
+def nvml_source() -> Source | None:
+    """The real GPUs' readings through NVML; None when NVML finds none (simulated GPUs say nothing)."""
+    from spawner.gpus import detect, nvml_samples
+
+    if detect("1x1GiB")[1] != "NVML":
+        return None
+    import pynvml
+
+    log.info("gpuslice reclaimer: joining NVML's per-process GPU memory and utilization to JupyterHub's activity")
+    return lambda: nvml_samples(pynvml)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", type=Path, required=True, help="the ledger's SQLite file")
@@ -116,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         Ledger(args.ledger),
         args.gpu_idle_timeout,
         args.warn_before,
+        nvml_source(),
     )
     try:
         while True:

@@ -22,13 +22,14 @@ import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
-from spawner.lifecycle import HOOK_DIR
+from spawner.lifecycle import HOOK_DIR, LAB_DIR
 
 # What the single-user server needs, pinned to what the hub's environment has installed.
 PACKAGES = ("jupyterhub", "jupyterlab", "ipykernel")
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 STAMP = "gpuslice-user-env.json"
 HOOK_SUBDIR = Path("share") / "gpuslice" / "kernel_hook"
+LAB_SUBDIR = Path("share") / "gpuslice" / "lab"  # JupyterLab's reclaim notice (JUPYTER_PATH)
 
 
 class UserEnvError(RuntimeError):
@@ -39,12 +40,23 @@ def hook_dir(prefix: Path) -> Path:
     return prefix / HOOK_SUBDIR
 
 
+def lab_dir(prefix: Path) -> Path:
+    return prefix / LAB_SUBDIR
+
+
 def wanted_stamp() -> dict[str, str]:
-    """The versions the environment must have, and a digest of the kernel hook's files."""
+    """The versions the environment must have, and a digest of the kernel hook's and the lab notice's files."""
     digest = hashlib.sha256()
     for path in sorted(HOOK_DIR.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return {**{name: version(name) for name in PACKAGES}, "kernel_hook": digest.hexdigest()}
+    lab = hashlib.sha256()
+    for path in sorted(p for p in LAB_DIR.rglob("*") if p.is_file()):
+        lab.update(str(path.relative_to(LAB_DIR)).encode() + b"\0" + path.read_bytes())
+    return {
+        **{name: version(name) for name in PACKAGES},
+        "kernel_hook": digest.hexdigest(),
+        "lab_notice": lab.hexdigest(),
+    }
 
 
 def current_stamp(prefix: Path) -> dict[str, str]:
@@ -83,6 +95,7 @@ def _ensure(prefix: Path) -> bool:
     if not packages_match or not (prefix / "bin" / "jupyterhub-singleuser").exists():
         _install(prefix, wanted)
     _copy_hook(prefix)
+    _copy_lab(prefix)
     _write_public(prefix / STAMP, json.dumps(wanted, indent=1))
     return True
 
@@ -116,6 +129,15 @@ def _copy_hook(prefix: Path) -> None:
         _write_public(target / path.name, path.read_text())
     for folder in (target, target.parent, target.parent.parent):
         folder.chmod(0o755)
+
+
+def _copy_lab(prefix: Path) -> None:
+    target = lab_dir(prefix)
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(LAB_DIR, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _write_public(path: Path, text: str) -> None:

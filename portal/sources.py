@@ -27,7 +27,7 @@ from portal.incidents import Escalation, Incident, Silence, group
 from spawner import environ, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
-from spawner.waitline import Manager, Reservation
+from spawner.waitline import Manager, Reservation, WaitStats
 
 if TYPE_CHECKING:
     from spawner.anomaly import Finding  # scikit-learn is optional: imported when the models run
@@ -178,6 +178,19 @@ def waiting_line(identity: Identity) -> list[cluster.Waiting]:
     if _kubernetes():
         return []
     return cluster.waiting_line(_ledger_path(), scope(identity), time.time())
+
+
+WAIT_DAYS = 14  # how many days of wait times the Overview shows
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def wait_times(identity: Identity) -> list[WaitStats]:
+    """Wait-time percentiles per class and per day in the GPU line (none on Kubernetes: it keeps no line yet)."""
+    if _kubernetes():
+        return []
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    since = (today - timedelta(days=WAIT_DAYS - 1)).timestamp()
+    return cluster.wait_times(_ledger_path(), line_manager(identity), since)
 
 
 def line_manager(identity: Identity) -> Manager:

@@ -18,6 +18,7 @@ from spawner.inventory import Allocation, Inventory
 from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
 from spawner.shares import format_bytes
+from spawner.waitline import Manager, WaitStats
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,37 @@ def duration_text(seconds: float | None) -> str:
     if hours:
         return f"{hours} h {minutes} min"
     return f"{minutes} min" if minutes else f"{s} s"
+
+
+def wait_rows(stats: list[WaitStats]) -> list[dict[str, object]]:
+    """The Overview's wait-time table: one row per day and class."""
+    return [
+        {
+            "day": s.day,
+            "class": s.group or "(no class)",
+            "waits": s.waits,
+            "placed": s.placed,
+            "left without a GPU": s.waits - s.placed,
+            "p50 wait": duration_text(s.p50_s),
+            "p95 wait": duration_text(s.p95_s),
+            "longest": duration_text(s.longest_s),
+        }
+        for s in stats
+    ]
+
+
+def wait_scope_text(manager: Manager, days: int) -> str:
+    """Whose waits the viewer's table counts."""
+    if manager.admin:
+        whose = "every class"
+    elif manager.classes:
+        whose = f"your classes ({', '.join(sorted(manager.classes))}) and your own"
+    else:
+        whose = "your own requests only"
+    return (
+        f"Time in the GPU line from joining it to being placed or leaving it, per day (UTC) and class, the last"
+        f" {days} days: {whose}. p50/p95: half / 95% of the waits were this long or shorter."
+    )
 
 
 def ago_text(when: datetime | None, now_ts: float) -> str:

@@ -11,6 +11,10 @@ The same file holds the GPU waiting line (spawner/waitline.py decides its order)
 ``take_turn`` reads the holds and the line and writes either the placement or the
 place in line in the same transaction, so an admission from the line can never race
 a direct spawn for the same memory, and the line survives restarts with the holds.
+Whenever a request leaves the line (placed, left, cancelled) the same transaction
+writes the finished wait to the ``wait`` table (``waits``: the Overview's percentiles).
+The server events cannot serve for that: they keep the latest few per server and do
+not name the class charged.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import TypeVar
 
 from spawner.inventory import Allocation
 from spawner.placement import Demand
-from spawner.waitline import Entry, Reservation
+from spawner.waitline import Entry, Reservation, Wait, put_first
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS allocation (
@@ -61,6 +65,16 @@ CREATE TABLE IF NOT EXISTS waiting (
     seen REAL,                   -- last time its spawn was alive and waiting
     label TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS wait (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,           -- "user/server": a request that waited in line
+    user TEXT NOT NULL,
+    grp TEXT,                    -- the group it was charged to
+    queued REAL NOT NULL,        -- when it joined the line
+    ended REAL NOT NULL,         -- when it was placed or left the line
+    outcome TEXT NOT NULL        -- spawner.waitline.WAIT_OUTCOMES
+);
+CREATE INDEX IF NOT EXISTS wait_queued ON wait (queued);
 CREATE TABLE IF NOT EXISTS reservation (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     grp TEXT NOT NULL,           -- the class the GPU memory is kept for
@@ -88,6 +102,8 @@ EVENT_KINDS = (
     "failed",
     "died",
 )
+# Finished waits are kept this long (a row each; the Overview's wait percentiles read them).
+WAITS_KEPT_S = 400 * 86400
 STOP_NOTE_S = 120  # a "stopping" note older than this is not why a server stops now
 FAILURE_KINDS = frozenset({"refused", "failed", "died", "cancelled"})
 EVENTS_KEPT_PER_SERVER = 20
@@ -136,6 +152,19 @@ def stop_message(
     if idle_timeout_s and last_activity is not None and now - last_activity >= idle_timeout_s:
         return f"stopped by the idle culler: no activity for {int(now - last_activity) // 60} min"
     return "stopped (from JupyterHub: its home page, its API or its shutdown)"
+
+
+def reclaim_notice(latest: ServerEvent | None, now: float, lead_s: float) -> str | None:
+    """What to tell a server's owner while the GPU line's reclaimer has warned it (None: nothing).
+
+    ``latest``: the server's latest event; a ``warned`` one stands for ``lead_s`` seconds (then
+    the server is stopped, or it was used again and the warning lapsed).
+    """
+    if latest is None or latest.kind != "warned" or not 0 <= now - latest.created < lead_s:
+        return None
+    at = time.strftime("%H:%M:%S UTC", time.gmtime(latest.created + lead_s))
+    # Short enough for JupyterLab's notification, which cuts messages after 140 characters.
+    return f"Idle while others wait for a GPU: this server will be stopped at {at} unless used. Save your work now."
 
 
 def server_key(user: str, server: str) -> str:
@@ -229,7 +258,8 @@ class Ledger:
             rows, waiting = turn(_read(db), [e for e in line if e.key != key], mine, reservations)
             if rows is not None:
                 _insert(db, key, rows)
-                db.execute("DELETE FROM waiting WHERE key = ?", (key,))
+                if mine is not None:
+                    _leave(db, mine, "placed", now)
                 return rows
             if waiting is not None:
                 _insert_entry(db, waiting)
@@ -240,9 +270,13 @@ class Ledger:
         return self._read_only(_read_line)
 
     def leave_line(self, key: str) -> bool:
-        """Take ``key`` out of the line; whether it was waiting."""
+        """Take ``key`` out of the line (its spawn ended without a GPU); whether it was waiting."""
         with self._write() as db:
-            return db.execute("DELETE FROM waiting WHERE key = ?", (key,)).rowcount > 0
+            mine = next((e for e in _read_line(db) if e.key == key), None)
+            if mine is None:
+                return False
+            _leave(db, mine, "left", time.time())
+            return True
 
     def put_first(self, key: str, check: Check[Entry] | None = None) -> bool:
         """A teacher's "put first": ``key`` goes before everyone now waiting; whether it was waiting.
@@ -250,13 +284,14 @@ class Ledger:
         ``check`` sees the entry inside the transaction (PermissionError: nothing changes).
         """
         with self._write() as db:
-            mine = next((e for e in _read_line(db) if e.key == key), None)
+            line = _read_line(db)
+            mine = next((e for e in line if e.key == key), None)
             if mine is None:
                 return False
             if check is not None:
                 check(mine)
-            top = db.execute("SELECT COALESCE(MAX(priority), 0) FROM waiting").fetchone()[0]
-            db.execute("UPDATE waiting SET priority = ? WHERE key = ?", (top + 1, key))
+            first = next(e for e in put_first(line, key) if e.key == key)
+            db.execute("UPDATE waiting SET priority = ? WHERE key = ?", (first.priority, key))
             return True
 
     def cancel(self, key: str, by: str, check: Check[Entry] | None = None) -> Entry | None:
@@ -268,9 +303,15 @@ class Ledger:
                 return None
             if check is not None:
                 check(mine)
-            db.execute("DELETE FROM waiting WHERE key = ?", (key,))
+            _leave(db, mine, "cancelled", time.time())
             _insert_event(db, key, "cancelled", 100, f"cancelled by {by}")
             return mine
+
+    def waits(self, since: float) -> list[Wait]:
+        """The finished waits that began at or after ``since``, oldest first."""
+        query = "SELECT key, user, grp, queued, ended, outcome FROM wait WHERE queued >= ? ORDER BY queued, id"
+        rows = self._read_only(lambda db: db.execute(query, (since,)).fetchall())
+        return [Wait(*row) for row in rows]
 
     def reservations(self) -> list[Reservation]:
         """Every reservation, earliest first (those over included until ``drop_reservation``)."""
@@ -372,6 +413,16 @@ def _insert_event(db: sqlite3.Connection, key: str, kind: str, progress: int, me
         " (SELECT id FROM server_event WHERE key = ? ORDER BY id DESC LIMIT ?)",
         (key, key, EVENTS_KEPT_PER_SERVER),
     )
+
+
+def _leave(db: sqlite3.Connection, entry: Entry, outcome: str, now: float) -> None:
+    """``entry`` out of the line, its wait recorded (and waits older than WAITS_KEPT_S forgotten)."""
+    db.execute("DELETE FROM waiting WHERE key = ?", (entry.key,))
+    db.execute(
+        "INSERT INTO wait (key, user, grp, queued, ended, outcome) VALUES (?, ?, ?, ?, ?, ?)",
+        (entry.key, entry.user, entry.group, entry.arrived, now, outcome),
+    )
+    db.execute("DELETE FROM wait WHERE queued < ?", (now - WAITS_KEPT_S,))
 
 
 def _read_reservations(db: sqlite3.Connection) -> list[Reservation]:

@@ -22,15 +22,16 @@ from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.form import WaitOffer, in_form_words
 from spawner.inventory import Inventory, build_local
-from spawner.ledger import Held, Ledger, LedgerError, stop_message
+from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice, stop_message
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
-from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions
+from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions, warning_lead
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
+LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
 
 
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
@@ -71,12 +72,18 @@ class LedgerGpuMixin(GpuShareMixin):
         help="The folder on notebooks' PYTHONPATH: the kernel hook (under isolation unix-users, "
         "a copy every account can read: hub/userenv.py).",
     ).tag(config=True)
+    gpu_lab_dir = Unicode(
+        str(LAB_DIR),
+        help="The folder on notebooks' JUPYTER_PATH: JupyterLab's reclaim notice (under isolation unix-users, "
+        "a copy every account can read: hub/userenv.py).",
+    ).tag(config=True)
     gpu_option_keys = OPTION_KEYS | {"wait"}
 
     _gpu_ledger: Ledger | None = None
     _gpu_stages: list[Stage] | None = None
     _gpu_base_start_timeout: float | None = None
     _gpu_request: tuple[GpuRequest, str] | None = None
+    _gpu_line_view: tuple[int, list[Held]] | None = None  # the last turn's place in line and the holds it saw
 
     @property
     def _ledger(self) -> Ledger:
@@ -231,6 +238,10 @@ class LedgerGpuMixin(GpuShareMixin):
             raise GpuRefused(
                 409, f"Waited in line longer than {self.gpu_line_max_wait // 60} minutes; no GPU came free.", "line"
             )
+        # The place as this transaction sees it: the progress words need not read the line again.
+        present = [e for e in line if not e.away(now)]
+        position = positions([*present, me], _held_by_user(holds)).get(self._key, len(present) + 1)
+        self._gpu_line_view = (position, holds)
         return None, me
 
     def _entry(
@@ -291,11 +302,9 @@ class LedgerGpuMixin(GpuShareMixin):
         return f"Your place in the GPU line was {who}; no GPU is held. Start again to wait once more."
 
     def _place_in_line(self, request: GpuRequest) -> str:
-        """Position, people ahead and an estimated start, in words."""
+        """Position, people ahead and an estimated start, in words (from the last turn's look at the line)."""
         now = time.time()
-        line = [e for e in self._ledger.line() if not e.away(now) or e.key == self._key]
-        holds = self._ledger.holdings()
-        position = positions(line, _held_by_user(holds)).get(self._key, len(line) + 1)
+        position, holds = self._gpu_line_view or (1, [])
         eta = estimated_start(position, self._frees_at(holds, now), now)
         when = time.strftime("%H:%M UTC", time.gmtime(eta)) if eta is not None else "unknown"
         return (
@@ -452,6 +461,20 @@ class LedgerGpuMixin(GpuShareMixin):
         if self._gpu_stages is not None:
             self._gpu_stages.append(Stage(progress, message, time.monotonic()))
 
+    @property
+    def gpu_warning_lead(self) -> float:
+        return warning_lead(self.gpu_idle_timeout)
+
+    def gpu_reclaim_warning(self) -> tuple[str, float] | None:
+        """The GPU line's warning standing for this server now, and when it was given (hub/notice.py)."""
+        try:
+            history = self._ledger.history(self._key)
+        except LedgerError:
+            return None
+        latest = history[-1] if history else None
+        said = reclaim_notice(latest, time.time(), self.gpu_warning_lead)
+        return (said, latest.created) if said and latest else None
+
     def _last_event_kind(self) -> str | None:
         history = self._ledger.history(self._key)
         return history[-1].kind if history else None
@@ -463,6 +486,8 @@ class LedgerGpuMixin(GpuShareMixin):
         # Only the kernel hook: the hub's own PYTHONPATH (the platform's source tree) would let
         # our hub, portal and spawner packages shadow a user's packages of the same names.
         env["PYTHONPATH"] = self.gpu_kernel_hook_dir
+        # JupyterLab finds the reclaim notice's prebuilt extension there (and the user's own dirs after it).
+        env["JUPYTER_PATH"] = self.gpu_lab_dir
         if self._machine.simulated and self._gpu_holds:
             env[environ.SIMULATED.name] = "1"
         if self._gpu_models:

@@ -17,6 +17,9 @@ held back by its group's budget only blocks later entries of the same group. Ent
 whose spawn has not been seen for ``away_after_s`` (the hub restarted, the tab went
 away and the spawn ended) keep their place but do not hold up the line.
 
+Each finished wait (joined the line, then placed or left it) is a ``Wait``; ``wait_stats``
+gives their percentiles per class and per day, ``sees_wait`` who may see which.
+
 Admins, and a class's teachers for their class's requests, manage the line
 (``may_manage``): put a request first, cancel it, or reserve GPU memory for a class for a
 time window (``Reservation``). While a reservation is on, the memory it keeps that its
@@ -26,7 +29,9 @@ together never promise more than the machine has (``reservation_problem``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from spawner.inventory import Inventory
@@ -172,6 +177,11 @@ def put_first(entries: Iterable[Entry], key: str) -> list[Entry]:
     return [replace(e, priority=top + 1) if e.key == key else e for e in entries]
 
 
+def warning_lead(gpu_idle_timeout: float) -> float:
+    """Seconds between the reclaimer's warning and the stop: 3 minutes, less for short timeouts."""
+    return min(180.0, gpu_idle_timeout / 3)
+
+
 @dataclass(frozen=True)
 class Holder:
     """A running server as reclaiming sees it."""
@@ -180,6 +190,76 @@ class Holder:
     has_gpu: bool
     kernels_idle_since: float | None  # None: a kernel is busy now
     gpu_idle_since: float | None  # None: its processes use the GPU now
+
+
+# GPU memory moves a little on its own (allocator caches, the driver); a change larger than
+# this between two looks is a process at work.
+GPU_MEMORY_STEADY_BYTES = 16 * 2**20
+# A card this busy, used by one server's processes alone, is that server's work.
+GPU_BUSY_PCT = 5.0
+
+
+@dataclass(frozen=True)
+class GpuTrace:
+    """What reclaiming remembers of one server's GPU memory (all its processes together)."""
+
+    memory_bytes: int  # the reading that later ones are compared with
+    changed: float | None  # when it last moved by more than GPU_MEMORY_STEADY_BYTES; None: not since first seen
+
+
+def follow_gpu_memory(
+    traces: Mapping[str, GpuTrace],
+    readings: Mapping[str, int],
+    now: float,
+    steady_bytes: int = GPU_MEMORY_STEADY_BYTES,
+) -> dict[str, GpuTrace]:
+    """Each server's trace after one more look (``readings``: its processes' GPU memory now, 0 for none).
+
+    The reference reading moves only with a change, so a slow creep adds up until it counts.
+    A server seen for the first time has no change yet: its GPU says nothing either way.
+    """
+    followed = {}
+    for key, memory in readings.items():
+        before = traces.get(key)
+        if before is None:
+            followed[key] = GpuTrace(memory, None)
+        elif abs(memory - before.memory_bytes) > steady_bytes:
+            followed[key] = GpuTrace(memory, now)
+        else:
+            followed[key] = before
+    return followed
+
+
+def busy_alone(cards: Iterable[tuple[float, Iterable[str]]], busy_pct: float = GPU_BUSY_PCT) -> set[str]:
+    """The servers whose card is busy while their processes are the only ones on it.
+
+    ``cards``: each card's utilization (%) and the servers owning its processes. A busy card
+    shared by several servers' processes says nothing about which of them works (per-process
+    utilization is not read), so none of them is counted busy by it.
+    """
+    busy: set[str] = set()
+    for utilization, owners in cards:
+        keys = set(owners)
+        if utilization >= busy_pct and len(keys) == 1:
+            busy |= keys
+    return busy
+
+
+def with_gpu_activity(holders: Iterable[Holder], traces: Mapping[str, GpuTrace], busy: Set[str]) -> list[Holder]:
+    """The holders with their GPU's own evidence joined to JupyterHub's activity.
+
+    A server alone on a busy card uses the GPU now; one whose GPU memory changed at ``t`` has
+    been GPU-idle only since ``t``. The GPU can only make a server busier than JupyterHub says.
+    """
+    joined = []
+    for h in holders:
+        if h.key in busy:
+            h = replace(h, gpu_idle_since=None)
+        trace = traces.get(h.key)
+        if trace is not None and trace.changed is not None and h.gpu_idle_since is not None:
+            h = replace(h, gpu_idle_since=max(h.gpu_idle_since, trace.changed))
+        joined.append(h)
+    return joined
 
 
 def reclaim(
@@ -267,3 +347,77 @@ def reservation_problem(new: Reservation, existing: Iterable[Reservation], capac
                 f" more than the {format_bytes(capacity_bytes)} of GPU memory here: reserve less or another time"
             )
     return None
+
+
+# How a wait ended: placed on a GPU, or out of the line without one (the spawn stopped,
+# it waited longer than the limit, a teacher or admin cancelled it).
+WAIT_OUTCOMES = ("placed", "left", "cancelled")
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One finished wait in the line: from joining it (``queued``) to ``ended``, seconds since the epoch."""
+
+    key: str
+    user: str
+    group: str | None
+    queued: float
+    ended: float
+    outcome: str  # one of WAIT_OUTCOMES
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.ended - self.queued)
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    """The waits that began on one UTC day for one class (``group`` None: charged to no class)."""
+
+    day: str  # YYYY-MM-DD, UTC
+    group: str | None
+    waits: int
+    placed: int  # the others left the line without a GPU
+    p50_s: float
+    p95_s: float
+    longest_s: float
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank ``p``-th percentile: the smallest value with at least p% of ``values`` at or below it."""
+    if not values:
+        raise ValueError("no values to take a percentile of")
+    if not 0 < p <= 100:
+        raise ValueError(f"a percentile is in (0, 100], not {p}")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def wait_day(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(stamp))
+
+
+def wait_stats(waits: Iterable[Wait]) -> list[WaitStats]:
+    """Wait-time percentiles per class and per day (the day a wait began, UTC); latest day first, then by class.
+
+    A wait counts from joining the line to being placed or leaving it, so those who gave up
+    count too (for as long as they waited): leaving them out would make a crowded day look short.
+    """
+    grouped: dict[tuple[str, str | None], list[Wait]] = {}
+    for w in waits:
+        grouped.setdefault((wait_day(w.queued), w.group), []).append(w)
+    rows = []
+    for (day, group), found in grouped.items():
+        seconds = [w.seconds for w in found]
+        placed = sum(w.outcome == "placed" for w in found)
+        rows.append(
+            WaitStats(day, group, len(found), placed, percentile(seconds, 50), percentile(seconds, 95), max(seconds))
+        )
+    rows.sort(key=lambda r: (r.group is None, r.group or ""))
+    rows.sort(key=lambda r: r.day, reverse=True)
+    return rows
+
+
+def sees_wait(manager: Manager, wait: Wait) -> bool:
+    """Admins see every class's waits, a teacher their classes' (and their own), anyone else only their own."""
+    return manager.admin or (wait.group is not None and wait.group in manager.classes) or wait.user == manager.name

@@ -27,7 +27,17 @@ from spawner.stop_events import (
     stopped_servers,
     timestamp,
 )
-from spawner.waitline import Entry, Manager, Reservation, may_manage, positions, reservation_problem
+from spawner.waitline import (
+    Entry,
+    Manager,
+    Reservation,
+    WaitStats,
+    may_manage,
+    positions,
+    reservation_problem,
+    sees_wait,
+    wait_stats,
+)
 
 
 def local_inventory(ledger_path: Path, simulate: str) -> tuple[Inventory, list[Held]]:
@@ -80,6 +90,14 @@ def waiting_line(ledger_path: Path, scope: Scope, now: float) -> list[Waiting]:
         if scope.sees(e.user)
     ]
     return sorted(rows, key=lambda w: w.position)
+
+
+def wait_times(ledger_path: Path, manager: Manager, since: float) -> list[WaitStats]:
+    """Wait-time percentiles per class and day since ``since``, of the waits the viewer may see
+    (admins every class, a teacher their classes, anyone else their own waits)."""
+    if not ledger_path.exists():
+        return []
+    return wait_stats(w for w in Ledger(ledger_path).waits(since) if sees_wait(manager, w))
 
 
 def line_manager(viewer: str, admin: bool, rules: Iterable[Mapping[str, Any]]) -> Manager:

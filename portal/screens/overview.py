@@ -69,3 +69,11 @@ try:
         st.caption("No history yet: the trends appear after a few scrapes.")
 except MetricsUnavailableError as exc:
     st.warning(f"Metrics are unavailable right now: {exc}. Allocations and servers above are current.")
+
+st.subheader("Waiting for a GPU", divider="gray")
+st.caption(views.wait_scope_text(sources.line_manager(identity), sources.WAIT_DAYS))
+waits = views.wait_rows(sources.wait_times(identity))
+if waits:
+    st.dataframe(waits, hide_index=True, width="stretch")
+else:
+    st.caption("Nobody waited in line in these days.")

@@ -164,6 +164,51 @@ def test_an_idle_slice_is_reclaimed_for_the_line_after_a_warning(make_platform: 
     assert sorted(key for key, _, _ in platform.ledger()) == sorted({"s1/", "s2/", "s3/"} - set(reclaimed))
 
 
+def test_the_owner_of_a_slice_about_to_be_reclaimed_is_warned_inside_jupyterlab_and_on_the_hub_page(
+    make_platform: object,
+) -> None:
+    """s1's JupyterLab is open while s3 waits: the reclaimer's warning appears there as a notification
+    (and on s1's hub home page) before the stop, then s3 gets the slice."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.browser import ARGS, CHROMIUM, login
+
+    # One 4 GiB card; a 60 s idle timeout gives a 20 s warning (looked at every 6 s, JupyterLab every 3.3 s).
+    platform: Platform = make_platform(gpus={"simulate": "1x4GiB:T4"}, gpu_idle_timeout=60)  # type: ignore[operator]
+    platform.start()
+    token = platform.token("admin")
+    for user in ("s1", "s3"):
+        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
+    owner = platform.login("s1")
+    assert owner.api("POST", "/users/s1/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    owner.wait_ready("s1")
+    artifacts = Path(__file__).parents[2] / "test-artifacts" / "visual"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        lab = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+        login(lab, platform, "s1")
+        lab.goto(f"{platform.url}/user/s1/lab")
+        lab.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+        assert "wait for a GPU" not in lab.inner_text("body")  # nobody waits yet: no warning
+        waiter = platform.login("s3")
+        assert waiter.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (
+            201,
+            202,
+        )
+        notice = lab.wait_for_selector(".Toastify__toast >> text=Idle while others wait for a GPU", timeout=90_000)
+        assert "Save your work now." in notice.inner_text()
+        lab.wait_for_timeout(1000)  # the toast slides in
+        lab.screenshot(path=str(artifacts / "reclaim-warning-jupyterlab-s1.png"))
+        home = lab.context.new_page()  # the same login: the hub's home page says it too
+        home.goto(f"{platform.url}/hub/home")
+        assert "Idle while others wait for a GPU" in home.inner_text(".gpuslice-reclaim-notice")
+        home.screenshot(path=str(artifacts / "reclaim-warning-hub-home-s1.png"))
+        browser.close()
+    waiter.wait_ready("s3", timeout_s=120)
+    assert events(platform, "s1/")[-3:] == ["warned", "stopping", "stopped"]
+
+
 def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue_and_a_student_leaves(
     make_platform: object,
 ) -> None:

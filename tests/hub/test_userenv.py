@@ -27,6 +27,25 @@ def test_a_matching_environment_is_reused_and_a_changed_hook_refreshed(tmp_path:
     assert userenv.ensure(prefix) is False
 
 
+def test_the_lab_notice_is_copied_where_every_account_can_read_it_and_refreshed_when_it_changes(
+    tmp_path: Path,
+) -> None:
+    prefix = tmp_path / "user"
+    singleuser = prefix / "bin" / "jupyterhub-singleuser"
+    singleuser.parent.mkdir(parents=True)
+    singleuser.write_text("#!/bin/sh\n")
+    wanted = userenv.wanted_stamp()
+    (prefix / userenv.STAMP).write_text(json.dumps({**wanted, "lab_notice": "an older notice"}))
+    assert userenv.ensure(prefix) is True
+    extension = userenv.lab_dir(prefix) / "labextensions" / "@gpuslice" / "reclaim-notice"
+    assert json.loads((extension / "package.json").read_text())["jupyterlab"]["_build"]["load"] == (
+        "static/remoteEntry.js"
+    )
+    for path in [userenv.lab_dir(prefix), *userenv.lab_dir(prefix).rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o044 == 0o044 and mode & 0o022 == 0, f"{path}: {oct(mode)}"
+
+
 def test_the_environment_is_made_from_a_python_every_account_can_run() -> None:
     python = userenv.system_python()
     assert not str(python).startswith("/root")

@@ -168,3 +168,27 @@ def test_reservations_from_the_portal_are_authorized_and_never_over_commit(tmp_p
     with pytest.raises(PermissionError):
         cluster.drop_reservation(path, cluster.line_manager("ann", False, rules), made)
     assert cluster.drop_reservation(path, tom, made)
+
+
+def test_wait_times_are_per_class_and_day_in_the_viewers_scope(tmp_path: Path) -> None:
+    from spawner.placement import Demand
+    from spawner.waitline import Entry
+
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    now = time.time()
+    for user, group in (("ann", "ml101"), ("bo", "cv202"), ("cy", "ml101")):
+        entry = Entry(f"{user}/", user, Demand(slice_units=float(4 * 2**30)), 4 * 2**30, group, now - 300, seen=now)
+        ledger.take_turn(entry.key, lambda holds, line, mine, reservations, e=entry: (None, e))
+        ledger.leave_line(entry.key)
+    rules = [{"name": "ml101", "teachers": ["tom"]}]
+
+    def classes(viewer: str, admin: bool = False) -> list[tuple[str | None, int]]:
+        found = cluster.wait_times(path, cluster.line_manager(viewer, admin, rules), now - 3600)
+        return [(s.group, s.waits) for s in found]
+
+    assert classes("root", admin=True) == [("cv202", 1), ("ml101", 2)]
+    assert classes("tom") == [("ml101", 2)]
+    assert classes("bo") == [("cv202", 1)]  # her own wait, nobody else's
+    assert classes("dan") == []
+    assert cluster.wait_times(tmp_path / "missing.sqlite", cluster.line_manager("root", True, rules), 0) == []

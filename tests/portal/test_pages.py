@@ -135,7 +135,7 @@ def texts(at: AppTest) -> str:
 def test_overview(fakes: dict[str, object]) -> None:
     at = run()
     assert at.title[0].value == "Overview"
-    assert [h.value for h in at.subheader] == ["You", "Cluster"]  # two scopes, each titled
+    assert [h.value for h in at.subheader] == ["You", "Cluster", "Waiting for a GPU"]  # each scope titled
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Your servers running"] == "0" and metrics["Your GPU memory held"] == "0 B"  # the admin's own
     assert metrics["GPUs"] == "2" and metrics["GPU memory allocated"] == "4 GiB"
@@ -382,6 +382,29 @@ def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     assert not at.exception, at.exception
     assert ledger.line() == []
     assert ledger.latest_events()["dan/"].message == "cancelled by teacher (admin) in the portal"
+
+
+def test_the_overview_shows_wait_percentiles_per_class_and_day_in_the_viewers_scope(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for user, group in (("dan", "ml101"), ("eve", "ml101"), ("carl", "cv202")):
+        _ledger_with_a_waiter(tmp_path / "ledger.sqlite", user, group)
+        assert ledger.leave_line(f"{user}/")
+    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
+    at = run()
+    rows = at.dataframe[0].value.to_dict("records")
+    assert [(r["class"], r["waits"], r["left without a GPU"]) for r in rows] == [("cv202", 1, 1), ("ml101", 2, 2)]
+    assert rows[0]["day"] == NOW.strftime("%Y-%m-%d") and rows[0]["p95 wait"].endswith(" s")
+    assert "every class" in texts(at)
+    st.cache_data.clear()
+    fakes["identity"] = Identity("carl")
+    at = run()
+    assert [r["class"] for r in at.dataframe[0].value.to_dict("records")] == ["cv202"]  # his own wait only
+    assert "your own requests only" in texts(at)
+    st.cache_data.clear()
+    fakes["identity"] = Identity("alice")
+    assert "Nobody waited in line in these days." in texts(run())
 
 
 def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(

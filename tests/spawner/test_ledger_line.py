@@ -75,6 +75,28 @@ def test_the_line_keeps_arrival_order_and_put_first(tmp_path: Path) -> None:
     assert ledger.leave_line("bob/") and not ledger.leave_line("bob/")
 
 
+def test_each_finished_wait_is_recorded_with_how_it_ended(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    before = time.time()
+    for i in range(8):
+        ledger.take_turn(f"u{i}/", turn_for(f"u{i}/", 4))
+    for name in ("ann/", "bob/", "cy/"):
+        assert ledger.take_turn(name, turn_for(name, 4)) is None
+    assert ledger.waits(0) == []  # the direct spawns never waited; the three still wait
+    ledger.release("u0/")
+    assert ledger.take_turn("ann/", turn_for("ann/", 4)) is not None
+    assert ledger.leave_line("bob/") and not ledger.leave_line("bob/")
+    assert ledger.cancel("cy/", "tom (teacher) in the portal") is not None
+    waits = ledger.waits(0)
+    assert [(w.key, w.user, w.outcome) for w in waits] == [
+        ("ann/", "ann", "placed"),
+        ("bob/", "bob", "left"),
+        ("cy/", "cy", "cancelled"),
+    ]
+    assert all(before <= w.queued <= w.ended <= time.time() for w in waits)
+    assert ledger.waits(time.time() + 1) == []
+
+
 WAITER = """
 import sys, time
 from spawner.ledger import Ledger

@@ -146,3 +146,28 @@ def test_a_reservation_keeps_free_memory_for_its_class_only(tmp_path: Path) -> N
     with pytest.raises(GpuRefused) as refused:
         second.allocate()
     assert "reserved for another class" in refused.value.jupyterhub_message
+
+
+def test_a_waiting_spawns_words_come_from_its_turns_look_at_the_line_not_another_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    fill(ledger)
+    late = Spawner(ledger, "late", gpu_memory="8GiB", wait=True)
+    reads: list[str] = []
+    for name in ("line", "holdings"):
+        real = getattr(Ledger, name)
+        monkeypatch.setattr(Ledger, name, lambda self, real=real, name=name: reads.append(name) or real(self))
+
+    async def scenario() -> None:
+        request, holds = late.allocate()
+        assert holds is None
+        waiting = asyncio.ensure_future(late._wait_in_line(request, "default"))
+        assert "position 1, 0 ahead" in await wait_for_stage(late, "position")
+        await asyncio.sleep(0.2)  # a few more looks
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(scenario())
+    assert reads == []  # each look is the turn's one transaction

@@ -9,17 +9,28 @@ from spawner.placement import Demand
 from spawner.shares import GiB
 from spawner.waitline import (
     Entry,
+    GpuTrace,
+    Holder,
     Manager,
     Reservation,
+    Wait,
+    WaitStats,
     admit,
+    busy_alone,
     estimated_start,
     fair_order,
+    follow_gpu_memory,
     kept_for_others,
     may_manage,
     never_fits,
+    percentile,
     positions,
     put_first,
+    reclaim,
     reservation_problem,
+    sees_wait,
+    wait_stats,
+    with_gpu_activity,
 )
 
 TWO_CARDS = simulated_gpus("2x16GiB:T4")
@@ -222,3 +233,72 @@ def test_reservations_never_promise_more_than_the_machine_has() -> None:
         "reserve a positive amount of GPU memory, for example 8GiB"
     )
     assert reservation_problem(Reservation("c", GiB, 5, 5), [], 32 * GiB) == "the window must end after it starts"
+
+
+DAY = 1_763_856_000.0  # 2025-11-23 00:00 UTC
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    ten = [float(s) for s in (9, 1, 8, 2, 7, 3, 6, 4, 5, 10)]
+    assert (percentile(ten, 50), percentile(ten, 95), percentile(ten, 100)) == (5.0, 10.0, 10.0)
+    assert percentile([30.0], 50) == 30.0 and percentile([10.0, 20.0], 50) == 10.0
+    assert percentile([float(i) for i in range(1, 101)], 95) == 95.0
+
+
+def test_wait_stats_per_class_and_day_count_those_who_left_for_as_long_as_they_waited() -> None:
+    waits = [
+        Wait("ann/", "ann", "ml101", DAY + 600, DAY + 660, "placed"),  # 1 min
+        Wait("bo/", "bo", "ml101", DAY + 700, DAY + 1000, "placed"),  # 5 min
+        Wait("cy/", "cy", "ml101", DAY + 800, DAY + 2600, "left"),  # 30 min, then gave up
+        Wait("di/", "di", "cv202", DAY + 900, DAY + 960, "cancelled"),
+        Wait("ed/", "ed", None, DAY + 1000, DAY + 1010, "placed"),
+        Wait("ann/", "ann", "ml101", DAY + 86400 + 5, DAY + 86400 + 125, "placed"),  # the next day
+        Wait("late/", "late", "ml101", DAY + 86399, DAY + 86400 + 99, "placed"),  # 100 s, began the day before
+    ]
+    assert wait_stats(waits) == [
+        WaitStats("2025-11-24", "ml101", 1, 1, 120.0, 120.0, 120.0),
+        WaitStats("2025-11-23", "cv202", 1, 0, 60.0, 60.0, 60.0),
+        WaitStats("2025-11-23", "ml101", 4, 3, 100.0, 1800.0, 1800.0),  # 60, 100, 300, 1800 s
+        WaitStats("2025-11-23", None, 1, 1, 10.0, 10.0, 10.0),
+    ]
+    assert wait_stats([]) == []
+
+
+def test_admins_see_every_waits_teachers_their_classes_students_their_own() -> None:
+    waits = [Wait(f"{u}/", u, g, 0, 1, "placed") for u, g in (("ann", "ml101"), ("bo", "cv202"), ("tom", None))]
+
+    def seen(m: Manager) -> list[str]:
+        return [w.user for w in waits if sees_wait(m, w)]
+
+    assert seen(Manager("root", admin=True)) == ["ann", "bo", "tom"]
+    assert seen(Manager("tom", classes=frozenset({"ml101"}))) == ["ann", "tom"]
+    assert seen(Manager("bo")) == ["bo"]
+    assert seen(Manager("cy")) == []
+
+
+MiB = 2**20
+
+
+def test_gpu_memory_that_moves_is_a_change_a_little_drift_is_not_until_it_adds_up() -> None:
+    first = follow_gpu_memory({}, {"ann/": 1000 * MiB, "bo/": 0}, now=100)
+    assert first == {"ann/": GpuTrace(1000 * MiB, None), "bo/": GpuTrace(0, None)}  # nothing known yet
+    second = follow_gpu_memory(first, {"ann/": 1010 * MiB, "bo/": 2000 * MiB}, now=130)
+    assert second == {"ann/": GpuTrace(1000 * MiB, None), "bo/": GpuTrace(2000 * MiB, 130)}
+    third = follow_gpu_memory(second, {"ann/": 1020 * MiB, "bo/": 0}, now=160)  # ann crept 20 MiB; bo freed all
+    assert third == {"ann/": GpuTrace(1020 * MiB, 160), "bo/": GpuTrace(0, 160)}
+    assert follow_gpu_memory(third, {}, now=190) == {}  # servers gone are forgotten
+
+
+def test_a_busy_card_counts_for_the_one_server_alone_on_it_only() -> None:
+    cards = [(80.0, ["ann/", "ann/"]), (90.0, ["bo/", "cy/"]), (1.0, ["di/"]), (50.0, [])]
+    assert busy_alone(cards) == {"ann/"}
+
+
+def test_the_gpus_evidence_keeps_a_server_whose_kernels_look_idle_from_being_reclaimed() -> None:
+    hub_says = [Holder(k, True, 0.0, 0.0) for k in ("ann/", "bo/", "cy/", "di/")]
+    traces = {"bo/": GpuTrace(4 * GiB, 950.0), "cy/": GpuTrace(4 * GiB, None), "di/": GpuTrace(0, 10.0)}
+    joined = with_gpu_activity(hub_says, traces, busy={"ann/"})
+    assert [h.gpu_idle_since for h in joined] == [None, 950.0, 0.0, 10.0]
+    warn, stop = reclaim(joined, waiting=4, now=1000.0, gpu_idle_timeout=900, warn_before=180)
+    assert stop == ["cy/", "di/"] and warn == []  # ann computes now, bo's memory moved 50 s ago
+    assert reclaim(hub_says, waiting=4, now=1000.0, gpu_idle_timeout=900)[1] == ["ann/", "bo/", "cy/", "di/"]

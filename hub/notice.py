@@ -1,0 +1,45 @@
+"""`/hub/gpuslice/notice`: the GPU line's warnings for the logged-in user's servers, as JSON.
+
+JupyterLab shows them as notifications (the prebuilt extension in spawner/lab, loaded by every
+local server), and the hub's home page shows them too. Cookie-authenticated like the hub's own
+pages: a user sees only the warnings of their own servers (the spawner reads them from the ledger).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyterhub.handlers import BaseHandler
+from tornado import web
+
+# How often an open JupyterLab looks again: often enough to see a warning well before its
+# stop, rarely enough that a class's open tabs cost the hub little.
+LOOK_EVERY_S = 30.0
+
+
+def notices(spawners: dict[str, Any]) -> list[dict[str, str]]:
+    """The warnings standing now for these servers (name -> spawner), one per server."""
+    found = []
+    for name, spawner in sorted(spawners.items()):
+        warning = getattr(spawner, "gpu_reclaim_warning", None)
+        said = warning() if callable(warning) else None
+        if said:
+            text, since = said
+            found.append({"server": name, "id": f"{name}@{since}", "message": text})
+    return found
+
+
+def next_look_s(spawners: dict[str, Any]) -> float:
+    """A sixth of the shortest warning lead among these servers (at most LOOK_EVERY_S)."""
+    leads = [float(getattr(s, "gpu_warning_lead", LOOK_EVERY_S * 6)) for s in spawners.values()]
+    return max(0.5, min([LOOK_EVERY_S, *(lead / 6 for lead in leads)]))
+
+
+class NoticeHandler(BaseHandler):  # type: ignore[misc]
+    @web.authenticated
+    def get(self) -> None:
+        spawners = dict(self.current_user.spawners)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({"notices": notices(spawners), "next_look_s": next_look_s(spawners)}))

@@ -1,0 +1,45 @@
+"""The GPU line's warning for its owner: when it stands, its words, and what /hub/gpuslice/notice answers.
+
+(In the browser, JupyterLab's notification and the hub's home page: tests/e2e/test_waiting_line.py.)
+"""
+
+from types import SimpleNamespace
+
+from hub.notice import next_look_s, notices
+from spawner.ledger import ServerEvent, reclaim_notice
+from spawner.waitline import warning_lead
+
+WARNED_AT = 1_763_900_000.0  # 2025-11-23 12:13:20 UTC
+
+
+def warned(at: float = WARNED_AT) -> ServerEvent:
+    return ServerEvent("ann/", "warned", 100, "idle while others wait for a GPU: stopped in 180 s unless used", at)
+
+
+def test_a_warning_stands_from_the_warned_event_until_its_lead_is_over() -> None:
+    said = reclaim_notice(warned(), WARNED_AT + 10, lead_s=180)
+    assert said == (
+        "Idle while others wait for a GPU: this server will be stopped at 12:16:20 UTC unless used. Save your work now."
+    )
+    assert len(said) <= 140  # JupyterLab's notification shows no more
+    assert reclaim_notice(warned(), WARNED_AT + 180, lead_s=180) is None  # stopped by now, or used again
+    assert reclaim_notice(warned(), WARNED_AT - 1, lead_s=180) is None
+    assert reclaim_notice(None, WARNED_AT, lead_s=180) is None
+    stopping = ServerEvent("ann/", "stopping", 90, "the GPU line's reclaimer", WARNED_AT + 1)
+    assert reclaim_notice(stopping, WARNED_AT + 2, lead_s=180) is None  # the last event is not the warning
+
+
+def test_the_lead_is_three_minutes_or_a_third_of_a_short_timeout() -> None:
+    assert (warning_lead(900), warning_lead(60)) == (180.0, 20.0)
+
+
+def test_the_notice_lists_each_warned_server_of_the_user_once() -> None:
+    spawners = {
+        "": SimpleNamespace(gpu_reclaim_warning=lambda: ("Idle ...", WARNED_AT), gpu_warning_lead=180.0),
+        "lab": SimpleNamespace(gpu_reclaim_warning=lambda: None, gpu_warning_lead=20.0),
+        "other": SimpleNamespace(),  # a spawner without the GPU line (no such method): nothing
+    }
+    assert notices(spawners) == [{"server": "", "id": f"@{WARNED_AT}", "message": "Idle ..."}]
+    assert next_look_s(spawners) == 20.0 / 6  # a sixth of the shortest lead
+    assert next_look_s({"": SimpleNamespace(gpu_warning_lead=900.0)}) == 30.0  # at most every 30 s
+    assert next_look_s({}) == 30.0
