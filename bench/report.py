@@ -52,6 +52,8 @@ VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
     "default-grouped": lambda w, _: DefaultPolicy(_needs(w), name="default-grouped", keep_every_shape=True),
     # Near-ties to the GPU model least needed by model-bound types per free card.
     "default-spare-models": lambda w, _: DefaultPolicy(_needs(w), name="default-spare-models", spare_bound_models=True),
+    # Near-ties within 1% of a card of the rarest type's weight, not of the whole sum.
+    "default-rare-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-rare-ties", tolerance_per_type=True),
 }
 
 

@@ -295,6 +295,8 @@ class DefaultPolicy(FragmentationGradientDescent):
     keep_every_shape: bool = False  # target workload: Workload.grouped rather than the top types
     # Near-ties go first to the GPU model that model-bound types need least per free card.
     spare_bound_models: bool = False
+    # The tolerance applies to each type's share: ``tie_tolerance`` times the rarest type's weight.
+    tolerance_per_type: bool = False
 
     def target(self) -> Workload:
         if self.keep_every_shape:
@@ -305,7 +307,12 @@ class DefaultPolicy(FragmentationGradientDescent):
         self, state: ClusterState, nodes: IntArray, gpus: IntArray | None, delta: FloatArray, demand: Demand
     ) -> int:
         node_free = node_gpu_free(state)[nodes]
-        tied = np.round(delta / self.tie_tolerance)
+        tolerance = self.tie_tolerance
+        if self.tolerance_per_type and self._arrays is not None:
+            # A rare type's fragment enters the sum times its weight: 1% of a card of it is
+            # the rarest weight times 1%, and a coarser tolerance would not see it.
+            tolerance *= float(self._arrays.weight.min())
+        tied = np.round(delta / tolerance)
         card = np.zeros(nodes.size, dtype=np.int64) if gpus is None else gpus
         pressure = self._model_pressure(state)[state.model[nodes, card]]
         if gpus is None:

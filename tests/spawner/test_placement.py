@@ -268,6 +268,16 @@ def test_spare_bound_models_sends_an_unbound_card_to_the_model_no_bound_task_nee
     assert DefaultPolicy(workload, spare_bound_models=True).choose(s, Demand(gpus=1)) == Choice(1, (0,))
 
 
+def test_tolerance_per_type_sees_a_rare_type_lose_its_last_two_free_cards() -> None:
+    s = state([[0, 1000, 1000], [1000, 1000, 1000]])
+    workload = Workload((slice_(0.5), Demand(gpus=2)), (0.998, 0.002))
+    # A half card on node 0 leaves one free card: the two-card type no longer fits there,
+    # 0.002 x 1.5 cards = 0.003 of fragmentation, under 1% of a card, so default calls it a
+    # tie and packs node 0; 1% of the rarest type's weight (2e-5) does not.
+    assert DefaultPolicy(workload).choose(s, slice_(0.5)) == Choice(0, (1,))
+    assert DefaultPolicy(workload, tolerance_per_type=True).choose(s, slice_(0.5)) == Choice(1, (0,))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     frees=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=1, max_size=5),
