@@ -313,16 +313,16 @@ class DefaultPolicy(FragmentationGradientDescent):
             # the rarest weight times 1%, and a coarser tolerance would not see it.
             tolerance *= float(self._arrays.weight.min())
         tied = np.round(delta / tolerance)
-        card = np.zeros(nodes.size, dtype=np.int64) if gpus is None else gpus
-        pressure = self._model_pressure(state)[state.model[nodes, card]]
-        if gpus is None:
-            return int(np.lexsort((state.cpu[nodes], node_free, pressure, tied))[0])
-        left = left_after(state, demand)[nodes, gpus]
-        return int(np.lexsort((node_free, left, pressure, tied))[0])
+        # Keys least significant first: best-fit, then (a variant) the model bound tasks spare.
+        keys = [state.cpu[nodes], node_free] if gpus is None else [node_free, left_after(state, demand)[nodes, gpus]]
+        if self.spare_bound_models:
+            card = np.zeros(nodes.size, dtype=np.int64) if gpus is None else gpus
+            keys.append(self._model_pressure(state)[state.model[nodes, card]])
+        return int(np.lexsort((*keys, tied))[0])
 
     def _model_pressure(self, state: ClusterState) -> FloatArray:
-        """(M,): bound demand per free card of each model; zeros when the change is off."""
-        if not self.spare_bound_models or self._arrays is None:
+        """(M,): bound demand per free card of each model."""
+        if self._arrays is None:
             return np.zeros(max(len(state.model_names), 1))
         free = np.where(state.usable, state.free / np.where(state.cap > 0, state.cap, 1.0), 0.0)
         per_model = np.bincount(state.model.ravel(), weights=free.ravel(), minlength=len(state.model_names))
