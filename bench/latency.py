@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     nodes = read_nodes(args.data / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(args.data / f"openb_pod_list_{args.list}.csv")
-    workload = Workload.from_demands(t.demand() for t in tasks)
+    workload = Workload.from_demands((t.demand() for t in tasks), max_types=None)
     chosen = policies(workload)
     names = list(chosen)
     states = {n: cluster(nodes) for n in names}

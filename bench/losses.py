@@ -30,7 +30,7 @@ def failures(
     """Unallocated GPUs and the failed GPU demand by kind (and model-bound or not)."""
     state = cluster(nodes)
     capacity = float(sum(n.gpus for n in nodes))
-    chooser = make(policy, Workload.from_demands(t.demand() for t in tasks), seed)
+    chooser = make(policy, Workload.from_demands((t.demand() for t in tasks), max_types=None), seed)
     allocated, failed = 0.0, defaultdict[str, float](float)  # GPUs (CPU-only: tasks)
     for task in arrivals(tasks, capacity, seed):
         demand = task.demand()

@@ -193,8 +193,9 @@ def replay(
     """One replay; ``make`` builds the policy (the report passes variants not in POLICIES)."""
     state = cluster(nodes)
     capacity = float(sum(n.gpus for n in nodes))
-    # The target workload is the pod list itself: the popularity of each task shape.
-    workload = Workload.from_demands(t.demand() for t in tasks)
+    # The target workload is the pod list itself: the popularity of each task shape (every
+    # shape; each policy keeps as many of them as it scores).
+    workload = Workload.from_demands((t.demand() for t in tasks), max_types=None)
     policy = make(policy_name, workload, seed)
     allocated, failed, timings = 0.0, 0, []
     arrived = arrivals(tasks, capacity, seed)

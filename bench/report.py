@@ -46,6 +46,14 @@ VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
     "default-exact-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-exact-ties", tie_tolerance=1e-9),
     # Change 2 alone: the paper's fragmentation; near-ties (1% of a card) to best-fit.
     "default-paper-frag": lambda w, _: DefaultPolicy(_needs(w), name="default-paper-frag", cpu_tasks_fragment=True),
+    # Every task type in the target workload, not only the 64 most popular.
+    "default-all-types": lambda w, _: DefaultPolicy(_needs(w), name="default-all-types", max_types=1_000_000),
+    # Every GPU shape (cards or slice, allowed models) kept with its whole weight.
+    "default-grouped": lambda w, _: DefaultPolicy(_needs(w), name="default-grouped", keep_every_shape=True),
+    # Near-ties to the GPU model least needed by model-bound types per free card.
+    "default-spare-models": lambda w, _: DefaultPolicy(_needs(w), name="default-spare-models", spare_bound_models=True),
+    # Near-ties within 1% of a card of the rarest type's weight, not of the whole sum.
+    "default-rare-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-rare-ties", tolerance_per_type=True),
 }
 
 
@@ -198,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lists", default=",".join(VISIBLE), help="visible pod lists to replay ('' for none)")
     parser.add_argument("--mixes", type=int, default=20, help="generated mixes (default 20)")
     parser.add_argument("--first-mix", type=int, default=0, help="index of the first mix (default 0)")
+    parser.add_argument("--mix", type=int, action="append", help="replay these mix indices instead of a range")
     parser.add_argument("--seeds", type=int, default=3, help="replays per policy and case (default 3)")
     parser.add_argument("--policy", action="append", help=f"policies (default: {', '.join(POLICIES)})")
     parser.add_argument("--ours", action="append", help="policies judged against fgd (default: default)")
@@ -212,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tasks = read_tasks(args.data / f"openb_pod_list_{name}.csv")
         visible.append(run_case(name, "full cluster", nodes, tasks, policies, args.seeds))
     mixes = []
-    for index in range(args.first_mix, args.first_mix + args.mixes):
+    for index in args.mix or range(args.first_mix, args.first_mix + args.mixes):
         mix = make_mix(index, nodes, base)
         mixes.append(run_case(mix.name, mix.spec.label(), mix.nodes, mix.tasks, policies, args.seeds))
     print(render(visible, mixes, policies, ours))

@@ -7,7 +7,7 @@
 """
 
 from spawner.placement.explain import Explanation, explain
-from spawner.placement.fragmentation import Workload, WorkloadArrays, fragmentation
+from spawner.placement.fragmentation import Workload, WorkloadArrays, bound_demand_per_free_card, fragmentation
 from spawner.placement.policies import (
     POLICIES,
     BestFit,
@@ -35,6 +35,7 @@ __all__ = [
     "Spread",
     "Workload",
     "WorkloadArrays",
+    "bound_demand_per_free_card",
     "explain",
     "fragmentation",
     "held_demands",

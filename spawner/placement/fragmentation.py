@@ -23,8 +23,9 @@ class Workload:
     weights: tuple[float, ...]
 
     @classmethod
-    def from_demands(cls, demands: Iterable[Demand], coverage: float = 1.0, max_types: int = 64) -> Workload:
-        """Types by frequency, the most popular first, until ``coverage`` of tasks are covered."""
+    def from_demands(cls, demands: Iterable[Demand], coverage: float = 1.0, max_types: int | None = 64) -> Workload:
+        """Types by frequency, the most popular first, until ``coverage`` of tasks are covered
+        (and at most ``max_types`` of them; None keeps every type)."""
         counts = Counter(demands)
         total = sum(counts.values())
         if total == 0:
@@ -41,6 +42,42 @@ class Workload:
                 break
         weight_sum = sum(c for _, c in kept)
         return cls(tuple(d for d, _ in kept), tuple(c / weight_sum for _, c in kept))
+
+    def top(self, max_types: int) -> Workload:
+        """The ``max_types`` most popular types, their weights scaled to sum to 1 again."""
+        if len(self.demands) <= max_types:
+            return self
+        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], repr(wd[1])))
+        kept = ranked[:max_types]
+        weight_sum = sum(w for w, _ in kept)
+        return Workload(tuple(d for _, d in kept), tuple(w / weight_sum for w, _ in kept))
+
+    def grouped(self, max_types: int) -> Workload:
+        """At most ``max_types`` types (more only where there are more GPU shapes) that keep the
+        weight of every GPU shape: the GPU part and allowed models, which decide what a node's
+        free GPU can take. CPU and memory vary within a shape and matter less: each shape keeps
+        its most popular type, the slots left go to the next most popular types, and every type
+        left out adds its weight to the most popular kept type of its shape.
+        """
+        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], repr(wd[1])))
+        head: dict[object, Demand] = {}  # each shape's most popular type
+        for _, demand in ranked:
+            head.setdefault(gpu_shape(demand), demand)
+        kept = set(head.values())
+        for _, demand in ranked:
+            if len(kept) >= max_types:
+                break
+            kept.add(demand)
+        weight: dict[Demand, float] = dict.fromkeys((d for _, d in ranked if d in kept), 0.0)
+        for w, demand in ranked:
+            weight[demand if demand in kept else head[gpu_shape(demand)]] += w
+        return Workload(tuple(weight), tuple(weight.values()))
+
+
+def gpu_shape(demand: Demand) -> tuple[object, ...]:
+    """What of a demand decides which free GPU it can use: cards or slice, and allowed models."""
+    models = tuple(sorted(demand.models)) if demand.models else ()
+    return (demand.gpus, demand.slice_fraction, demand.slice_units, models)
 
 
 @dataclass
@@ -111,6 +148,22 @@ def fragmentation(
     cpu_value = total[:, None] if cpu_tasks_fragment else np.where(host, 0.0, total[:, None])
     per_type = np.where(wl.is_cpu[None, :], cpu_value, per_type)
     return np.asarray(per_type @ wl.weight)
+
+
+def bound_demand_per_free_card(wl: WorkloadArrays, free_cards: FloatArray) -> FloatArray:
+    """(M,): the workload's demand from model-bound types for each GPU model, per free card of it.
+
+    A type is bound when it does not accept every model of the cluster; its demand (cards, or a
+    slice's share of a card; a slice asked in units counts as the one card it touches) is split
+    evenly over the models it accepts. ``free_cards`` is the free GPU of each model, in cards.
+    A model with no free GPU scores 0: no candidate of it exists to weigh.
+    """
+    cards = np.where(wl.whole > 0, wl.whole, np.where(wl.frac > 0, wl.frac, wl.is_slice.astype(np.float64)))
+    bound = ~wl.model_mask.all(axis=0)
+    accepted = wl.model_mask.sum(axis=0)
+    split = np.where(wl.model_mask, 1.0 / np.maximum(accepted, 1), 0.0)  # (M, T)
+    demand = split @ (wl.weight * cards * bound)
+    return np.asarray(np.divide(demand, free_cards, out=np.zeros_like(demand), where=free_cards > 0))
 
 
 def row_hash_weights(width: int) -> FloatArray:

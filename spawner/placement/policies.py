@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spawner.placement.fragmentation import Workload, WorkloadArrays, distinct_gpus, fragmentation, row_hash_weights
+from spawner.placement.fragmentation import (
+    Workload,
+    WorkloadArrays,
+    bound_demand_per_free_card,
+    distinct_gpus,
+    fragmentation,
+    row_hash_weights,
+)
 from spawner.placement.state import (
     Choice,
     ClusterState,
@@ -147,6 +154,8 @@ class FragmentationGradientDescent:
     workload: Workload
     name: str = "fgd"
     cpu_tasks_fragment: bool = True
+    # The target workload scored: the most popular types of ``workload``, as many as this.
+    max_types: int = 64
     remember_states: bool = True  # False: score every candidate state afresh (bench.latency's baseline)
     _arrays: WorkloadArrays | None = field(default=None, init=False, repr=False)
     _state_id: int = field(default=-1, init=False, repr=False)
@@ -160,7 +169,7 @@ class FragmentationGradientDescent:
     def _current(self, state: ClusterState) -> FloatArray:
         """Each node's fragmentation now; recomputed only for nodes changed since last call."""
         if self._state_id != id(state) or self._arrays is None:
-            self._arrays = WorkloadArrays.build(self.workload, state.model_names)
+            self._arrays = WorkloadArrays.build(self.target(), state.model_names)
             self._memo.clear()
             self._state_id = id(state)
             self._frag = self._frag_of(state, np.arange(len(state.names)))
@@ -170,6 +179,10 @@ class FragmentationGradientDescent:
             self._frag[changed] = self._frag_of(state, changed)
             self._seen[changed] = state.version[changed]
         return self._frag
+
+    def target(self) -> Workload:
+        """The task types fragmentation is measured against."""
+        return self.workload.top(self.max_types)
 
     def _frag_of(
         self,
@@ -279,16 +292,42 @@ class DefaultPolicy(FragmentationGradientDescent):
     name: str = "default"
     cpu_tasks_fragment: bool = False
     tie_tolerance: float = 0.01
+    keep_every_shape: bool = False  # target workload: Workload.grouped rather than the top types
+    # Near-ties go first to the GPU model that model-bound types need least per free card.
+    spare_bound_models: bool = False
+    # The tolerance applies to each type's share: ``tie_tolerance`` times the rarest type's weight.
+    tolerance_per_type: bool = False
+
+    def target(self) -> Workload:
+        if self.keep_every_shape:
+            return self.workload.grouped(self.max_types)
+        return super().target()
 
     def _pick(
         self, state: ClusterState, nodes: IntArray, gpus: IntArray | None, delta: FloatArray, demand: Demand
     ) -> int:
         node_free = node_gpu_free(state)[nodes]
-        tied = np.round(delta / self.tie_tolerance)
-        if gpus is None:
-            return int(np.lexsort((state.cpu[nodes], node_free, tied))[0])
-        left = left_after(state, demand)[nodes, gpus]
-        return int(np.lexsort((node_free, left, tied))[0])
+        tolerance = self.tie_tolerance
+        if self.tolerance_per_type and self._arrays is not None:
+            # A rare type's fragment enters the sum times its weight: 1% of a card of it is
+            # the rarest weight times 1%, and a coarser tolerance would not see it.
+            tolerance *= float(self._arrays.weight.min())
+        tied = np.round(delta / tolerance)
+        # Keys least significant first: best-fit, then (a variant) the model bound tasks spare.
+        keys = [state.cpu[nodes], node_free] if gpus is None else [node_free, left_after(state, demand)[nodes, gpus]]
+        if self.spare_bound_models:
+            card = np.zeros(nodes.size, dtype=np.int64) if gpus is None else gpus
+            keys.append(self._model_pressure(state)[state.model[nodes, card]])
+        return int(np.lexsort((*keys, tied))[0])
+
+    def _model_pressure(self, state: ClusterState) -> FloatArray:
+        """(M,): bound demand per free card of each model."""
+        if self._arrays is None:
+            return np.zeros(max(len(state.model_names), 1))
+        free = np.where(state.usable, state.free / np.where(state.cap > 0, state.cap, 1.0), 0.0)
+        per_model = np.bincount(state.model.ravel(), weights=free.ravel(), minlength=len(state.model_names))
+        free_cards = per_model.astype(np.float64)
+        return bound_demand_per_free_card(self._arrays, free_cards)
 
 
 POLICIES = ("random-fit", "best-fit", "spread", "dot-product", "fgd", "default")

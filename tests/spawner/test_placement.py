@@ -20,6 +20,7 @@ from spawner.placement import (
     Spread,
     Workload,
     WorkloadArrays,
+    bound_demand_per_free_card,
     explain,
     fragmentation,
     make_policy,
@@ -216,6 +217,65 @@ def test_workload_keeps_the_most_popular_types() -> None:
     assert wl.weights == pytest.approx((6 / 9, 3 / 9))
     with pytest.raises(ValueError):
         Workload.from_demands([])
+
+
+def test_workload_top_keeps_the_most_popular_types_and_scales_their_weights() -> None:
+    wl = Workload((slice_(0.5), slice_(0.25), Demand(gpus=1)), (0.2, 0.5, 0.3))
+    top = wl.top(2)
+    assert top.demands == (slice_(0.25), Demand(gpus=1))
+    assert top.weights == pytest.approx((0.5 / 0.8, 0.3 / 0.8))
+    assert wl.top(3) is wl
+
+
+def test_grouped_workload_keeps_every_gpu_shape_with_its_whole_weight() -> None:
+    v100 = frozenset({"V100"})
+    popular = [slice_(0.5, cpu=c) for c in (1000, 2000, 3000)]
+    bound_small = Demand(cpu_milli=4000, gpus=4, models=v100)
+    bound_large = Demand(cpu_milli=8000, gpus=4, models=v100)
+    wl = Workload((*popular, bound_small, bound_large), (0.4, 0.3, 0.2, 0.06, 0.04))
+    # The three most popular types are all half-card slices: the top three leave out the
+    # four-card V100 tasks altogether.
+    assert all(d.gpus == 0 for d in wl.top(3).demands)
+    grouped = wl.grouped(3)
+    # Each shape's most popular type, then the next most popular; the left-out types'
+    # weight goes to their shape's most popular type.
+    assert grouped.demands == (popular[0], popular[1], bound_small)
+    assert grouped.weights == pytest.approx((0.4 + 0.2, 0.3, 0.06 + 0.04))
+
+
+def test_grouped_workload_exceeds_max_types_only_for_more_shapes() -> None:
+    shapes = [slice_(share / 10) for share in range(1, 6)]
+    wl = Workload(tuple(shapes), (0.2,) * 5)
+    assert wl.grouped(2).demands == tuple(shapes)
+
+
+def test_bound_demand_per_free_card_splits_a_bound_type_over_its_models() -> None:
+    two_of_ab = Demand(gpus=2, models=frozenset({"A", "B"}))
+    any_model = slice_(0.5)
+    arrays = WorkloadArrays.build(Workload((two_of_ab, any_model), (0.5, 0.5)), ["A", "B", "C"])
+    # 0.5 x 2 cards split over A and B: 0.5 each; A has 2 free cards, B none (nothing to
+    # weigh), C is asked for by no bound type. The unbound slice counts nowhere.
+    pressure = bound_demand_per_free_card(arrays, np.array([2.0, 0.0, 3.0]))
+    assert list(pressure) == pytest.approx([0.25, 0.0, 0.0])
+
+
+def test_spare_bound_models_sends_an_unbound_card_to_the_model_no_bound_task_needs() -> None:
+    s = ClusterState(["v100", "t4"], [64000] * 2, [256 * GiB] * 2, [[1000.0], [1000.0]], [["V100"], ["T4"]])
+    workload = Workload((Demand(gpus=2, models=frozenset({"V100"})), Demand(gpus=1)), (0.5, 0.5))
+    # Either card lowers fragmentation alike (the two-card type fits neither node): a tie,
+    # which best-fit alone gives to the first node.
+    assert DefaultPolicy(workload).choose(s, Demand(gpus=1)) == Choice(0, (0,))
+    assert DefaultPolicy(workload, spare_bound_models=True).choose(s, Demand(gpus=1)) == Choice(1, (0,))
+
+
+def test_tolerance_per_type_sees_a_rare_type_lose_its_last_two_free_cards() -> None:
+    s = state([[0, 1000, 1000], [1000, 1000, 1000]])
+    workload = Workload((slice_(0.5), Demand(gpus=2)), (0.998, 0.002))
+    # A half card on node 0 leaves one free card: the two-card type no longer fits there,
+    # 0.002 x 1.5 cards = 0.003 of fragmentation, under 1% of a card, so default calls it a
+    # tie and packs node 0; 1% of the rarest type's weight (2e-5) does not.
+    assert DefaultPolicy(workload).choose(s, slice_(0.5)) == Choice(0, (1,))
+    assert DefaultPolicy(workload, tolerance_per_type=True).choose(s, slice_(0.5)) == Choice(1, (0,))
 
 
 @settings(max_examples=60, deadline=None)
