@@ -30,6 +30,8 @@ from spawner.ledger import Held, ServerEvent
 from spawner.waitline import Manager, Reservation, WaitStats
 
 if TYPE_CHECKING:
+    from prometheus_api_client import PrometheusConnect
+
     from spawner.anomaly import Finding  # scikit-learn is optional: imported when the models run
 
 
@@ -76,6 +78,11 @@ def monitoring_auth() -> tuple[str, str] | None:
     """Prometheus's and Alertmanager's basic auth, from the 0600 file gpuslice up made (None: none asked)."""
     path = environ.MONITORING_PASSWORD_FILE.get()
     return (MONITORING_USER, Path(path).read_text().strip()) if path else None
+
+
+def _prometheus(timeout_s: float = 5) -> PrometheusConnect:
+    """The platform's Prometheus with the monitoring password; a page's query gives up after 5 s, a report's later."""
+    return prometheus.connect(prometheus_url(), timeout_s=timeout_s, auth=monitoring_auth())
 
 
 def alertmanager_url() -> str:
@@ -261,17 +268,17 @@ def forget_servers() -> None:
 
 @st.cache_data(ttl=10)
 def gpu_readings() -> dict[tuple[str, str], prometheus.GpuReading]:
-    return prometheus.gpu_readings(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
+    return prometheus.gpu_readings(_prometheus())
 
 
 @st.cache_data(ttl=10)
 def summary() -> dict[str, float]:
-    return prometheus.summary(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
+    return prometheus.summary(_prometheus())
 
 
 @st.cache_data(ttl=30)
 def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
-    return prometheus.trend(prometheus.connect(prometheus_url(), auth=monitoring_auth()), expr, hours)
+    return prometheus.trend(_prometheus(), expr, hours)
 
 
 @st.cache_data(ttl=10)
@@ -359,7 +366,7 @@ def card_history() -> tuple[datetime, dict[str, dict[tuple[str, str], list[float
     """
     end = datetime.now(UTC)
     start = end - timedelta(days=ANOMALY_DAYS)
-    prom = prometheus.connect(prometheus_url(), timeout_s=30, auth=monitoring_auth())
+    prom = _prometheus(timeout_s=30)
     return start, {
         name: prometheus.card_series(prom, q, start, end, ANOMALY_STEP_S) for name, q in CARD_QUERIES.items()
     }
@@ -411,7 +418,7 @@ USAGE_STEP_S = 900  # a sample per 15 minutes: 8 weeks stay under Prometheus' 11
 @st.cache_data(ttl=600)
 def _usage_rows(weeks: int) -> list[usage.UsageRow]:
     end = datetime.now(UTC)
-    prom = prometheus.connect(prometheus_url(), timeout_s=30, auth=monitoring_auth())
+    prom = _prometheus(timeout_s=30)
     samples = prometheus.usage_samples(prom, end - timedelta(weeks=weeks), end, USAGE_STEP_S)
     return usage.usage(samples, USAGE_STEP_S, usage.group_members(group_rules()))
 
@@ -430,12 +437,12 @@ def utilization_heatmap(hours: float, per_node: bool = False) -> dict[str, list[
         if per_node
         else "DCGM_FI_DEV_GPU_UTIL"
     )
-    return prometheus.per_gpu_trend(prometheus.connect(prometheus_url(), auth=monitoring_auth()), metric, hours)
+    return prometheus.per_gpu_trend(_prometheus(), metric, hours)
 
 
 @st.cache_data(ttl=30)
 def spawn_success() -> float | None:
-    return prometheus.spawn_success_ratio(prometheus.connect(prometheus_url(), auth=monitoring_auth()))
+    return prometheus.spawn_success_ratio(_prometheus())
 
 
 @st.cache_resource
