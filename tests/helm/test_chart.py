@@ -130,7 +130,7 @@ def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
     assert with_attribution["spec"]["template"]["spec"]["hostPID"] is True
 
 
-def test_the_exporter_listens_on_the_pod_ip_where_prometheus_and_probes_reach_it() -> None:
+def test_the_exporter_listens_on_the_pod_ip_and_names_its_node() -> None:
     # Read with gpuslice's own argument parser: its default address is 127.0.0.1, which no
     # Prometheus, readiness probe or Service outside the container reaches.
     from hub.cli import _parser
@@ -142,6 +142,11 @@ def test_the_exporter_listens_on_the_pod_ip_where_prometheus_and_probes_reach_it
     parsed = _parser().parse_args(args)
     assert parsed.address == "0.0.0.0"
     assert {"containerPort": parsed.port, "name": "metrics"} in container["ports"]
+    # Its series name the node as the portal does (else every node's readings say "localhost").
+    from spawner import environ
+
+    node = {"name": environ.NODE_NAME.name, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert node in container["env"]
 
 
 def test_rbac_is_minimal() -> None:
