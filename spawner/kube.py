@@ -219,6 +219,7 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     _gpu_request: GpuRequest | None = None
     _gpu_api_error = ""
     _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
+    _gpu_placing = False  # start() checks and places; KubeSpawner's start has not begun
     _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
 
     @validate("gpu_backend")
@@ -337,20 +338,11 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
     async def start(self) -> Any:
         """Check and place the request, then KubeSpawner's public ``start`` (its pod from ``get_pod_manifest``)."""
         self._gpu_restart.started()  # this hub process watches the start itself
-        self._gpu_pod = None
-        inventory, pods = await self.cluster()
+        self._gpu_placing = True
         try:
-            request, image = self.gpu_request()
-            self._check_profile()
-            mounts = self._model_mounts()
-            usage = usage_from_pods(pods, self.user.name, self.pod_name)
-            group, choice = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
-        except GpuRefused as refusal:
-            metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
-            raise
-        self._apply(request, self.images()[image].target, group, mounts, chosen_product(inventory, choice))
-        self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
-        CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
+            await self._check_and_place()
+        finally:
+            self._gpu_placing = False  # no await until KubeSpawner's start has begun: progress follows it
         self._gpu_api_error = ""
         try:
             return await super().start()
@@ -366,6 +358,23 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
                 f"The Kubernetes API did not create your server's pod ({self._gpu_api_error}); nothing was "
                 "started and no GPU is held. Try again in a minute; if it keeps failing, tell an admin."
             ) from exc
+
+    async def _check_and_place(self) -> None:
+        """The request checked against the group rules and placed on the cluster's view (refused: GpuRefused)."""
+        self._gpu_pod = None
+        inventory, pods = await self.cluster()
+        try:
+            request, image = self.gpu_request()
+            self._check_profile()
+            mounts = self._model_mounts()
+            usage = usage_from_pods(pods, self.user.name, self.pod_name)
+            group, choice = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
+        except GpuRefused as refusal:
+            metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+            raise
+        self._apply(request, self.images()[image].target, group, mounts, chosen_product(inventory, choice))
+        self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
+        CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
 
     def _note_api_error(self, error: str) -> None:
         self._gpu_api_error = error
@@ -447,6 +456,10 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         return add_to_pod(pod, self._gpu_pod) if self._gpu_pod is not None else pod
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        # KubeSpawner's progress follows the start KubeSpawner last began and ends when it is done:
+        # while this start still checks and places, that is the previous spawn's, long finished.
+        while self._gpu_placing:
+            await asyncio.sleep(0.1)
         async for event in super().progress():
             raw = event.get("raw_event") or {}
             if raw.get("reason") == "FailedScheduling" and self._gpu_request is not None:
