@@ -2,7 +2,8 @@
 
 ``LedgerGpuMixin`` (the base of ``spawner.local.LocalGpuSpawner``) places the slice and
 writes it to the ledger before the server process exists, records each step as a server
-event, and releases the slice however the server ends.
+event, and releases the slice however the server ends. ``RestartCheck`` (the first poll after a
+hub restart) is shared with the Kubernetes backend (``spawner.kube``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from traitlets import Float, Integer, Unicode
+from traitlets import Float, Instance, Integer, Unicode
 
 from spawner import environ, metrics
 from spawner.backends import Backend, ServerGpuSpec, render
@@ -41,6 +42,42 @@ class LeftLineError(Exception):
     """A waiting spawn found its place in the line gone: someone cancelled it (the ledger says who)."""
 
 
+class RestartCheck:
+    """The first poll after a hub restart, for every backend (local processes and Kubernetes pods).
+
+    A spawner the hub loaded from its database (it restarted while the server ran or started)
+    has not been ``started()`` by this hub process: its first poll that finds the server alive
+    waits with ``answer_or_exit`` until the server answers, exits, or stays silent for the
+    ``timeout``. A server that was starting while the hub was down gives up on reaching the hub
+    after about 45 s and exits; without this check it stays "pending" and holds its slice for
+    the whole ``http_timeout``. Later polls are JupyterHub's usual ones.
+    """
+
+    def __init__(self) -> None:
+        self.checked = False  # this hub process started the server, or has checked it since it restarted
+        self.silent = False  # the check found it alive but silent: the poll said -1 so JupyterHub stops it
+
+    def started(self) -> None:
+        """This hub process starts the server and watches the start itself."""
+        self.checked, self.silent = True, False
+
+    def due(self, status: int | None) -> bool:
+        """Whether this poll is the first look at a server this hub process did not start, and it looks alive."""
+        return status is None and not self.checked
+
+    async def check(
+        self, url: str, poll: Callable[[], Awaitable[int | None]], timeout: float, log: Any, name: str
+    ) -> int | None:
+        """What the first poll after a restart reports: None (it answers), its exit status, or -1 (silent)."""
+        self.checked = True
+        status, silent = await answer_or_exit(url, poll, timeout)
+        if silent:
+            log.warning("gpuslice: %s did not answer at %s within %s s after the hub restarted", name, url, timeout)
+            self.silent = True
+            return -1
+        return status
+
+
 class LedgerGpuMixin(GpuShareMixin):
     """The local backend's lifecycle: the slice is placed here and held in the SQLite ledger.
 
@@ -54,9 +91,7 @@ class LedgerGpuMixin(GpuShareMixin):
     gpu_ledger_path = Unicode(
         "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
     ).tag(config=True)
-    # False on a spawner the hub loaded from its database: its first poll checks the server.
-    _gpu_checked_since_restart = False
-    _gpu_silent_after_restart = False
+    _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
 
     gpu_line_max_wait = Integer(
         4 * 3600,
@@ -364,8 +399,7 @@ class LedgerGpuMixin(GpuShareMixin):
         self._record("placed", 20, f"placed: {placed}; starting the server")
         self._stage(20, f"GPU placed: {placed}")
         self._gpu_starting = True
-        self._gpu_checked_since_restart = True  # this hub process watches the start itself
-        self._gpu_silent_after_restart = False
+        self._gpu_restart.started()
         try:
             self.prepare_home()
             self._stage(35, "home folder ready")
@@ -396,10 +430,9 @@ class LedgerGpuMixin(GpuShareMixin):
 
     async def poll(self) -> int | None:
         status: int | None = await super().poll()  # type: ignore[misc]
-        if status is None and not self._gpu_checked_since_restart:
-            # The hub's first look at a server it did not start (it restarted meanwhile).
-            self._gpu_checked_since_restart = True
-            status = await self._answer_or_exit()
+        if self._gpu_restart.due(status):  # the hub's first look at a server it did not start
+            url, timeout = f"{self.server.url}api", self.http_timeout  # type: ignore[attr-defined]
+            status = await self._gpu_restart.check(url, super().poll, timeout, self.log, self._key)  # type: ignore[misc, attr-defined]
         if status is None and self._gpu_holds:
             # Running: make sure the ledger still holds the slice (it may have been lost). A read
             # on every poll; the write lock only when something must be put back.
@@ -407,7 +440,7 @@ class LedgerGpuMixin(GpuShareMixin):
             if missing:
                 self._ledger.restore(missing)
         running_events = ("started", "warned")  # "warned": the reclaimer's notice to a running server
-        if status is not None and not self._gpu_silent_after_restart and self._last_event_kind() in running_events:
+        if status is not None and not self._gpu_restart.silent and self._last_event_kind() in running_events:
             # Nobody stopped it (stop() records "stopped"): it crashed, exited or was killed.
             self._record("died", 100, _died_message(status))
         return status
@@ -416,27 +449,9 @@ class LedgerGpuMixin(GpuShareMixin):
         self._record(*self._stop_reason())
         await super().stop(now=now)  # type: ignore[misc]
 
-    async def _answer_or_exit(self) -> int | None:
-        """After a hub restart: the server answers (None), exits (its status) or stays silent (-1).
-
-        A server that was starting while the hub was down gives up on reaching the hub
-        after about 45 s and exits; without this check it stays "pending" and holds its
-        slice for the whole ``http_timeout`` (``answer_or_exit``).
-        """
-        timeout = self.http_timeout  # type: ignore[attr-defined]
-        url = f"{self.server.url}api"  # type: ignore[attr-defined]
-        status, silent = await answer_or_exit(url, super().poll, timeout)  # type: ignore[misc]
-        if silent:
-            # Alive but silent: JupyterHub stops it on a non-None status (stop() says why).
-            message = "gpuslice: %s did not answer at %s within %s s after the hub restarted"
-            self.log.warning(message, self._key, url, timeout)  # type: ignore[attr-defined]
-            self._gpu_silent_after_restart = True
-            return -1
-        return status
-
     def _stop_reason(self) -> tuple[str, int, str]:
         # JupyterHub stops a server it gave up on from inside start or the wait for it to answer.
-        if self._gpu_silent_after_restart:
+        if self._gpu_restart.silent:
             timeout = self.http_timeout  # type: ignore[attr-defined]
             return "failed", 100, f"gave up: the server did not answer within {timeout} s after the hub restarted"
         if self._gpu_starting:

@@ -130,6 +130,25 @@ def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
     assert with_attribution["spec"]["template"]["spec"]["hostPID"] is True
 
 
+def test_the_exporter_listens_on_the_pod_ip_and_names_its_node() -> None:
+    # Read with gpuslice's own argument parser: its default address is 127.0.0.1, which no
+    # Prometheus, readiness probe or Service outside the container reaches.
+    from hub.cli import _parser
+
+    daemonset = next(d for d in render() if d["kind"] == "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    command, *args = container["args"]
+    assert command == "gpuslice"
+    parsed = _parser().parse_args(args)
+    assert parsed.address == "0.0.0.0"
+    assert {"containerPort": parsed.port, "name": "metrics"} in container["ports"]
+    # Its series name the node as the portal does (else every node's readings say "localhost").
+    from spawner import environ
+
+    node = {"name": environ.NODE_NAME.name, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert node in container["env"]
+
+
 def test_rbac_is_minimal() -> None:
     docs = render()
     role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-hub")

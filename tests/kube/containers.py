@@ -19,6 +19,8 @@ What a kubelet does with a pod, done with podman for the objects ``helm template
 
 Notebook pods that the hub creates are run by the double's kubelet as containers of the
 notebook image on the same network (``tests/kube/apiserver.py --podman-network``).
+``start_prometheus`` adds a real Prometheus scraping the exporter pods through their headless
+Service, for the chart's ``monitoring.prometheusUrl``.
 Not done: NetworkPolicies are not enforced, probes are not run (the test waits for the
 readiness endpoints itself), resource limits are not applied.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -327,6 +330,41 @@ class Cluster:
             path = folder / item["path"]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data[item["key"]])
+
+    def start_prometheus(self, service: str, port: int, name: str = "prometheus") -> str:
+        """A real Prometheus (Debian's binary, the one the single-machine platform runs) in a container
+        of the Debian base on the network, its address the chart's ``monitoring.prometheusUrl``.
+
+        It finds the exporter pods as a cluster's Prometheus finds a headless Service's endpoints:
+        the Service's name resolves to every pod it selects (``dns_sd_configs``, type A). Returns
+        its URL inside the network; the host reaches it at ``url(name, 9090)``.
+        """
+        from tests.kube.images import debian_base
+
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("no prometheus on PATH (scripts/setup installs Debian's)")
+        folder = self.root / name
+        folder.mkdir(exist_ok=True)
+        scrape = {"names": [service], "type": "A", "port": port, "refresh_interval": "2s"}
+        config = {
+            "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+            "scrape_configs": [{"job_name": "gpuslice-exporter", "dns_sd_configs": [scrape]}],
+        }
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+        host_port = self.published.setdefault((name, 9090), free_port())
+        container = f"{self.network}-{name}"
+        podman(
+            "run", "--detach", "--name", container, f"--network={self.network}", f"--network-alias={name}",
+            f"--publish=127.0.0.1:{host_port}:9090", *ULIMITS, "--user=65534:65534", "--read-only",
+            "--tmpfs=/prometheus:rw,mode=1777", f"--volume={binary}:/usr/local/bin/prometheus:ro",
+            f"--volume={folder}:/etc/prometheus:ro", "--entrypoint", "/usr/local/bin/prometheus", debian_base(),
+            "--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus",
+            "--web.listen-address=:9090",
+        )  # fmt: skip
+        self.containers[name] = container
+        self.wait_for(f"{self.url(name, 9090)}/-/ready", timeout_s=60)
+        return f"http://{name}:9090"
 
     # -- what a test does -------------------------------------------------------------
 

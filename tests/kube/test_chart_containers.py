@@ -26,6 +26,7 @@ from tests.kube.images import build_platform, missing_tools
 pytestmark = pytest.mark.e2e
 RELEASE = "gs-gpuslice"
 HUB, PROXY, PORTAL = f"{RELEASE}-hub", f"{RELEASE}-proxy", f"{RELEASE}-portal"
+EXPORTER, PROMETHEUS = f"{RELEASE}-exporter", "prometheus"  # the exporters' headless Service; Prometheus's name
 GiB = 2**30
 ARTIFACTS = Path(__file__).parents[2] / "test-artifacts" / "chart-containers"
 
@@ -47,6 +48,7 @@ def chart_values(images: dict[str, str], idle_timeout: int = 3600) -> dict[str, 
         "adminUsers": ["teacher"],
         "groups": {"ml101": {"members": ["alice"], "maxSlice": "8GiB", "budget": "40GiB"}},
         "hub": {"idleTimeout": idle_timeout, "singleuser": {"startTimeout": 120}},
+        "monitoring": {"prometheusUrl": f"http://{PROMETHEUS}:9090"},  # the harness's Prometheus, on the network
     }
 
 
@@ -68,6 +70,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         cluster.create_network()
         cluster.start_api()
         cluster.apply(docs, publish={PROXY: [8000]})
+        cluster.start_prometheus(EXPORTER, 9400, name=PROMETHEUS)
         cluster.wait_for(f"{cluster.url(PROXY, 8000)}/hub/health", timeout_s=180)
         print(f"\nharness: images {built - started:.0f} s, chart up {time.monotonic() - built:.0f} s")
         yield cluster
@@ -121,7 +124,7 @@ def test_the_rendered_chart_spawns_a_slice_survives_a_hub_restart_and_an_upgrade
 
     # alice signs up (open signup) in Chromium through the proxy container, asks for a 4 GiB
     # slice on the spawn form, reaches JupyterLab in her notebook container and runs a cell.
-    output = spawn_and_run_a_cell(base, token)
+    output = spawn_and_run_a_cell(base, token, cluster.url(PROMETHEUS, 9090))
     assert f"slice {4 * GiB}" in output, output
     pod = cluster.k8s("/api/v1/namespaces/jupyter/pods/jupyter-alice")
     assert pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
@@ -175,8 +178,9 @@ NOTEBOOK = {
 }
 
 
-def spawn_and_run_a_cell(base: str, token: str) -> str:
-    """alice's slice from the spawn form, the output of a cell run in her JupyterLab, her server on Jobs."""
+def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
+    """alice's slice from the spawn form, the output of a cell run in her JupyterLab, her server on Jobs,
+    her GPU with her slice and its readings on GPUs."""
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.browser import ARGS, CHROMIUM
@@ -223,9 +227,36 @@ def spawn_and_run_a_cell(base: str, token: str) -> str:
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(ARTIFACTS / "portal-jobs.png"))
                 raise
+            # GPUs: the card alice's pod holds, with her slice (the pods' annotations) and the exporter's
+            # readings from the Prometheus the chart names (monitoring.prometheusUrl).
+            wait_for_readings(prometheus, nodes=2)
+            page.goto(f"{base}/services/portal/gpus")
+            try:
+                page.wait_for_selector("h1:has-text('GPUs')", timeout=60_000)
+                row = page.locator("tr", has_text="alice 4 GiB")
+                row.wait_for(state="attached", timeout=60_000)
+                assert re.search(r"\d+ C", row.inner_text()), row.inner_text()  # a temperature, not n/a
+                assert page.get_by_text("Live readings are unavailable").count() == 0
+            except Exception:
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "portal-gpus.png"))
+                raise
             return output
         finally:
             browser.close()
+
+
+def wait_for_readings(prometheus: str, nodes: int, timeout_s: float = 60) -> None:
+    """Prometheus has scraped every node's exporter (the GPUs page reads DCGM_FI_DEV_GPU_TEMP by node)."""
+    deadline = time.monotonic() + timeout_s
+    found: set[str] = set()
+    while time.monotonic() < deadline:
+        answer = requests.get(f"{prometheus}/api/v1/query", params={"query": "DCGM_FI_DEV_GPU_TEMP"}, timeout=10)
+        found = {series["metric"].get("Hostname", "") for series in answer.json()["data"]["result"]}
+        if len(found) >= nodes:
+            return
+        time.sleep(1)
+    raise AssertionError(f"Prometheus scraped the exporters of {sorted(found)} only in {timeout_s:.0f} s")
 
 
 def notebook_env(cluster: Cluster, pod: str) -> dict[str, str]:

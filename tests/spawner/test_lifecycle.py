@@ -27,7 +27,7 @@ class Spawner(LedgerGpuMixin, _RunningServer):
         self.name = ""
         self.user_options = options
         self.log = logging.getLogger("test")
-        self._gpu_checked_since_restart = True  # this hub started it
+        self._gpu_restart.started()  # this hub started it
 
 
 def _started(tmp_path: Path) -> Spawner:

@@ -86,7 +86,7 @@ def test_a_server_this_hub_started_is_not_checked_again(tmp_path: Path) -> None:
     _reaped(hung)
     try:
         spawner = _loaded(tmp_path, hung.pid, free_port())
-        spawner._gpu_checked_since_restart = True  # what start() sets
+        spawner._gpu_restart.started()  # what start() does
         assert asyncio.run(asyncio.wait_for(spawner.poll(), timeout=2)) is None
     finally:
         hung.send_signal(signal.SIGKILL)
