@@ -199,6 +199,8 @@ def test_the_owner_of_a_slice_about_to_be_reclaimed_is_warned_inside_jupyterlab_
         notice = lab.wait_for_selector(".Toastify__toast >> text=Idle while others wait for a GPU", timeout=90_000)
         assert "Save your work now." in notice.inner_text()
         lab.wait_for_timeout(1000)  # the toast slides in
+        # The platform's extension turns off JupyterLab's news prompt: it would stand beside the warning.
+        assert "official Jupyter news" not in lab.inner_text("body")
         lab.screenshot(path=str(artifacts / "reclaim-warning-jupyterlab-s1.png"))
         home = lab.context.new_page()  # the same login: the hub's home page says it too
         home.goto(f"{platform.url}/hub/home")
