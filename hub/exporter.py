@@ -69,7 +69,7 @@ class DcgmField:
 
 
 # dcgm-exporter's default counters (etc/default-counters.csv), with its types and help
-# texts, then the ECC counter our alert uses and the profiling fields NVML's GPM API
+# texts, then the ECC counters our alert and anomaly model use and the profiling fields NVML's GPM API
 # gives on Hopper and newer (etc/dcp-metrics-included.csv). Names are written exactly as
 # dcgm-exporter writes them: a counter has no "_total" suffix.
 DCGM_FIELDS = tuple(
@@ -99,6 +99,7 @@ DCGM_FIELDS = tuple(
         ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors"),
         ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors"),
         ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+        ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
         ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
         ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
         ("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned."),
@@ -150,6 +151,7 @@ def _core_fields(s: GpuSample) -> dict[str, float]:
         "DCGM_FI_DEV_GPU_TEMP": s.temperature_c,
         "DCGM_FI_DEV_POWER_USAGE": s.power_w,
         "DCGM_FI_DEV_XID_ERRORS": float(s.last_xid),
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": float(s.ecc_sbe_total),
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": float(s.ecc_dbe_total),
     }
 

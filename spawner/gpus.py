@@ -127,6 +127,7 @@ class GpuSample:
     power_w: float
     last_xid: int = 0  # the last Xid error code seen (0: none), as DCGM_FI_DEV_XID_ERRORS
     ecc_dbe_total: int = 0  # volatile double-bit ECC errors
+    ecc_sbe_total: int = 0  # volatile single-bit (corrected) ECC errors: their rate's trend is an anomaly model's
     processes: tuple[tuple[int, int], ...] = ()  # (pid, GPU memory bytes)
     simulated: bool = False
     # Every other DCGM field the card answered, by dcgm-exporter's name, in its unit.
@@ -172,6 +173,14 @@ def _field_values(nvml: Any, handle: object) -> dict[str, float]:
         if value.nvmlReturn == nvml.NVML_SUCCESS:  # each field answers for itself
             found[name] = float(getattr(value.value, _VALUE_MEMBER[int(value.valueType)]))
     return found
+
+
+def _volatile_ecc(nvml: Any, handle: object, error_type: int) -> int:
+    """ECC errors of one type since the driver loaded; 0 on a card without ECC (as dcgm-exporter)."""
+    try:
+        return int(nvml.nvmlDeviceGetTotalEccErrors(handle, error_type, nvml.NVML_VOLATILE_ECC))
+    except nvml.NVMLError:
+        return 0
 
 
 def _device_fields(nvml: Any, handle: object) -> dict[str, float]:
@@ -278,14 +287,8 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None, gpm: GpmSampler 
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             name, uuid = nvml.nvmlDeviceGetName(handle), nvml.nvmlDeviceGetUUID(handle)
-            try:
-                ecc = int(
-                    nvml.nvmlDeviceGetTotalEccErrors(
-                        handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
-                    )
-                )
-            except nvml.NVMLError:  # cards without ECC
-                ecc = 0
+            ecc = _volatile_ecc(nvml, handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+            ecc_corrected = _volatile_ecc(nvml, handle, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED)
             processes = tuple(
                 (int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             )
@@ -304,6 +307,7 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None, gpm: GpmSampler 
                     power_w=nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # NVML reports milliwatts
                     last_xid=(xids or {}).get(index, 0),
                     ecc_dbe_total=ecc,
+                    ecc_sbe_total=ecc_corrected,
                     processes=processes,
                     fields=fields,
                     driver_version=driver,

@@ -29,7 +29,7 @@ LABELS = {
 class RecordedNvml:
     """Answers recorded from nvidia-ml-py on a T4 (driver 550), replayed with NVML's signatures."""
 
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
     NVML_VOLATILE_ECC = 0
     NVML_TEMPERATURE_GPU = 0
     NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
@@ -124,6 +124,20 @@ def sample_value(registry: object, name: str, labels: dict[str, str]) -> float |
     return registry.get_sample_value(name, labels)  # type: ignore[attr-defined, no-any-return]
 
 
+class EccCountingNvml(RecordedNvml):
+    """A card that has corrected 12 errors and seen 1 it could not correct (volatile counts)."""
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: object, kind: int, counter: int) -> int:  # noqa: N802
+        assert counter == self.NVML_VOLATILE_ECC
+        return {self.NVML_MEMORY_ERROR_TYPE_CORRECTED: 12, self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: 1}[kind]
+
+
+def test_corrected_and_uncorrected_ecc_errors_are_their_own_counters() -> None:
+    registry = registry_for(GpuCollector(lambda: nvml_samples(EccCountingNvml()), "nvml", "n1"))
+    assert sample_value(registry, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", LABELS) == 12
+    assert sample_value(registry, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", LABELS) == 1
+
+
 def test_nvml_readings_become_dcgm_metrics() -> None:
     nvml = RecordedNvml()
     owners = {4242: Owner("alice", "")}
@@ -135,6 +149,7 @@ def test_nvml_readings_become_dcgm_metrics() -> None:
     assert sample_value(registry, "DCGM_FI_DEV_POWER_USAGE", LABELS) == 31.25
     assert sample_value(registry, "DCGM_FI_DEV_XID_ERRORS", LABELS) == 79
     assert sample_value(registry, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", LABELS) == 0
+    assert sample_value(registry, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", LABELS) == 0
     assert sample_value(registry, "DCGM_FI_DEV_SM_CLOCK", LABELS) == 1590
     assert sample_value(registry, "DCGM_FI_DEV_MEM_CLOCK", LABELS) == 5000
     assert sample_value(registry, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", LABELS) == 8123456789
