@@ -9,6 +9,7 @@ hub restart) is shared with the Kubernetes backend (``spawner.kube``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -116,6 +117,7 @@ class LedgerGpuMixin(GpuShareMixin):
 
     _gpu_ledger: Ledger | None = None
     _gpu_stages: list[Stage] | None = None
+    _gpu_stage_listeners: set[asyncio.Event] | None = None  # each progress() reader, woken by a new stage
     _gpu_base_start_timeout: float | None = None
     _gpu_request: tuple[GpuRequest, str] | None = None
     _gpu_line_view: tuple[int, list[Held]] | None = None  # the last turn's place in line and the holds it saw
@@ -407,6 +409,13 @@ class LedgerGpuMixin(GpuShareMixin):
             models = ", ".join(self._gpu_models or {})
             self._stage(50, f"models mounted in ~/models: {models}" if models else "no models to mount")
             result = await super().start()  # type: ignore[misc]
+            pid = getattr(self, "pid", 0)
+            if pid and holds:
+                self._ledger.set_pid(self._key, pid)
+            started = f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer"
+            self._record("started", 50, started)
+            self._stage(70, started)
+            await self._first_answer(result)
         except BaseException as exc:
             self._ledger.release(self._key)
             self._gpu_holds = None
@@ -414,13 +423,24 @@ class LedgerGpuMixin(GpuShareMixin):
             raise
         finally:
             self._gpu_starting = False
-        pid = getattr(self, "pid", 0)
-        if pid and holds:
-            self._ledger.set_pid(self._key, pid)
-        started = f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer"
-        self._record("started", 50, started)
-        self._stage(70, started)
         return result
+
+    async def _first_answer(self, started: Any) -> None:
+        """Wait here, not only in JupyterHub's wait after start(), for the server's first answer.
+
+        The progress stream ends the moment the spawn does: a "server answering" stage noticed
+        after JupyterHub's own check would never be shown. Raises when the server exits first
+        or stays silent for ``http_timeout`` (the slice is then released like any failed start).
+        """
+        ip, port = started if isinstance(started, tuple) else (self.server.ip, self.server.port)  # type: ignore[attr-defined]
+        url = f"http://{ip or '127.0.0.1'}:{port}{self.server.base_url}api"  # type: ignore[attr-defined]
+        timeout = self.http_timeout  # type: ignore[attr-defined]
+        status, silent = await answer_or_exit(url, super().poll, timeout, interval=0.2)  # type: ignore[misc]
+        if status is not None:
+            raise RuntimeError(f"the server exited with status {status} before it answered (see the hub's log)")
+        if silent:
+            raise TimeoutError(f"the server did not answer within {timeout} s")
+        self._stage(90, "server answering")
 
     def prepare_home(self) -> None:
         """Called after the slice is held: make the user's home folder (a backend knows where)."""
@@ -475,6 +495,8 @@ class LedgerGpuMixin(GpuShareMixin):
     def _stage(self, progress: int, message: str) -> None:
         if self._gpu_stages is not None:
             self._gpu_stages.append(Stage(progress, message, time.monotonic()))
+            for listener in self._gpu_stage_listeners or ():
+                listener.set()
 
     @property
     def gpu_warning_lead(self) -> float:
@@ -540,15 +562,29 @@ class LedgerGpuMixin(GpuShareMixin):
         return ", ".join(parts)
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        """Each stage of the start as it happens, with how long it took, then the first answer.
+        """Each stage of the start as it happens, with how long it took, up to the first answer.
 
-        JupyterHub stops reading when the spawn ends and sends its own "ready" event (100%).
+        JupyterHub stops reading when the spawn ends and sends its own "ready" event (100%):
+        start() records "server answering" before it returns, and the stage wakes this
+        generator at once, so the stage is sent before the spawn can end.
         The isolation warning comes once: here, unless the form already showed it.
         """
+        added = asyncio.Event()
+        if self._gpu_stage_listeners is None:
+            self._gpu_stage_listeners = set()
+        self._gpu_stage_listeners.add(added)
+        try:
+            async for event in self._stage_events(added):
+                yield event
+        finally:
+            self._gpu_stage_listeners.discard(added)
+
+    async def _stage_events(self, added: asyncio.Event) -> AsyncIterator[dict[str, Any]]:
         sent, since = 0, None
         warned = self._from_form()
         while True:
-            stages = self._gpu_stages or []  # start() makes a new list; read it each round
+            added.clear()
+            stages = self._gpu_stages or []  # allocate() makes a new list; read it each round
             since = since if since is not None else (stages[0].at if stages else None)
             for stage in stages[sent:]:
                 took = stage.at - (since if since is not None else stage.at)
@@ -558,12 +594,10 @@ class LedgerGpuMixin(GpuShareMixin):
                     for warning in self._gpu_spec.warnings:
                         yield {"progress": 20, "message": warning}
                     warned = True
-            started = stages and stages[-1].progress >= 70 and self.server is not None  # type: ignore[attr-defined]
-            if started and await _answers_http(f"{self.server.url}api"):  # type: ignore[attr-defined]
-                took = time.monotonic() - (since or time.monotonic())
-                yield {"progress": 90, "message": f"server answering ({took:.1f} s)"}
-                return
-            await asyncio.sleep(0.25)
+                if stage.progress >= 90:
+                    return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(added.wait(), timeout=1.0)
 
 
 @dataclass(frozen=True)
@@ -576,7 +610,7 @@ class Stage:
 
 
 async def answer_or_exit(
-    url: str, poll: Callable[[], Awaitable[int | None]], timeout: float
+    url: str, poll: Callable[[], Awaitable[int | None]], timeout: float, interval: float = 1.0
 ) -> tuple[int | None, bool]:
     """A server the hub did not start (it restarted): wait until it answers, exits, or ``timeout`` passes.
 
@@ -595,7 +629,7 @@ async def answer_or_exit(
             return status, False
         if time.monotonic() > deadline:
             return None, True
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(interval)
 
 
 async def _answers_http(url: str) -> bool:

@@ -40,12 +40,12 @@ st.dataframe(
             "model": r.model + (" (simulated)" if r.simulated else ""),
             "capacity": format_bytes(r.capacity_bytes),
             "allocated": format_bytes(r.allocated_bytes),
+            "slices": r.holders,  # who holds it: before the readings, visible without scrolling sideways
             "used": "n/a" if r.used_bytes is None else format_bytes(r.used_bytes),
             "utilization": number(r.utilization_pct, "{:.0f}%"),
             "temperature": number(r.temperature_c, "{:.0f} C"),
             "power": number(r.power_w, "{:.0f} W"),
             "last Xid": number(r.last_xid, "{}"),
-            "slices": r.holders,
         }
         for r in rows
     ],

@@ -211,10 +211,8 @@ def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
                 page.click(".jp-Notebook .jp-Cell .jp-InputArea-editor", timeout=60_000)
                 page.keyboard.press("Shift+Enter")
                 page.wait_for_selector(".jp-OutputArea-output >> text=slice", timeout=120_000)
-            except Exception:
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / "jupyterlab.png"))
-                raise
+            except Exception as exc:
+                raise page_failure(page, "jupyterlab") from exc
             output = page.inner_text(".jp-OutputArea-output")
             # The portal container (through the proxy, its OAuth gate) lists her running server on
             # Jobs: it read the hub's API and the pods through its own service account.
@@ -223,10 +221,8 @@ def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
                 page.wait_for_selector("h1:has-text('Jobs')", timeout=60_000)
                 page.wait_for_selector("text=1 running", timeout=60_000)
                 page.wait_for_selector("text=alice", state="attached", timeout=30_000)
-            except Exception:
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / "portal-jobs.png"))
-                raise
+            except Exception as exc:
+                raise page_failure(page, "portal-jobs") from exc
             # GPUs: the card alice's pod holds, with her slice (the pods' annotations) and the exporter's
             # readings from the Prometheus the chart names (monitoring.prometheusUrl).
             wait_for_readings(prometheus, nodes=2)
@@ -237,13 +233,20 @@ def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
                 row.wait_for(state="attached", timeout=60_000)
                 assert re.search(r"\d+ C", row.inner_text()), row.inner_text()  # a temperature, not n/a
                 assert page.get_by_text("Live readings are unavailable").count() == 0
-            except Exception:
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / "portal-gpus.png"))
-                raise
+            except Exception as exc:
+                raise page_failure(page, "portal-gpus") from exc
             return output
         finally:
             browser.close()
+
+
+def page_failure(page: Any, name: str) -> AssertionError:
+    """A failed step: its screenshot under test-artifacts and what the page said, in the error itself
+    (CI keeps only the test's output)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    text = " ".join(page.inner_text("body").split())
+    return AssertionError(f"{name} at {page.url} said: {text[:3000]}")
 
 
 def wait_for_readings(prometheus: str, nodes: int, timeout_s: float = 60) -> None:
