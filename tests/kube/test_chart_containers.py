@@ -226,6 +226,8 @@ def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
             # GPUs: the card alice's pod holds, with her slice (the pods' annotations) and the exporter's
             # readings from the Prometheus the chart names (monitoring.prometheusUrl).
             wait_for_readings(prometheus, nodes=2)
+            # Wide enough for every column: the table draws (and puts in the DOM) only the visible ones.
+            page.set_viewport_size({"width": 2200, "height": 900})
             page.goto(f"{base}/services/portal/gpus")
             try:
                 page.wait_for_selector("h1:has-text('GPUs')", timeout=60_000)
