@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from scipy import stats
 
 from bench.mixes import make_mix
 from bench.placement import ReplayResult, TraceNode, TraceTask, read_nodes, read_tasks, replay
@@ -31,6 +34,7 @@ BASELINE = "fgd"
 # Two means closer than half a card are a tie: below the smallest whole-card task, and
 # within the spread that three seeds show on one list.
 TIE_GPUS = 0.5
+CONFIDENCE = 0.95  # the paired interval: seeds share arrival orders, so their differences are compared
 
 
 def _needs(workload: Workload | None) -> Workload:
@@ -82,6 +86,46 @@ class Case:
         diff = self.unallocated(policy) - self.unallocated(against)
         return "tie" if abs(diff) < TIE_GPUS else ("win" if diff < 0 else "loss")
 
+    def paired(self, policy: str, against: str = BASELINE) -> Paired:
+        """Seed by seed (the same arrival order for both): ``policy``'s unallocated GPUs minus ``against``'s."""
+        diffs = [
+            a.unallocated_gpus - b.unallocated_gpus
+            for a, b in zip(self.results[policy], self.results[against], strict=True)
+        ]
+        return Paired.of(diffs)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The mean per-seed difference and its 95% confidence interval (Student's t over the seeds)."""
+
+    mean: float
+    low: float
+    high: float
+    seeds: int
+
+    @classmethod
+    def of(cls, diffs: Sequence[float]) -> Paired:
+        mean = statistics.fmean(diffs)
+        if len(diffs) < 2:
+            return cls(mean, math.nan, math.nan, len(diffs))
+        if statistics.stdev(diffs) == 0:  # every seed gave the same difference
+            return cls(mean, mean, mean, len(diffs))
+        low, high = stats.t.interval(CONFIDENCE, len(diffs) - 1, loc=mean, scale=stats.sem(diffs))
+        return cls(mean, float(low), float(high), len(diffs))
+
+    @property
+    def verdict(self) -> str:
+        """'worse' or 'better' only where the interval leaves out no difference at all; else 'not shown'."""
+        if self.low > 0:
+            return "worse"
+        if self.high < 0:
+            return "better"
+        return "not shown"
+
+    def text(self) -> str:
+        return f"{self.mean:+.1f} [{self.low:+.1f}, {self.high:+.1f}] {self.verdict}"
+
 
 def run_case(
     name: str, label: str, nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policies: Sequence[str], seeds: int
@@ -127,7 +171,10 @@ def leave_one_out(cases: Sequence[Case], candidates: Sequence[str]) -> list[dict
 def tally(cases: Sequence[Case], policy: str) -> dict[str, float]:
     outcomes = [c.outcome(policy) for c in cases]
     changes = [c.change(policy, BASELINE) for c in cases]
+    verdicts = [c.paired(policy).verdict for c in cases]
     return {
+        "shown_worse": verdicts.count("worse"),
+        "shown_better": verdicts.count("better"),
         "wins": outcomes.count("win"),
         "ties": outcomes.count("tie"),
         "losses": outcomes.count("loss"),
@@ -162,22 +209,30 @@ def render(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[st
     if mixes:
         out += ["", "## Generated mixes: unallocated GPUs ± sd over seeds (allocation ratio)", ""]
         out.append(
-            "| mix | GPUs | workload | " + " | ".join(policies) + " | " + " | ".join(f"{p} vs fgd" for p in ours) + " |"
+            "| mix | GPUs | workload | "
+            + " | ".join(policies)
+            + " | "
+            + " | ".join(f"{p} vs fgd | {p} - fgd per seed, GPUs [95% CI]" for p in ours)
+            + " |"
         )
-        out.append("| --- | ---: | --- |" + " ---: |" * (len(policies) + len(ours)))
+        out.append("| --- | ---: | --- |" + " ---: |" * (len(policies) + 2 * len(ours)))
         for case in mixes:
             cells = " | ".join(_cell(case, p) for p in policies)
-            vs = " | ".join(f"{case.change(p, BASELINE):+.1%} {case.outcome(p)}" for p in ours)
+            vs = " | ".join(
+                f"{case.change(p, BASELINE):+.1%} {case.outcome(p)} | {case.paired(p).text()}" for p in ours
+            )
             out.append(f"| {case.name} | {case.capacity:.0f} | {case.label} | {cells} | {vs} |")
-    out += ["", "## Against FGD", "", "| policy | cases | wins | ties | losses | mean vs fgd | worst vs fgd |"]
-    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    out += ["", "## Against FGD", ""]
+    out.append("| policy | cases | wins | ties | losses | mean vs fgd | worst vs fgd | shown worse | shown better |")
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for p in ours:
         for what, cases in (("visible lists", visible), ("mixes", mixes)):
             if cases:
                 t = tally(cases, p)
                 out.append(
                     f"| {p} | {what} | {t['wins']:.0f} | {t['ties']:.0f} | {t['losses']:.0f}"
-                    f" | {t['mean_vs_fgd']:+.2%} | {t['worst_vs_fgd']:+.2%} |"
+                    f" | {t['mean_vs_fgd']:+.2%} | {t['worst_vs_fgd']:+.2%}"
+                    f" | {t['shown_worse']:.0f} | {t['shown_better']:.0f} |"
                 )
     if len(visible) > 1 and ours:
         out += ["", "## Leave-one-out over the visible lists", "", "| held out | chosen on the others | vs fgd |"]
@@ -195,7 +250,12 @@ def render(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[st
 
 def as_json(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[str]) -> dict[str, object]:
     def case_json(c: Case) -> dict[str, object]:
-        return {"label": c.label, "capacity_gpus": c.capacity, "policies": {p: policy_figures(c, p) for p in policies}}
+        return {
+            "label": c.label,
+            "capacity_gpus": c.capacity,
+            "policies": {p: policy_figures(c, p) for p in policies},
+            "unallocated_gpus_per_seed": {p: [r.unallocated_gpus for r in c.results[p]] for p in policies},
+        }
 
     return {"visible": {c.name: case_json(c) for c in visible}, "mixes": {c.name: case_json(c) for c in mixes}}
 

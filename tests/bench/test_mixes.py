@@ -1,6 +1,6 @@
 from bench.mixes import Kind, MixSpec, kind_of, make_mix, spec_for
 from bench.placement import ReplayResult, TraceNode, TraceTask
-from bench.report import Case, leave_one_out, tally
+from bench.report import Case, Paired, leave_one_out, tally
 
 NODES = [TraceNode(f"n{i}", 64000, 262144, 8, model) for i, model in enumerate(["T4", "T4", "V100M16", "V100M32"])]
 TASKS = [
@@ -49,3 +49,23 @@ def test_leave_one_out_chooses_on_the_other_lists_and_judges_on_the_held_out_one
     t = tally(cases, "x")
     assert (t["wins"], t["ties"], t["losses"]) == (2, 0, 1)
     assert tally([case("d", {"fgd": 10, "x": 10.2})], "x")["ties"] == 1
+
+
+def test_a_paired_difference_is_shown_only_when_its_interval_leaves_out_zero() -> None:
+    steady = Paired.of([1.0, 2.0, 3.0, 4.0])  # worse on every seed
+    assert steady.mean == 2.5 and round(steady.low, 2) == 0.45 and round(steady.high, 2) == 4.55
+    assert steady.verdict == "worse"
+    assert Paired.of([-1.0, 1.0, -1.0, 1.5]).verdict == "not shown"  # seed noise
+    assert Paired.of([-3.0, -3.0, -3.0]).verdict == "better"  # the same on every seed: no spread at all
+    assert Paired.of([5.0]).verdict == "not shown"  # one seed proves nothing
+
+
+def test_seeds_are_paired_by_arrival_order() -> None:
+    def run(policy: str, seed: int, value: float) -> ReplayResult:
+        return ReplayResult(policy, seed, 100.0, 100.0 - value, 0, 0, (1.0,))
+
+    # Spread over seeds hides it (means 15 and 16, sd 5), but x is one GPU worse on each seed.
+    fgd = [run("fgd", s, v) for s, v in enumerate([10.0, 15.0, 20.0])]
+    x = [run("x", s, v + 1.0) for s, v in enumerate([10.0, 15.0, 20.0])]
+    paired = Case("m", "", 100.0, {"fgd": fgd, "x": x}).paired("x")
+    assert paired.mean == 1.0 and paired.verdict == "worse"
