@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+# Imported here, in full, before any figure is built: Plotly looks for pandas in sys.modules
+# without importing it, and Streamlit runs each session's page in its own thread, so a page
+# that builds a figure while another session's first table is importing pandas got the
+# half-imported module ("partially initialized module 'pandas' has no attribute 'Series'",
+# seen on the GPUs page in CI). An import statement waits until the module is complete.
+import pandas  # noqa: F401
 import plotly.graph_objects as go
 
 from portal.views import GpuRow
