@@ -34,6 +34,7 @@ from hub.monitoring import RULE_FILES
 from spawner.anomaly import (
     Finding,
     correctable_errors_rising,
+    heat_model,
     hot_for_load,
     memory_growing,
     others_mean,
@@ -201,7 +202,58 @@ def report(replay: Replay, found: Sequence[CardFinding], rule_episodes: Sequence
         + ", ".join(f"{kind} {n}" for kind, n in per_model.items())
     )
     lines += [f"  {c.node}/{c.gpu} minute {c.finding.found}: {c.finding.kind}: {c.finding.evidence}" for c in false]
-    return "\n".join(lines)
+    return "\n".join(lines + missed(replay, found))
+
+
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")  # the replay's day 0 is a Monday (bench.alerts.load)
+
+
+def missed(replay: Replay, found: Sequence[CardFinding]) -> list[str]:
+    """Each fault the models did not find, with when it happened and how busy the platform and card were."""
+    cards = [(node, gpu) for node in NODES for gpu in range(GPUS_PER_NODE)]
+    util = {c: replay.series[_key(replay.series, "DCGM_FI_DEV_GPU_UTIL", *c)] for c in cards}
+    held = {c: replay.series[_key(replay.series, "gpuslice_gpu_memory_allocated_bytes", *c)] for c in cards}
+    platform = others_mean(util, held)
+    lines = []
+    for f in replay.faults:
+        if f.kind not in MODEL_FAULTS or f.gpu is None:
+            continue
+        if any(_explains(f, c.node, c.gpu, c.finding.found) for c in found):
+            continue
+        card = (f.node, f.gpu)
+        during = [v for v in platform[card][f.start : f.end] if math.isfinite(v)]
+        own = [v for v in util[card][f.start : f.end] if v is not None]
+        trained = [
+            m
+            for m in range(HISTORY_MIN)
+            if (held[card][m] or 0) > 0 and util[card][m] is not None and platform[card][m] > 20
+        ]
+        day, hour = divmod(f.start, 1440)
+        lines.append(
+            f"missed: {f.kind} on {f.node}/{f.gpu}, {DAYS[day % 7]} {hour // 60:02d}:{hour % 60:02d} for "
+            f"{(f.end - f.start) // 60} h: the other held cards {_mean(during):.0f}% busy, this card "
+            f"{_mean(own):.0f}%; its first two days had {len(trained)} held minutes with the platform over 20%"
+            + (_heat(replay, f, util[card]) if f.kind in ("hot_card", "thermal_runaway") else "")
+        )
+    return lines
+
+
+def _heat(replay: Replay, fault: Fault, util: list[float | None]) -> str:
+    """How far above its heat model the card was during the fault, against the limit its history set."""
+    temp = replay.series[_key(replay.series, "DCGM_FI_DEV_GPU_TEMP", fault.node, fault.gpu or 0)]
+    model = heat_model(util, temp, slice(0, HISTORY_MIN))
+    if model is None:
+        return "; no heat model (not an hour under load in its first two days)"
+    expected, limit = model
+    during = zip(temp[fault.start : fault.end], expected[fault.start : fault.end], strict=True)
+    seen = [t - e for t, e in during if t is not None and math.isfinite(e)]
+    if not seen:
+        return f"; heat limit +{limit:.1f} °C, no temperature with a load reading during the fault"
+    return f"; heat limit +{limit:.1f} °C, the card at most +{max(seen):.1f} °C over its model during the fault"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def run(seed: int, days: float, per_kind: int, with_rules: bool) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
+from scipy import stats
 from sklearn.linear_model import HuberRegressor, LinearRegression, PoissonRegressor
 
 MiB = 1024**2
@@ -58,6 +59,32 @@ def _stretches(flags: np.ndarray, length: int) -> list[tuple[int, int]]:
     return runs
 
 
+def heat_model(
+    utilization: Sequence[float | None], temperature: Sequence[float | None], train: slice, over_c: float = 8.0
+) -> tuple[np.ndarray, float] | None:
+    """The temperature the card's load explains at each sample, and how far above it is unusual.
+
+    None when its history has not an hour under load: the slope of heat on load is unknown.
+    The limit is ``over_c`` or twice the largest usual miss, whichever is more.
+    """
+    util, temp = _array(utilization), _array(temperature)
+    seen = np.isfinite(util) & np.isfinite(temp)
+    fit = np.zeros(len(util), dtype=bool)
+    fit[train] = True
+    fit &= seen
+    if (util[fit] > 20).sum() < 60:
+        return None
+    model = HuberRegressor().fit(util[fit].reshape(-1, 1), temp[fit])
+    expected = np.full(len(util), np.nan)
+    expected[seen] = model.predict(util[seen].reshape(-1, 1))
+    # Twice the usual largest miss, from a robust spread (the MAD, scaled to a normal's sigma): a history
+    # that holds a few minutes of an incident (a runaway in its first days) must not lift the limit
+    # out of reach. For normal noise it is the old rule, twice the 99.9th percentile of |miss|.
+    sigma = float(stats.median_abs_deviation((temp - expected)[fit], scale="normal"))
+    limit = max(over_c, 2 * float(stats.norm.ppf(0.9995)) * sigma)
+    return expected, limit
+
+
 def hot_for_load(
     utilization: Sequence[float | None],
     temperature: Sequence[float | None],
@@ -66,18 +93,12 @@ def hot_for_load(
     minutes: int = 10,
 ) -> list[Finding]:
     """Stretches where the card is at least ``over_c`` (or twice its usual spread) hotter than its model."""
+    model = heat_model(utilization, temperature, train, over_c)
+    if model is None:
+        return []
     util, temp = _array(utilization), _array(temperature)
-    seen = np.isfinite(util) & np.isfinite(temp)
-    fit = np.zeros(len(util), dtype=bool)
-    fit[train] = True
-    fit &= seen
-    if (util[fit] > 20).sum() < 60:
-        return []  # not an hour under load in its history: the slope of heat on load is unknown
-    model = HuberRegressor().fit(util[fit].reshape(-1, 1), temp[fit])
-    expected = np.full(len(util), np.nan)
-    expected[seen] = model.predict(util[seen].reshape(-1, 1))
+    expected, limit = model
     excess = temp - expected
-    limit = max(over_c, 2 * float(np.quantile(np.abs(excess[fit]), 0.999)))
     hot = np.nan_to_num(excess, nan=-np.inf) > limit
     return [
         Finding(
