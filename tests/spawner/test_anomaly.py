@@ -33,6 +33,17 @@ def test_a_card_hotter_than_its_load_explains_is_found_below_any_fixed_threshold
     assert hot_for_load(util, [35 + 0.4 * u + noise(m, 2) for m, u in enumerate(util)], slice(0, 300)) == []
 
 
+def test_an_incident_in_the_cards_history_does_not_lift_its_limit_out_of_reach() -> None:
+    util = [wave(m) for m in range(900)]
+    temp = [35 + 0.4 * u + noise(m, 2) for m, u in enumerate(util)]
+    for m in range(100, 130):
+        temp[m] += 40  # a runaway half an hour long, in the history the model learns from
+    for m in range(700, 760):
+        temp[m] += 12  # later: an hour 12 °C too warm for its load
+    found = hot_for_load(util, temp, slice(0, 600))
+    assert [f.start for f in found] == [100, 700]  # the incident itself, and the hot hour after it
+
+
 def test_no_model_without_history_under_load() -> None:
     idle = [0.0] * 300
     assert hot_for_load(idle, [35.0] * 300, slice(0, 300)) == []
