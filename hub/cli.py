@@ -388,6 +388,7 @@ def _mail_notices(notices: dict[str, str], week: str, relay: settings_mod.Notice
     host, port = relay.smtp_smarthost.rsplit(":", 1)
     try:
         with smtplib.SMTP(host, int(port), timeout=30) as smtp:
+            mail.secure(smtp, relay)
             sent = mail.send_notices(notices, week, relay, smtp)
     except (OSError, RuntimeError) as exc:
         print(f"gpuslice: mailing the notices failed: {exc}", file=sys.stderr)

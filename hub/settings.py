@@ -32,7 +32,7 @@ class NoticeMail(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     smtp_smarthost: str = Field(
-        pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the mail relay (no login; plain SMTP)."
+        pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the mail relay (submission: usually 587)."
     )
     smtp_from: str = Field(pattern=r"^[^@\s]+@[^@\s]+$", description="Sender address of the notices.")
     address: str = Field(
@@ -40,6 +40,24 @@ class NoticeMail(BaseModel):
         pattern=r"^[^@\s]*\{user\}[^@\s]*@[^@\s]+$",
         description="Each user's address, {user} replaced by the user name (e.g. {user}@students.example.org).",
     )
+    starttls: bool = Field(
+        default=False,
+        description="STARTTLS before sending; the relay's certificate is checked (ca_file or the system's).",
+    )
+    ca_file: Path | None = Field(default=None, description="CA certificates of the relay (default: the system's).")
+    username: str | None = Field(default=None, description="Log in to the relay (SMTP AUTH) as this user.")
+    password_file: Path | None = Field(
+        default=None,
+        description="A file (mode 0600) holding the relay password: never in the settings or the environment.",
+    )
+
+    @model_validator(mode="after")
+    def _login_over_tls(self) -> NoticeMail:
+        if bool(self.username) != bool(self.password_file):
+            raise ValueError("username and password_file go together (the password is read from the file)")
+        if self.username and not self.starttls:
+            raise ValueError("a login needs starttls: true, or the password would cross the network in clear")
+        return self
 
 
 class Settings(BaseModel):
