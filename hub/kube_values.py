@@ -42,6 +42,7 @@ def secret_files(oncall: Any) -> Any:
         return entry
 
     out = files({k: v for k, v in oncall.items() if k != "existingSecret"}, "deadman_url_key")
+    out = files(out, "smtp_auth_password_key")
     if isinstance(out.get("rotation"), list):
         out["rotation"] = [files(c, "webhook_url_key") for c in out["rotation"]]
     for tier in ("second_line", "owner"):
@@ -66,6 +67,7 @@ def secrets_read_from(oncall: OnCall, folder: Path) -> OnCall:
             "second_line": contact(oncall.second_line),
             "owner": contact(oncall.owner),
             "deadman_url_file": moved(oncall.deadman_url_file),
+            "smtp_auth_password_file": moved(oncall.smtp_auth_password_file),
         }
     )
 

@@ -294,6 +294,10 @@ class OnCall(BaseModel):
     deadman_url_file: Path | None = Field(default=None, description="A file holding deadman_url (a mounted Secret).")
     smtp_smarthost: str | None = Field(default=None, description="host:port of the mail relay for email contacts.")
     smtp_from: str | None = Field(default=None, description="Sender address of alert mails.")
+    smtp_auth_username: str | None = Field(default=None, description="Alertmanager logs in to the relay as this.")
+    smtp_auth_password_file: Path | None = Field(
+        default=None, description="A file (a mounted Secret) holding that login's password; read with the URLs."
+    )
 
     _deadman = field_validator("deadman_url")(_http_url)
 
@@ -322,6 +326,8 @@ class OnCall(BaseModel):
     def _one_deadman_url(self) -> OnCall:
         if self.deadman_url and self.deadman_url_file:
             raise ValueError("give deadman_url or deadman_url_file, not both")
+        if bool(self.smtp_auth_username) != bool(self.smtp_auth_password_file):
+            raise ValueError("smtp_auth_username and smtp_auth_password_file go together")
         return self
 
     @property

@@ -139,6 +139,26 @@ def url_from_file(path: Path, who: str, key: str) -> str:
     return url
 
 
+def relay_password(oncall: OnCall) -> str | None:
+    """The alert mails' relay password, from smtp_auth_password_file (its first line); None without a login."""
+    if oncall.smtp_auth_password_file is None:
+        return None
+    path = oncall.smtp_auth_password_file
+    remedy = (
+        f"on Kubernetes add the key {path.name} to the Secret named by monitoring.oncall.existingSecret; "
+        f"in gpuslice.yaml write the password on the first line of {path}"
+    )
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise SecretFileError(
+            f"the alert mail relay: cannot read smtp_auth_password_file {path} ({exc.strerror}): {remedy}"
+        ) from None
+    if not lines or not lines[0]:
+        raise SecretFileError(f"the alert mail relay: smtp_auth_password_file {path} is empty: {remedy}")
+    return lines[0]
+
+
 def with_urls_read(oncall: OnCall) -> OnCall:
     """``oncall`` with every ``*_url_file`` replaced by the URL it holds (read now, never stored in settings)."""
 
@@ -200,6 +220,6 @@ def alertmanager_config(
     }
     if intervals:
         config["time_intervals"] = intervals
-    if oncall and (smtp := smtp_globals(oncall)):
+    if oncall and (smtp := smtp_globals(oncall, relay_password(oncall))):
         config["global"] = smtp
     return config

@@ -18,8 +18,9 @@ SECRET = {
     "alice": "https://hooks.slack.example/services/T000/B000/alice-token-1a2b3c",
     "platform": "https://events.pagerduty.example/integration/platform-token-4d5e6f/enqueue",
     "deadman": "https://deadman.example/ping/deadman-token-7a8b9c",
+    "relay": "relay-password-0d1e2f",
 }
-TOKENS = ("alice-token-1a2b3c", "platform-token-4d5e6f", "deadman-token-7a8b9c")
+TOKENS = ("alice-token-1a2b3c", "platform-token-4d5e6f", "deadman-token-7a8b9c", "relay-password-0d1e2f")
 
 
 def render_failure(tmp_path: Path, oncall: dict[str, Any]) -> str:
@@ -43,12 +44,13 @@ def render_failure(tmp_path: Path, oncall: dict[str, Any]) -> str:
             "give webhook_url_key: platform",
         ),
         ({"deadman_url": SECRET["deadman"]}, "put it in the Secret monitoring.oncall.existingSecret"),
+        ({"smtp_auth_password": SECRET["relay"]}, "give smtp_auth_password_key"),
         (
             {"rotation": [{"name": "alice", "webhook_url_key": "alice"}]},
             "set monitoring.oncall.existingSecret to the name of the Secret",
         ),
     ],
-    ids=["rotation", "second-line", "deadman", "key-without-secret"],
+    ids=["rotation", "second-line", "deadman", "relay-password", "key-without-secret"],
 )
 def test_a_webhook_url_as_a_value_is_refused_saying_where_it_goes(
     tmp_path: Path, oncall: dict[str, Any], told: str
@@ -59,7 +61,7 @@ def test_a_webhook_url_as_a_value_is_refused_saying_where_it_goes(
 
 
 def chart_oncall() -> dict[str, Any]:
-    return {**ONCALL, "deadman_url_key": "deadman"}
+    return {**ONCALL, "deadman_url_key": "deadman", "smtp_auth_username": "alerts", "smtp_auth_password_key": "relay"}
 
 
 def volumes_and_mounts(doc: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -118,7 +120,13 @@ def test_no_rendered_object_holds_a_url_and_the_config_has_them_from_the_files(
     assert receivers["second-line"]["webhook_configs"][0]["url"] == SECRET["platform"]
     assert receivers["deadman"]["webhook_configs"][0]["url"] == SECRET["deadman"]
     assert receivers["owner"]["email_configs"][0]["to"] == "dave@example.org"
-    assert config["global"]["smtp_smarthost"] == "mail.example.org:25"
+    assert config["global"] == {
+        "smtp_smarthost": "mail.example.org:25",
+        "smtp_from": "alerts@example.org",
+        "smtp_auth_username": "alerts",
+        "smtp_auth_password": SECRET["relay"],
+        "smtp_require_tls": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -131,8 +139,9 @@ def test_no_rendered_object_holds_a_url_and_the_config_has_them_from_the_files(
         ),
         ({**SECRET, "platform": "\n"}, "on-call contact platform-team: webhook_url_file {dir}/platform is empty"),
         ({**SECRET, "deadman": "ping me"}, "the dead man's switch: deadman_url_file {dir}/deadman does not hold one"),
+        ({k: v for k, v in SECRET.items() if k != "relay"}, "cannot read smtp_auth_password_file {dir}/relay"),
     ],
-    ids=["missing", "empty", "not-a-url"],
+    ids=["missing", "empty", "not-a-url", "no-relay-password"],
 )
 def test_a_missing_or_empty_key_says_what_to_do(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], keys: dict[str, str], told: str

@@ -57,6 +57,7 @@ def test_days_off_are_the_days_outside_the_business_range() -> None:
             "second_line.webhook_url: Value error, must be an http",
         ),
         ({"rotaton": []}, "rotaton: Extra inputs are not permitted"),
+        ({"smtp_auth_username": "alerts"}, "smtp_auth_username and smtp_auth_password_file go together"),
     ],
 )
 def test_bad_oncall_settings_say_what_to_fix(oncall: dict[str, object], message: str) -> None:
@@ -149,12 +150,15 @@ def test_critical_pages_the_first_line_at_once_then_escalates_warnings_wait_for_
 @pytest.mark.skipif(not shutil.which("amtool"), reason="amtool is missing: apt-get install prometheus-alertmanager")
 @pytest.mark.parametrize("webhook", [None, "http://127.0.0.1:9/all"])
 def test_the_oncall_config_passes_amtool(tmp_path: Path, webhook: str | None) -> None:
+    (tmp_path / "relay").write_text("relay-pass\n")
     oncall = OnCall(
         rotation=(ALICE, BOB),
         second_line=CAROL,
         owner=DAVE,
         smtp_smarthost="mail:25",
         smtp_from="alerts@example.org",
+        smtp_auth_username="alerts",
+        smtp_auth_password_file=tmp_path / "relay",
         timezone="Europe/Berlin",
     )
     path = tmp_path / "alertmanager.yml"

@@ -106,6 +106,10 @@ never from a value. Renders nothing; fails with what to do.
 {{- fail "monitoring.oncall.deadman_url: the dead man's switch URL would land in the hub ConfigMap; put it in the Secret monitoring.oncall.existingSecret and give deadman_url_key (docs/operations.md)" -}}
 {{- end -}}
 {{- with $oncall.deadman_url_key -}}{{- $keys = append $keys . -}}{{- end -}}
+{{- if hasKey $oncall "smtp_auth_password" -}}
+{{- fail "monitoring.oncall.smtp_auth_password: the relay password would land in the hub ConfigMap; put it in the Secret monitoring.oncall.existingSecret and give smtp_auth_password_key (docs/operations.md)" -}}
+{{- end -}}
+{{- with $oncall.smtp_auth_password_key -}}{{- $keys = append $keys . -}}{{- end -}}
 {{- if and $keys (not $oncall.existingSecret) -}}
 {{- fail (printf "monitoring.oncall: the keys %s name webhook URLs in a Secret: set monitoring.oncall.existingSecret to the name of the Secret that holds them" (join ", " $keys)) -}}
 {{- end -}}
