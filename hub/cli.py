@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     oncall.add_argument("--kube-values", type=Path, required=True, help="the chart's rendered values (hub ConfigMap)")
     oncall.add_argument("--webhook-url", help="where alerts go that no on-call route takes (default: nowhere)")
+    oncall.add_argument(
+        "--secret-dir",
+        type=Path,
+        help="the on-call Secret's keys as files (default: where the chart mounts them, /etc/gpuslice-oncall)",
+    )
 
     ext = commands.add_parser("scheduler-extender", help="kube-scheduler extender (filter, prioritize, bind)")
     ext.add_argument("--port", type=int, default=8888, help="port (default 8888)")
@@ -298,7 +303,7 @@ def _oncall_config(args: argparse.Namespace) -> int:
     """On Kubernetes the cluster runs Alertmanager: this is the config to give it (a Secret, amtool)."""
     import yaml
 
-    from hub.kube_values import KubeValuesError, load_kube_values
+    from hub.kube_values import KubeValuesError, load_kube_values, secrets_read_from
     from hub.monitoring import alertmanager_config
 
     try:
@@ -306,7 +311,13 @@ def _oncall_config(args: argparse.Namespace) -> int:
     except KubeValuesError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
-    print(yaml.safe_dump(alertmanager_config(args.webhook_url, values.oncall), sort_keys=False), end="")
+    oncall = secrets_read_from(values.oncall, args.secret_dir) if args.secret_dir else values.oncall
+    try:
+        config = alertmanager_config(args.webhook_url, oncall)
+    except settings_mod.SettingsError as exc:  # a webhook URL's file (the on-call Secret's key) missing or empty
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(config, sort_keys=False), end="")
     return 0
 
 
@@ -377,6 +388,7 @@ def _mail_notices(notices: dict[str, str], week: str, relay: settings_mod.Notice
     host, port = relay.smtp_smarthost.rsplit(":", 1)
     try:
         with smtplib.SMTP(host, int(port), timeout=30) as smtp:
+            mail.secure(smtp, relay)
             sent = mail.send_notices(notices, week, relay, smtp)
     except (OSError, RuntimeError) as exc:
         print(f"gpuslice: mailing the notices failed: {exc}", file=sys.stderr)

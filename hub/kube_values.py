@@ -17,11 +17,59 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from hub.settings import OnCall, read_oncall, validation_problems
+from hub.settings import Contact, OnCall, read_oncall, validation_problems
 from spawner import environ
 from spawner.quotas import GroupRulesError, group_rules
 
 DATA_DIR = "/srv/gpuslice/data"  # the hub's PersistentVolumeClaim, mounted by the chart
+
+
+# monitoring.oncall.existingSecret is mounted here (0440) in the pod that runs `gpuslice oncall-config`.
+ONCALL_SECRET_DIR = Path("/etc/gpuslice-oncall")
+
+
+def secret_files(oncall: Any) -> Any:
+    """The chart's monitoring.oncall as gpuslice.yaml has it: each ``*_url_key`` (a key of the on-call
+    Secret) becomes a ``*_url_file`` under ONCALL_SECRET_DIR; the Secret's name is the chart's business."""
+    if not isinstance(oncall, dict):
+        return oncall  # read_oncall says what it must be
+
+    def files(entry: Any, key: str) -> Any:
+        if not isinstance(entry, dict) or key not in entry:
+            return entry
+        entry = dict(entry)
+        entry[key.removesuffix("_key") + "_file"] = str(ONCALL_SECRET_DIR / str(entry.pop(key)))
+        return entry
+
+    out = files({k: v for k, v in oncall.items() if k != "existingSecret"}, "deadman_url_key")
+    out = files(out, "smtp_auth_password_key")
+    if isinstance(out.get("rotation"), list):
+        out["rotation"] = [files(c, "webhook_url_key") for c in out["rotation"]]
+    for tier in ("second_line", "owner"):
+        if tier in out:
+            out[tier] = files(out[tier], "webhook_url_key")
+    return out
+
+
+def secrets_read_from(oncall: OnCall, folder: Path) -> OnCall:
+    """``oncall`` with its Secret's files taken from ``folder`` instead of the pod's mount
+    (`gpuslice oncall-config --secret-dir`: the Secret's keys saved as files elsewhere)."""
+
+    def moved(path: Path | None) -> Path | None:
+        return folder / path.relative_to(ONCALL_SECRET_DIR) if path and path.is_relative_to(ONCALL_SECRET_DIR) else path
+
+    def contact(person: Contact | None) -> Contact | None:
+        return person and person.model_copy(update={"webhook_url_file": moved(person.webhook_url_file)})
+
+    return oncall.model_copy(
+        update={
+            "rotation": tuple(contact(c) for c in oncall.rotation),
+            "second_line": contact(oncall.second_line),
+            "owner": contact(oncall.owner),
+            "deadman_url_file": moved(oncall.deadman_url_file),
+            "smtp_auth_password_file": moved(oncall.smtp_auth_password_file),
+        }
+    )
 
 
 class KubeValuesError(ValueError):
@@ -62,7 +110,7 @@ class KubeValues(BaseModel):
     @classmethod
     def _oncall_checked(cls, raw: Any) -> OnCall:
         """The checks of gpuslice.yaml's monitoring.oncall (contacts reachable, email needs smtp_*)."""
-        return raw if isinstance(raw, OnCall) else read_oncall(raw or {}, "the chart's values")
+        return raw if isinstance(raw, OnCall) else read_oncall(secret_files(raw or {}), "the chart's values")
 
     def db_url(self) -> str:
         """JupyterHub's database: the Secret's URL (hub.db.existingSecret), else SQLite on the volume."""

@@ -7,8 +7,10 @@ server (aiosmtpd) and the CLI one connected to the site's relay.
 from __future__ import annotations
 
 import smtplib
+import ssl
 from collections.abc import Mapping
 from email.message import EmailMessage
+from pathlib import Path
 
 from hub.settings import NoticeMail
 
@@ -20,6 +22,35 @@ def notice_message(user: str, text: str, week: str, mail: NoticeMail) -> EmailMe
     message["Subject"] = f"Your idle GPU slices in {week}"
     message.set_content(text)
     return message
+
+
+def relay_password(path: Path) -> str:
+    """The relay password: the file's first line, read when mailing (never kept in settings or the environment)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot read notice_mail.password_file {path} ({exc.strerror}): write the relay password into it "
+            "(chmod 600) or remove username and password_file"
+        ) from None
+    if not lines or not lines[0]:
+        raise RuntimeError(f"notice_mail.password_file {path} is empty: write the relay password on its first line")
+    return lines[0]
+
+
+def secure(smtp: smtplib.SMTP, mail: NoticeMail) -> None:
+    """STARTTLS with the relay's certificate checked, then SMTP AUTH, as notice_mail says (nothing when unset)."""
+    if mail.starttls:
+        smtp.starttls(context=ssl.create_default_context(cafile=str(mail.ca_file) if mail.ca_file else None))
+    if mail.username and mail.password_file:
+        password = relay_password(mail.password_file)
+        try:
+            smtp.login(mail.username, password)
+        except smtplib.SMTPAuthenticationError as exc:
+            raise RuntimeError(
+                f"the mail relay {mail.smtp_smarthost} refused the login of {mail.username} ({exc.smtp_code}): "
+                f"check notice_mail.username and the password in {mail.password_file}"
+            ) from None
 
 
 def send_notices(notices: Mapping[str, str], week: str, mail: NoticeMail, smtp: smtplib.SMTP) -> list[str]:

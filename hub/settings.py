@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spawner.gpus import parse_gpu_spec
 from spawner.quotas import GroupRulesError, group_rules, unknown_keys_message
@@ -32,7 +32,7 @@ class NoticeMail(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     smtp_smarthost: str = Field(
-        pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the mail relay (no login; plain SMTP)."
+        pattern=r"^[A-Za-z0-9_.-]+:[0-9]+$", description="host:port of the mail relay (submission: usually 587)."
     )
     smtp_from: str = Field(pattern=r"^[^@\s]+@[^@\s]+$", description="Sender address of the notices.")
     address: str = Field(
@@ -40,6 +40,24 @@ class NoticeMail(BaseModel):
         pattern=r"^[^@\s]*\{user\}[^@\s]*@[^@\s]+$",
         description="Each user's address, {user} replaced by the user name (e.g. {user}@students.example.org).",
     )
+    starttls: bool = Field(
+        default=False,
+        description="STARTTLS before sending; the relay's certificate is checked (ca_file or the system's).",
+    )
+    ca_file: Path | None = Field(default=None, description="CA certificates of the relay (default: the system's).")
+    username: str | None = Field(default=None, description="Log in to the relay (SMTP AUTH) as this user.")
+    password_file: Path | None = Field(
+        default=None,
+        description="A file (mode 0600) holding the relay password: never in the settings or the environment.",
+    )
+
+    @model_validator(mode="after")
+    def _login_over_tls(self) -> NoticeMail:
+        if bool(self.username) != bool(self.password_file):
+            raise ValueError("username and password_file go together (the password is read from the file)")
+        if self.username and not self.starttls:
+            raise ValueError("a login needs starttls: true, or the password would cross the network in clear")
+        return self
 
 
 class Settings(BaseModel):
@@ -234,9 +252,24 @@ class Contact(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Who: a person or a team (letters, digits, _ . -).")
     webhook_url: str | None = Field(default=None, description="Alertmanager posts the alerts here (chat, pager).")
+    webhook_url_file: Path | None = Field(
+        default=None,
+        description="A file holding the webhook URL (a mounted Secret): URLs often carry a token. "
+        "Read when the Alertmanager config is written.",
+    )
     email: str | None = Field(default=None, description="Alertmanager mails the alerts here (needs oncall.smtp_*).")
 
     _url = field_validator("webhook_url")(_http_url)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> Contact:
+        if self.webhook_url and self.webhook_url_file:
+            raise ValueError("give webhook_url or webhook_url_file, not both")
+        return self
+
+    @property
+    def reachable(self) -> bool:
+        return bool(self.webhook_url or self.webhook_url_file or self.email)
 
 
 class OnCall(BaseModel):
@@ -258,8 +291,13 @@ class OnCall(BaseModel):
     warning_repeat: str = Field(default="12h", description="A firing warning is sent again this often.")
     group_interval: str = Field(default="1m", description="How soon an incident's changes (new, resolved) are sent.")
     deadman_url: str | None = Field(default=None, description="Receives the Watchdog heartbeat every minute.")
+    deadman_url_file: Path | None = Field(default=None, description="A file holding deadman_url (a mounted Secret).")
     smtp_smarthost: str | None = Field(default=None, description="host:port of the mail relay for email contacts.")
     smtp_from: str | None = Field(default=None, description="Sender address of alert mails.")
+    smtp_auth_username: str | None = Field(default=None, description="Alertmanager logs in to the relay as this.")
+    smtp_auth_password_file: Path | None = Field(
+        default=None, description="A file (a mounted Secret) holding that login's password; read with the URLs."
+    )
 
     _deadman = field_validator("deadman_url")(_http_url)
 
@@ -284,9 +322,17 @@ class OnCall(BaseModel):
             raise ValueError(f"must be HH:MM-HH:MM like 08:00-18:00, not {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _one_deadman_url(self) -> OnCall:
+        if self.deadman_url and self.deadman_url_file:
+            raise ValueError("give deadman_url or deadman_url_file, not both")
+        if bool(self.smtp_auth_username) != bool(self.smtp_auth_password_file):
+            raise ValueError("smtp_auth_username and smtp_auth_password_file go together")
+        return self
+
     @property
     def enabled(self) -> bool:
-        return bool(self.rotation or self.second_line or self.owner or self.deadman_url)
+        return bool(self.rotation or self.second_line or self.owner or self.deadman_url or self.deadman_url_file)
 
     def contacts(self) -> tuple[Contact, ...]:
         return (*self.rotation, *(c for c in (self.second_line, self.owner) if c))
@@ -310,9 +356,10 @@ def read_oncall(raw: Any, source: str) -> OnCall:
         raise SettingsError(
             f"{source}: monitoring.oncall: {', '.join(mailed)} should get email: set smtp_smarthost and smtp_from"
         )
-    unreachable = [c.name for c in oncall.contacts() if not (c.webhook_url or c.email)]
+    unreachable = [c.name for c in oncall.contacts() if not c.reachable]
     if unreachable:
-        raise SettingsError(f"{source}: monitoring.oncall: give {', '.join(unreachable)} a webhook_url or an email")
+        who = ", ".join(unreachable)
+        raise SettingsError(f"{source}: monitoring.oncall: give {who} a webhook_url (or webhook_url_file) or an email")
     return oncall
 
 

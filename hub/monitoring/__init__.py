@@ -23,7 +23,7 @@ from hub.monitoring.oncall import (
     smtp_globals,
     time_intervals,
 )
-from hub.settings import MONITORING_USER, Contact, OnCall
+from hub.settings import MONITORING_USER, Contact, OnCall, SettingsError
 
 RULES_DIR = Path(__file__).parent
 RULE_FILES = (RULES_DIR / "recording.yml", RULES_DIR / "alerts.yml")
@@ -116,16 +116,84 @@ INHIBIT_RULES = [
 ]
 
 
+class SecretFileError(SettingsError):
+    """A webhook URL's file (a mounted Secret's key) is missing, unreadable, empty or not a URL."""
+
+
+def url_from_file(path: Path, who: str, key: str) -> str:
+    """The URL in ``path`` (a Secret's key mounted as a file), stripped; SecretFileError says what to do."""
+    remedy = (
+        f"on Kubernetes add the key {path.name} to the Secret named by monitoring.oncall.existingSecret "
+        f"(kubectl create secret generic NAME --from-literal={path.name}=https://...); "
+        f"in gpuslice.yaml write the URL into {path} or point {key} at the file that holds it"
+    )
+    try:
+        url = path.read_text().strip()
+    except OSError as exc:
+        raise SecretFileError(f"{who}: cannot read {key} {path} ({exc.strerror}): {remedy}") from None
+    if not url:
+        raise SecretFileError(f"{who}: {key} {path} is empty: {remedy}")
+    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        # The URL itself is not quoted: it usually carries a token.
+        raise SecretFileError(f"{who}: {key} {path} does not hold one http(s) URL: {remedy}")
+    return url
+
+
+def relay_password(oncall: OnCall) -> str | None:
+    """The alert mails' relay password, from smtp_auth_password_file (its first line); None without a login."""
+    if oncall.smtp_auth_password_file is None:
+        return None
+    path = oncall.smtp_auth_password_file
+    remedy = (
+        f"on Kubernetes add the key {path.name} to the Secret named by monitoring.oncall.existingSecret; "
+        f"in gpuslice.yaml write the password on the first line of {path}"
+    )
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise SecretFileError(
+            f"the alert mail relay: cannot read smtp_auth_password_file {path} ({exc.strerror}): {remedy}"
+        ) from None
+    if not lines or not lines[0]:
+        raise SecretFileError(f"the alert mail relay: smtp_auth_password_file {path} is empty: {remedy}")
+    return lines[0]
+
+
+def with_urls_read(oncall: OnCall) -> OnCall:
+    """``oncall`` with every ``*_url_file`` replaced by the URL it holds (read now, never stored in settings)."""
+
+    def contact(person: Contact | None) -> Contact | None:
+        if person is None or person.webhook_url_file is None:
+            return person
+        url = url_from_file(person.webhook_url_file, f"on-call contact {person.name}", "webhook_url_file")
+        return person.model_copy(update={"webhook_url": url, "webhook_url_file": None})
+
+    deadman = oncall.deadman_url
+    if oncall.deadman_url_file is not None:
+        deadman = url_from_file(oncall.deadman_url_file, "the dead man's switch", "deadman_url_file")
+    return oncall.model_copy(
+        update={
+            "rotation": tuple(contact(c) for c in oncall.rotation),
+            "second_line": contact(oncall.second_line),
+            "owner": contact(oncall.owner),
+            "deadman_url": deadman,
+            "deadman_url_file": None,
+        }
+    )
+
+
 def alertmanager_config(
     webhook_url: str | None, oncall: OnCall | None = None, today: date | None = None
 ) -> dict[str, Any]:
     """Alerts grouped by node (one incident per machine), the Watchdog kept apart, inhibitions by cause.
 
     Without an on-call rotation: critical and warning to the webhook (resolved too), info
-    kept in Alertmanager. With one: hub/monitoring/oncall.py's routes and escalation.
+    kept in Alertmanager. With one: hub/monitoring/oncall.py's routes and escalation, the
+    webhook URLs read from their files (SecretFileError when one is missing or empty).
     """
     default = Contact(name="default", webhook_url=webhook_url) if webhook_url else None
     if oncall and oncall.enabled:
+        oncall = with_urls_read(oncall)
         routes = oncall_routes(oncall)
         receivers = [receiver("default", default), *oncall_receivers(oncall)]
         intervals = time_intervals(oncall, today or datetime.now(UTC).date())
@@ -152,6 +220,6 @@ def alertmanager_config(
     }
     if intervals:
         config["time_intervals"] = intervals
-    if oncall and (smtp := smtp_globals(oncall)):
+    if oncall and (smtp := smtp_globals(oncall, relay_password(oncall))):
         config["global"] = smtp
     return config

@@ -152,7 +152,12 @@ def oncall_receivers(oncall: OnCall) -> list[dict[str, Any]]:
     return receivers
 
 
-def smtp_globals(oncall: OnCall) -> dict[str, Any]:
+def smtp_globals(oncall: OnCall, password: str | None = None) -> dict[str, Any]:
+    """The relay of alert mails; ``password`` (read from smtp_auth_password_file by the caller) logs in over TLS."""
     if not (oncall.smtp_smarthost and oncall.smtp_from):
         return {}
-    return {"smtp_smarthost": oncall.smtp_smarthost, "smtp_from": oncall.smtp_from}
+    out: dict[str, Any] = {"smtp_smarthost": oncall.smtp_smarthost, "smtp_from": oncall.smtp_from}
+    if oncall.smtp_auth_username and password is not None:
+        out |= {"smtp_auth_username": oncall.smtp_auth_username, "smtp_auth_password": password}
+        out["smtp_require_tls"] = True  # Alertmanager's default, said aloud: never a login in clear
+    return out

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub.monitoring import alertmanager_config
+from hub.monitoring import SecretFileError, alertmanager_config
 from hub.monitoring.oncall import date_ranges, days_off, rotation_turns
 from hub.settings import Contact, OnCall, SettingsError, from_mapping
 
@@ -45,7 +45,11 @@ def test_days_off_are_the_days_outside_the_business_range() -> None:
     ("oncall", "message"),
     [
         ({"rotation": [{"name": "bob", "email": "bob@example.org"}]}, "bob should get email: set smtp_smarthost"),
-        ({"rotation": [{"name": "eve"}]}, "give eve a webhook_url or an email"),
+        ({"rotation": [{"name": "eve"}]}, "give eve a webhook_url (or webhook_url_file) or an email"),
+        (
+            {"rotation": [{"name": "eve", "webhook_url": "http://a", "webhook_url_file": "/run/eve"}]},
+            "give webhook_url or webhook_url_file, not both",
+        ),
         ({"escalate_after": "soon"}, "escalate_after: Value error, must be a duration like 15m"),
         ({"business_hours": "9-5"}, "business_hours: Value error, must be HH:MM-HH:MM"),
         (
@@ -53,6 +57,7 @@ def test_days_off_are_the_days_outside_the_business_range() -> None:
             "second_line.webhook_url: Value error, must be an http",
         ),
         ({"rotaton": []}, "rotaton: Extra inputs are not permitted"),
+        ({"smtp_auth_username": "alerts"}, "smtp_auth_username and smtp_auth_password_file go together"),
     ],
 )
 def test_bad_oncall_settings_say_what_to_fix(oncall: dict[str, object], message: str) -> None:
@@ -72,6 +77,25 @@ def test_oncall_settings_are_read_from_the_file() -> None:
     )
     assert settings.monitoring["oncall"].rotation == (ALICE,)
     assert not from_mapping({}, "x").monitoring["oncall"].enabled  # no rotation: one webhook per severity, as before
+
+
+def test_a_webhook_url_file_is_read_when_the_config_is_written(tmp_path: Path) -> None:
+    """gpuslice.yaml may name a file (a mounted Secret, a 0600 file) instead of the URL itself."""
+    hook = tmp_path / "alice"
+    oncall = {"rotation": [{"name": "alice", "webhook_url_file": str(hook)}], "deadman_url_file": str(tmp_path / "dm")}
+    settings = from_mapping({"monitoring": {"oncall": oncall}}, "gpuslice.yaml")
+    hook.write_text("https://chat.example/hooks/alice-token\n")
+    (tmp_path / "dm").write_text("https://deadman.example/ping")
+    config = alertmanager_config(None, settings.monitoring["oncall"], today=date(2026, 1, 14))
+    receivers = {r["name"]: r for r in config["receivers"]}
+    assert receivers["first-line-alice"]["webhook_configs"][0]["url"] == "https://chat.example/hooks/alice-token"
+    assert receivers["deadman"]["webhook_configs"][0]["url"] == "https://deadman.example/ping"
+    hook.write_text("https://chat.example/hooks/alice-new-token")  # rotated in the Secret: the next config has it
+    config = alertmanager_config(None, settings.monitoring["oncall"], today=date(2026, 1, 14))
+    assert "alice-new-token" in yaml.safe_dump(config)
+    hook.unlink()
+    with pytest.raises(SecretFileError, match=r"on-call contact alice: cannot read webhook_url_file .*: on Kubernetes"):
+        alertmanager_config(None, settings.monitoring["oncall"])
 
 
 def routes_by_receiver(config: dict[str, object]) -> dict[str, dict[str, object]]:
@@ -126,12 +150,15 @@ def test_critical_pages_the_first_line_at_once_then_escalates_warnings_wait_for_
 @pytest.mark.skipif(not shutil.which("amtool"), reason="amtool is missing: apt-get install prometheus-alertmanager")
 @pytest.mark.parametrize("webhook", [None, "http://127.0.0.1:9/all"])
 def test_the_oncall_config_passes_amtool(tmp_path: Path, webhook: str | None) -> None:
+    (tmp_path / "relay").write_text("relay-pass\n")
     oncall = OnCall(
         rotation=(ALICE, BOB),
         second_line=CAROL,
         owner=DAVE,
         smtp_smarthost="mail:25",
         smtp_from="alerts@example.org",
+        smtp_auth_username="alerts",
+        smtp_auth_password_file=tmp_path / "relay",
         timezone="Europe/Berlin",
     )
     path = tmp_path / "alertmanager.yml"

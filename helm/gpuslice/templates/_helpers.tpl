@@ -78,3 +78,53 @@ prometheus.io/path: {{ .path | quote }}
 {{- define "gpuslice.hubServiceAccount" -}}
 {{- if .Values.hub.enabled -}}{{ include "gpuslice.fullname" . }}-hub{{- else -}}{{ .Values.z2jh.hubServiceAccount | default (include "gpuslice.hubName" .) }}{{- end -}}
 {{- end -}}
+
+{{/*
+monitoring.oncall checked before it is rendered into the hub ConfigMap: a webhook URL usually
+carries a token, so it comes from the Secret existingSecret (webhook_url_key, deadman_url_key),
+never from a value. Renders nothing; fails with what to do.
+*/}}
+{{- define "gpuslice.oncallChecked" -}}
+{{- $oncall := .Values.monitoring.oncall | default dict -}}
+{{- $contacts := list -}}
+{{- range $i, $c := ($oncall.rotation | default list) -}}
+{{- $contacts = append $contacts (dict "where" (printf "rotation[%d]" $i) "contact" $c) -}}
+{{- end -}}
+{{- range $tier := list "second_line" "owner" -}}
+{{- with (get $oncall $tier) -}}
+{{- $contacts = append $contacts (dict "where" $tier "contact" .) -}}
+{{- end -}}
+{{- end -}}
+{{- $keys := list -}}
+{{- range $contacts -}}
+{{- if hasKey .contact "webhook_url" -}}
+{{- fail (printf "monitoring.oncall.%s.webhook_url: a webhook URL would land in the hub ConfigMap; put it in a Secret (kubectl create secret generic gpuslice-oncall --from-literal=%s=https://...), set monitoring.oncall.existingSecret to its name and give webhook_url_key: %s (docs/operations.md)" .where (.contact.name | default "KEY") (.contact.name | default "KEY")) -}}
+{{- end -}}
+{{- with .contact.webhook_url_key -}}{{- $keys = append $keys . -}}{{- end -}}
+{{- end -}}
+{{- if hasKey $oncall "deadman_url" -}}
+{{- fail "monitoring.oncall.deadman_url: the dead man's switch URL would land in the hub ConfigMap; put it in the Secret monitoring.oncall.existingSecret and give deadman_url_key (docs/operations.md)" -}}
+{{- end -}}
+{{- with $oncall.deadman_url_key -}}{{- $keys = append $keys . -}}{{- end -}}
+{{- if hasKey $oncall "smtp_auth_password" -}}
+{{- fail "monitoring.oncall.smtp_auth_password: the relay password would land in the hub ConfigMap; put it in the Secret monitoring.oncall.existingSecret and give smtp_auth_password_key (docs/operations.md)" -}}
+{{- end -}}
+{{- with $oncall.smtp_auth_password_key -}}{{- $keys = append $keys . -}}{{- end -}}
+{{- if and $keys (not $oncall.existingSecret) -}}
+{{- fail (printf "monitoring.oncall: the keys %s name webhook URLs in a Secret: set monitoring.oncall.existingSecret to the name of the Secret that holds them" (join ", " $keys)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod that runs `gpuslice oncall-config`: the hub, or the portal in companion mode. */}}
+{{- define "gpuslice.oncallPod" -}}
+{{- if .Values.monitoring.oncall.existingSecret -}}{{ if .Values.hub.enabled }}hub{{ else }}portal{{ end }}{{- end -}}
+{{- end -}}
+
+{{- define "gpuslice.oncallMount" -}}
+- {name: oncall, mountPath: /etc/gpuslice-oncall, readOnly: true}  # hub/kube_values.py ONCALL_SECRET_DIR
+{{- end -}}
+
+{{- define "gpuslice.oncallVolume" -}}
+- name: oncall  # the webhook URLs: files readable by the pod's group only, never environment variables
+  secret: {secretName: {{ .Values.monitoring.oncall.existingSecret | quote }}, defaultMode: 288}  # 0440
+{{- end -}}
