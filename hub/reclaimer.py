@@ -4,7 +4,10 @@ While anyone waits in the GPU line, a server holding a slice whose activity has 
 for ``--gpu-idle-timeout`` seconds is stopped, longest idle first and no more than the
 line needs (spawner/waitline.py ``reclaim`` decides). Its owner is warned first: a
 ``warned`` event on the server (shown on the portal's Jobs page and in the hub's log),
-and the server is stopped only if it is still idle ``--warn-before`` seconds later.
+and the server is stopped only if it is still idle ``--warn-before`` seconds later and one
+activity report after that: each notebook server reports its activity to the hub every
+``activity_report_interval(warn_before)`` seconds (its ``JUPYTERHUB_ACTIVITY_INTERVAL``, set by
+the spawner), so a use made before the announced stop is in the hub's ``last_activity`` first.
 With nobody waiting nothing is reclaimed (the idle culler's normal timeout applies);
 servers without a GPU are never reclaimed.
 
@@ -33,7 +36,16 @@ import requests
 from hub.exporter import OwnerOf, Source, owner_from_proc
 from spawner.gpus import GpuSample
 from spawner.ledger import Ledger, server_key
-from spawner.waitline import GpuTrace, Holder, busy_alone, follow_gpu_memory, reclaim, with_gpu_activity
+from spawner.waitline import (
+    GpuTrace,
+    Holder,
+    activity_report_interval,
+    busy_alone,
+    follow_gpu_memory,
+    reclaim,
+    stop_due,
+    with_gpu_activity,
+)
 
 log = logging.getLogger("gpuslice.reclaimer")
 
@@ -127,7 +139,8 @@ class Reclaimer:
                 message = f"idle while others wait for a GPU: stopped in {self.warn_before:.0f} s unless used"
                 self.ledger.record(key, "warned", 100, message)
                 log.info("gpuslice reclaimer: warned %s", key)
-        due = [key for key in stop if now - self.warned[key] >= self.warn_before]
+        report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
+        due = [key for key in stop if stop_due(self.warned[key], now, self.warn_before, report_every)]
         for key in due:
             self._stop(key)
             self.warned.pop(key, None)

@@ -182,6 +182,31 @@ def warning_lead(gpu_idle_timeout: float) -> float:
     return min(180.0, gpu_idle_timeout / 3)
 
 
+# JupyterHub's single-user server reports its activity every JUPYTERHUB_ACTIVITY_INTERVAL
+# seconds with up to 10 % jitter (jupyterhub/singleuser/extension.py keep_activity_updated).
+ACTIVITY_REPORT_JITTER = 1.1
+
+
+def activity_report_interval(warn_before: float) -> int:
+    """Seconds between a notebook server's activity reports to the hub (JUPYTERHUB_ACTIVITY_INTERVAL).
+
+    A sixth of the warning lead, whole seconds (JupyterHub reads an integer), at least 1 and
+    at most JupyterHub's own default of 300: a use made during the warning reaches the hub
+    well before the stop, without a class's servers writing to the hub's database every second.
+    """
+    return max(1, min(300, int(warn_before / 6)))
+
+
+def stop_due(warned_at: float, now: float, warn_before: float, report_every: float) -> bool:
+    """Whether a warned server, idle as far as the hub knows, may be stopped now.
+
+    The warning promises "stopped at ``warned_at + warn_before`` unless used". A use made just
+    before that moment reaches the hub up to one activity report later, so the stop waits
+    that long too: whatever the owner did before the announced time is seen first.
+    """
+    return now >= warned_at + warn_before + ACTIVITY_REPORT_JITTER * report_every
+
+
 @dataclass(frozen=True)
 class Holder:
     """A running server as reclaiming sees it."""
