@@ -259,8 +259,8 @@ def busy_alone(cards: Iterable[tuple[float, Iterable[str]]], busy_pct: float = G
     """The servers whose card is busy while their processes are the only ones on it.
 
     ``cards``: each card's utilization (%) and the servers owning its processes. A busy card
-    shared by several servers' processes says nothing about which of them works (per-process
-    utilization is not read), so none of them is counted busy by it.
+    shared by several servers' processes says nothing about which of them works, so none of
+    them is counted busy by it (``busy_processes`` tells them apart where NVML samples processes).
     """
     busy: set[str] = set()
     for utilization, owners in cards:
@@ -268,6 +268,12 @@ def busy_alone(cards: Iterable[tuple[float, Iterable[str]]], busy_pct: float = G
         if utilization >= busy_pct and len(keys) == 1:
             busy |= keys
     return busy
+
+
+def busy_processes(sm_pct: Mapping[str, float], busy_pct: float = GPU_BUSY_PCT) -> set[str]:
+    """The servers whose own processes ran kernels since the last look (``sm_pct``: each server's
+    highest per-process SM utilization, from NVML's per-process samples), whoever shares the card."""
+    return {key for key, pct in sm_pct.items() if pct >= busy_pct}
 
 
 def with_gpu_activity(holders: Iterable[Holder], traces: Mapping[str, GpuTrace], busy: Set[str]) -> list[Holder]:

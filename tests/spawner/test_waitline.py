@@ -18,6 +18,7 @@ from spawner.waitline import (
     activity_report_interval,
     admit,
     busy_alone,
+    busy_processes,
     estimated_start,
     fair_order,
     follow_gpu_memory,
@@ -318,3 +319,7 @@ def test_a_warned_server_is_stopped_only_after_a_use_before_the_announced_time_w
     assert not stop_due(1000.0, 1180.0, 180.0, 30)  # a use at 1179 may reach the hub only at 1212
     assert not stop_due(1000.0, 1212.9, 180.0, 30)
     assert stop_due(1000.0, 1213.0, 180.0, 30)
+
+
+def test_a_server_is_gpu_busy_when_any_of_its_processes_ran_kernels_since_the_last_look() -> None:
+    assert busy_processes({"ann/": 41.0, "bo/lab": 4.9, "cy/": 0.0, "di/": 5.0}) == {"ann/", "di/"}
