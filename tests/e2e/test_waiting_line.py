@@ -213,11 +213,19 @@ def test_a_use_of_the_server_shortly_before_the_announced_stop_keeps_the_slice(m
     assert sorted(key for key, _, _ in platform.ledger()) == ["s1/"]
 
 
+# A background tab as the page sees it: JupyterLab's polls (lumino's Poll, standby "when-hidden")
+# stand by; the reclaim notice's own look (a plain timer) goes on.
+HIDDEN_TAB = """
+Object.defineProperty(Document.prototype, "hidden", { get: () => true });
+Object.defineProperty(Document.prototype, "visibilityState", { get: () => "hidden" });
+"""
+
+
 def test_the_owner_of_a_slice_about_to_be_reclaimed_is_warned_inside_jupyterlab_and_on_the_hub_page(
     make_platform: object,
 ) -> None:
-    """s1's JupyterLab is open while s3 waits: the reclaimer's warning appears there as a notification
-    (and on s1's hub home page) before the stop, then s3 gets the slice."""
+    """s1's JupyterLab is open in a background tab while s3 waits: the reclaimer's warning appears
+    there as a notification (and on s1's hub home page) before the stop, then s3 gets the slice."""
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.browser import ARGS, CHROMIUM, login
@@ -236,6 +244,10 @@ def test_the_owner_of_a_slice_about_to_be_reclaimed_is_warned_inside_jupyterlab_
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         lab = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+        # The tab is in the background, as for a student who went elsewhere: a visible JupyterLab
+        # polls its server's API every few seconds (kernels, sessions, files), which jupyter_server
+        # counts as use and the server now reports within the warning, so it would never be idle.
+        lab.add_init_script(HIDDEN_TAB)
         login(lab, platform, "s1")
         lab.goto(f"{platform.url}/user/s1/lab")
         lab.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
