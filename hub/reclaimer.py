@@ -4,16 +4,21 @@ While anyone waits in the GPU line, a server holding a slice whose activity has 
 for ``--gpu-idle-timeout`` seconds is stopped, longest idle first and no more than the
 line needs (spawner/waitline.py ``reclaim`` decides). Its owner is warned first: a
 ``warned`` event on the server (shown on the portal's Jobs page and in the hub's log),
-and the server is stopped only if it is still idle ``--warn-before`` seconds later.
+and the server is stopped only if it is still idle ``--warn-before`` seconds later and one
+activity report after that: each notebook server reports its activity to the hub every
+``activity_report_interval(warn_before)`` seconds (its ``JUPYTERHUB_ACTIVITY_INTERVAL``, set by
+the spawner), so a use made before the announced stop is in the hub's ``last_activity`` first.
 With nobody waiting nothing is reclaimed (the idle culler's normal timeout applies);
 servers without a GPU are never reclaimed.
 
 Activity is JupyterHub's ``last_activity`` for the server (kernels, terminals, the
 browser through the proxy), joined with the GPU's own readings where NVML finds real GPUs:
 the per-process GPU memory the exporter reads too (``nvml_samples``, each process's server
-from its environment: ``owner_from_proc``), summed per server. A server whose GPU memory
-moved since the last look, or whose processes alone keep a card busy, is not idle
-(spawner/waitline.py ``with_gpu_activity``). Simulated GPUs give no such evidence.
+from its environment: ``owner_from_proc``), summed per server, and each process's SM
+utilization since the last look (NVML's per-process samples, ``process_utilization``). A
+server whose GPU memory moved since the last look, whose processes ran kernels since then,
+or whose processes alone keep a card busy, is not idle (spawner/waitline.py
+``busy_processes``, ``with_gpu_activity``). Simulated GPUs give no such evidence.
 """
 
 from __future__ import annotations
@@ -33,7 +38,17 @@ import requests
 from hub.exporter import OwnerOf, Source, owner_from_proc
 from spawner.gpus import GpuSample
 from spawner.ledger import Ledger, server_key
-from spawner.waitline import GpuTrace, Holder, busy_alone, follow_gpu_memory, reclaim, with_gpu_activity
+from spawner.waitline import (
+    GpuTrace,
+    Holder,
+    activity_report_interval,
+    busy_alone,
+    busy_processes,
+    follow_gpu_memory,
+    reclaim,
+    stop_due,
+    with_gpu_activity,
+)
 
 log = logging.getLogger("gpuslice.reclaimer")
 
@@ -70,6 +85,19 @@ def gpu_evidence(
     return memory, cards
 
 
+def process_utilization(samples: Iterable[GpuSample], owner_of: OwnerOf, gpu_keys: set[str]) -> dict[str, float]:
+    """Per GPU server, the highest SM utilization (%) of any of its processes since the last look
+    (NVML's per-process samples; 0 for none). Processes of no notebook server are left out."""
+    busiest = dict.fromkeys(gpu_keys, 0.0)
+    for sample in samples:
+        for pid, pct in sample.process_sm_pct:
+            owner = owner_of(pid)
+            key = server_key(owner.user, owner.server) if owner else None
+            if key in busiest:
+                busiest[key] = max(busiest[key], float(pct))
+    return busiest
+
+
 def _timestamp(text: str | None) -> float | None:
     if not text:
         return None  # never active: treated as busy rather than stopped on a guess
@@ -103,9 +131,11 @@ class Reclaimer:
         holders = holders_from_hub(users, gpu_keys)
         if self.gpu_source is None:
             return holders
-        memory, cards = gpu_evidence(self.gpu_source(), self.owner_of, gpu_keys)
+        samples = self.gpu_source()
+        memory, cards = gpu_evidence(samples, self.owner_of, gpu_keys)
         self.traces = follow_gpu_memory(self.traces, memory, now)
-        return with_gpu_activity(holders, self.traces, busy_alone(cards))
+        busy = busy_alone(cards) | busy_processes(process_utilization(samples, self.owner_of, gpu_keys))
+        return with_gpu_activity(holders, self.traces, busy)
 
     def step(self, now: float) -> list[str]:
         """Warn and stop as needed; returns the servers stopped."""
@@ -127,7 +157,8 @@ class Reclaimer:
                 message = f"idle while others wait for a GPU: stopped in {self.warn_before:.0f} s unless used"
                 self.ledger.record(key, "warned", 100, message)
                 log.info("gpuslice reclaimer: warned %s", key)
-        due = [key for key in stop if now - self.warned[key] >= self.warn_before]
+        report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
+        due = [key for key in stop if stop_due(self.warned[key], now, self.warn_before, report_every)]
         for key in due:
             self._stop(key)
             self.warned.pop(key, None)
@@ -155,7 +186,14 @@ def nvml_source() -> Source | None:
     import pynvml
 
     log.info("gpuslice reclaimer: joining NVML's per-process GPU memory and utilization to JupyterHub's activity")
-    return lambda: nvml_samples(pynvml)
+    last_look_us = time.time_ns() // 1000
+
+    def read() -> list[GpuSample]:
+        nonlocal last_look_us
+        since, last_look_us = last_look_us, time.time_ns() // 1000  # NVML's samples are stamped in CPU µs
+        return nvml_samples(pynvml, process_utilization_since_us=since)
+
+    return read
 
 
 def main(argv: list[str] | None = None) -> None:

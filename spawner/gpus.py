@@ -129,6 +129,9 @@ class GpuSample:
     ecc_dbe_total: int = 0  # volatile double-bit ECC errors
     ecc_sbe_total: int = 0  # volatile single-bit (corrected) ECC errors: their rate's trend is an anomaly model's
     processes: tuple[tuple[int, int], ...] = ()  # (pid, GPU memory bytes)
+    # (pid, highest SM utilization %) over NVML's samples since the reader's last look; read only
+    # when asked (the reclaimer), empty where NVML has no per-process samples (older cards, MIG).
+    process_sm_pct: tuple[tuple[int, int], ...] = ()
     simulated: bool = False
     # Every other DCGM field the card answered, by dcgm-exporter's name, in its unit.
     # A field the card or driver does not support is absent (dcgm-exporter skips it too).
@@ -275,10 +278,33 @@ class GpmSampler:
         }
 
 
-def nvml_samples(nvml: Any, xids: dict[int, int] | None = None, gpm: GpmSampler | None = None) -> list[GpuSample]:
+def process_sm_utilization(nvml: Any, handle: object, since_us: int) -> tuple[tuple[int, int], ...]:
+    """Each process's highest SM utilization (%) in NVML's samples newer than ``since_us`` (a CPU
+    timestamp in microseconds), from ``nvmlDeviceGetProcessUtilization``. NVML answers "not found"
+    when no process ran a kernel since then, and "not supported" on cards without per-process
+    accounting: both read as no samples, which says no process was busy (the card-wide
+    utilization still speaks for the rest)."""
+    try:
+        samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+    except nvml.NVMLError:
+        return ()
+    highest: dict[int, int] = {}
+    for sample in samples:
+        pid = int(sample.pid)
+        highest[pid] = max(highest.get(pid, 0), int(sample.smUtil))
+    return tuple(sorted(highest.items()))
+
+
+def nvml_samples(
+    nvml: Any,
+    xids: dict[int, int] | None = None,
+    gpm: GpmSampler | None = None,
+    process_utilization_since_us: int | None = None,
+) -> list[GpuSample]:
     """Read every card through NVML. ``xids`` carries the last Xid per card, which
     NVML reports only as events (``watch_xids`` fills it in the exporter); ``gpm``
-    keeps the previous GPM sample of each card between scrapes."""
+    keeps the previous GPM sample of each card between scrapes; with
+    ``process_utilization_since_us`` each process's SM utilization since then is read too."""
     nvml.nvmlInit()
     try:
         samples = []
@@ -293,6 +319,8 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None, gpm: GpmSampler 
                 (int(p.pid), int(p.usedGpuMemory or 0)) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             )
             fields = _device_fields(nvml, handle)
+            since = process_utilization_since_us
+            process_sm = () if since is None else process_sm_utilization(nvml, handle, since)
             if gpm is not None:
                 fields.update(gpm.read(nvml, index, handle))
             samples.append(
@@ -309,6 +337,7 @@ def nvml_samples(nvml: Any, xids: dict[int, int] | None = None, gpm: GpmSampler 
                     ecc_dbe_total=ecc,
                     ecc_sbe_total=ecc_corrected,
                     processes=processes,
+                    process_sm_pct=process_sm,
                     fields=fields,
                     driver_version=driver,
                     pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),

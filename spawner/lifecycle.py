@@ -30,7 +30,16 @@ from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
-from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions, warning_lead
+from spawner.waitline import (
+    Entry,
+    Reservation,
+    activity_report_interval,
+    admit,
+    estimated_start,
+    never_fits,
+    positions,
+    warning_lead,
+)
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
@@ -525,6 +534,9 @@ class LedgerGpuMixin(GpuShareMixin):
         env["PYTHONPATH"] = self.gpu_kernel_hook_dir
         # JupyterLab finds the reclaim notice's prebuilt extension there (and the user's own dirs after it).
         env["JUPYTER_PATH"] = self.gpu_lab_dir
+        # JupyterHub's single-user server reports its activity this often (300 s by default, longer
+        # than the reclaim warning): a use during the warning reaches the hub before the stop.
+        env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(activity_report_interval(self.gpu_warning_lead))
         if self._machine.simulated and self._gpu_holds:
             env[environ.SIMULATED.name] = "1"
         if self._gpu_models:

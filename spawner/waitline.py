@@ -182,6 +182,31 @@ def warning_lead(gpu_idle_timeout: float) -> float:
     return min(180.0, gpu_idle_timeout / 3)
 
 
+# JupyterHub's single-user server reports its activity every JUPYTERHUB_ACTIVITY_INTERVAL
+# seconds with up to 10 % jitter (jupyterhub/singleuser/extension.py keep_activity_updated).
+ACTIVITY_REPORT_JITTER = 1.1
+
+
+def activity_report_interval(warn_before: float) -> int:
+    """Seconds between a notebook server's activity reports to the hub (JUPYTERHUB_ACTIVITY_INTERVAL).
+
+    A sixth of the warning lead, whole seconds (JupyterHub reads an integer), at least 1 and
+    at most JupyterHub's own default of 300: a use made during the warning reaches the hub
+    well before the stop, without a class's servers writing to the hub's database every second.
+    """
+    return max(1, min(300, int(warn_before / 6)))
+
+
+def stop_due(warned_at: float, now: float, warn_before: float, report_every: float) -> bool:
+    """Whether a warned server, idle as far as the hub knows, may be stopped now.
+
+    The warning promises "stopped at ``warned_at + warn_before`` unless used". A use made just
+    before that moment reaches the hub up to one activity report later, so the stop waits
+    that long too: whatever the owner did before the announced time is seen first.
+    """
+    return now >= warned_at + warn_before + ACTIVITY_REPORT_JITTER * report_every
+
+
 @dataclass(frozen=True)
 class Holder:
     """A running server as reclaiming sees it."""
@@ -234,8 +259,8 @@ def busy_alone(cards: Iterable[tuple[float, Iterable[str]]], busy_pct: float = G
     """The servers whose card is busy while their processes are the only ones on it.
 
     ``cards``: each card's utilization (%) and the servers owning its processes. A busy card
-    shared by several servers' processes says nothing about which of them works (per-process
-    utilization is not read), so none of them is counted busy by it.
+    shared by several servers' processes says nothing about which of them works, so none of
+    them is counted busy by it (``busy_processes`` tells them apart where NVML samples processes).
     """
     busy: set[str] = set()
     for utilization, owners in cards:
@@ -243,6 +268,12 @@ def busy_alone(cards: Iterable[tuple[float, Iterable[str]]], busy_pct: float = G
         if utilization >= busy_pct and len(keys) == 1:
             busy |= keys
     return busy
+
+
+def busy_processes(sm_pct: Mapping[str, float], busy_pct: float = GPU_BUSY_PCT) -> set[str]:
+    """The servers whose own processes ran kernels since the last look (``sm_pct``: each server's
+    highest per-process SM utilization, from NVML's per-process samples), whoever shares the card."""
+    return {key for key, pct in sm_pct.items() if pct >= busy_pct}
 
 
 def with_gpu_activity(holders: Iterable[Holder], traces: Mapping[str, GpuTrace], busy: Set[str]) -> list[Holder]:

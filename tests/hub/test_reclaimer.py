@@ -2,12 +2,16 @@
 tests/e2e/test_waiting_line.py)."""
 
 from pathlib import Path
+from typing import Any
+
+import pynvml
 
 from hub.exporter import Owner
-from hub.reclaimer import Reclaimer, gpu_evidence, holders_from_hub
-from spawner.gpus import GpuSample
+from hub.reclaimer import Reclaimer, gpu_evidence, holders_from_hub, process_utilization
+from spawner.gpus import GpuSample, nvml_samples
 from spawner.ledger import Ledger
 from spawner.waitline import Holder
+from tests.hub.test_exporter import RecordedNvml
 
 GiB = 2**30
 
@@ -27,9 +31,25 @@ def test_ready_servers_become_holders_with_their_last_activity() -> None:
     assert holders == [Holder("ann/", True, 1795417200.0, 1795417200.0), Holder("bo/cpu", False, None, None)]
 
 
-def card(index: int, utilization: float, processes: tuple[tuple[int, int], ...]) -> GpuSample:
+def card(
+    index: int,
+    utilization: float,
+    processes: tuple[tuple[int, int], ...],
+    process_sm_pct: tuple[tuple[int, int], ...] = (),
+) -> GpuSample:
     used = sum(m for _, m in processes)
-    return GpuSample(index, f"GPU-{index}", "H100", utilization, used, 80 * GiB, 40, 100, processes=processes)
+    return GpuSample(
+        index,
+        f"GPU-{index}",
+        "H100",
+        utilization,
+        used,
+        80 * GiB,
+        40,
+        100,
+        processes=processes,
+        process_sm_pct=process_sm_pct,
+    )
 
 
 OWNERS = {10: Owner("ann", ""), 11: Owner("ann", ""), 20: Owner("bo", "lab")}
@@ -59,3 +79,59 @@ def test_the_reclaimer_keeps_a_server_whose_gpu_memory_moves_though_jupyterhub_s
     assert [h.gpu_idle_since for h in first] == [idle_since, idle_since]  # nothing known of the GPU yet
     second = reclaimer.holders(users, {"ann/", "bo/lab"}, now=idle_since + 1030)
     assert [h.gpu_idle_since for h in second] == [idle_since, idle_since + 1030]
+
+
+class ProcessSamplingNvml(RecordedNvml):
+    """Two cards; NVML's per-process utilization as nvidia-ml-py returns it: its own ctypes
+    structure per sample, and its NVMLError "Not Found" on a card where no process ran since."""
+
+    NVMLError, NVMLError_NotSupported = pynvml.NVMLError, pynvml.NVMLError_NotSupported
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked_since: list[int] = []
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - NVML's name
+        return 2
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, since_us: int) -> list[Any]:  # noqa: N802
+        self.asked_since.append(since_us)
+        if handle[1] == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        sample = pynvml.c_nvmlProcessUtilizationSample_t
+        return [
+            sample(pid=4242, timeStamp=since_us + 100_000, smUtil=3, memUtil=1, encUtil=0, decUtil=0),
+            sample(pid=4242, timeStamp=since_us + 200_000, smUtil=41, memUtil=9, encUtil=0, decUtil=0),
+            sample(pid=4343, timeStamp=since_us + 200_000, smUtil=0, memUtil=0, encUtil=0, decUtil=0),
+        ]
+
+
+def test_nvml_per_process_utilization_is_each_processes_highest_since_the_last_look() -> None:
+    nvml = ProcessSamplingNvml()
+    first, second = nvml_samples(nvml, process_utilization_since_us=1_795_417_200_000_000)
+    assert first.process_sm_pct == ((4242, 41), (4343, 0))
+    assert second.process_sm_pct == ()  # "Not Found": no process ran a kernel since
+    assert nvml.asked_since == [1_795_417_200_000_000] * 2
+    assert nvml_samples(ProcessSamplingNvml())[0].process_sm_pct == ()  # the exporter does not ask
+
+
+def test_each_servers_utilization_is_its_busiest_process() -> None:
+    samples = [card(0, 70.0, ((10, GiB), (20, GiB)), ((10, 2), (11, 30), (20, 0))), card(1, 9.0, (), ((99, 80),))]
+    busiest = process_utilization(samples, OWNERS.get, {"ann/", "bo/lab", "cy/"})
+    assert busiest == {"ann/": 30.0, "bo/lab": 0.0, "cy/": 0.0}  # 99: no notebook server's
+
+
+def test_on_a_shared_busy_card_the_server_whose_processes_ran_kernels_is_busy_and_the_other_idle(
+    tmp_path: Path,
+) -> None:
+    # ann and bo share card 0 at 60 %: the card alone cannot say whose work it is.
+    def source() -> list[GpuSample]:
+        return [card(0, 60.0, ((10, GiB), (20, GiB)), ((10, 0), (20, 57)))]
+
+    reclaimer = Reclaimer("http://hub", "token", Ledger(tmp_path / "l.sqlite"), 900, 180, source, OWNERS.get)
+    users = [
+        {"name": "ann", "servers": {"": {"ready": True, "last_activity": "2026-11-23T07:00:00Z"}}},
+        {"name": "bo", "servers": {"lab": {"ready": True, "last_activity": "2026-11-23T07:00:00Z"}}},
+    ]
+    held = reclaimer.holders(users, {"ann/", "bo/lab"}, now=1795417200.0 + 1000)
+    assert [(h.key, h.gpu_idle_since) for h in held] == [("ann/", 1795417200.0), ("bo/lab", None)]

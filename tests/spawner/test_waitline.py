@@ -15,8 +15,10 @@ from spawner.waitline import (
     Reservation,
     Wait,
     WaitStats,
+    activity_report_interval,
     admit,
     busy_alone,
+    busy_processes,
     estimated_start,
     fair_order,
     follow_gpu_memory,
@@ -29,6 +31,7 @@ from spawner.waitline import (
     reclaim,
     reservation_problem,
     sees_wait,
+    stop_due,
     wait_stats,
     with_gpu_activity,
 )
@@ -302,3 +305,21 @@ def test_the_gpus_evidence_keeps_a_server_whose_kernels_look_idle_from_being_rec
     warn, stop = reclaim(joined, waiting=4, now=1000.0, gpu_idle_timeout=900, warn_before=180)
     assert stop == ["cy/", "di/"] and warn == []  # ann computes now, bo's memory moved 50 s ago
     assert reclaim(hub_says, waiting=4, now=1000.0, gpu_idle_timeout=900)[1] == ["ann/", "bo/", "cy/", "di/"]
+
+
+def test_servers_report_activity_well_within_the_warning_and_never_less_often_than_jupyterhubs_default() -> None:
+    assert activity_report_interval(180) == 30  # the default warning: a sixth of it
+    assert activity_report_interval(20) == 3
+    assert activity_report_interval(3) == 1  # never 0: JupyterHub would turn the reports off
+    assert activity_report_interval(3600) == 300  # never rarer than JupyterHub's own default
+
+
+def test_a_warned_server_is_stopped_only_after_a_use_before_the_announced_time_would_have_been_reported() -> None:
+    # Warned at 1000 for a stop "at 1180 unless used"; servers report every 30 s (+10 % jitter).
+    assert not stop_due(1000.0, 1180.0, 180.0, 30)  # a use at 1179 may reach the hub only at 1212
+    assert not stop_due(1000.0, 1212.9, 180.0, 30)
+    assert stop_due(1000.0, 1213.0, 180.0, 30)
+
+
+def test_a_server_is_gpu_busy_when_any_of_its_processes_ran_kernels_since_the_last_look() -> None:
+    assert busy_processes({"ann/": 41.0, "bo/lab": 4.9, "cy/": 0.0, "di/": 5.0}) == {"ann/", "di/"}
