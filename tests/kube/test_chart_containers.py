@@ -92,6 +92,49 @@ def login(base: str, user: str, password: str) -> requests.Session:
     return session
 
 
+def refused_login(base: str, user: str, password: str) -> str:
+    """The login page's answer to a login that must fail (its error words)."""
+    session = requests.Session()
+    form = session.get(f"{base}/hub/login", timeout=30)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form.text)
+    data = {"username": user, "password": password, **({"_xsrf": xsrf.group(1)} if xsrf else {})}
+    answer = session.post(f"{base}/hub/login", data=data, timeout=60, allow_redirects=False)
+    assert answer.status_code != 302, f"{user} was logged in with a stranger's password"
+    return answer.text
+
+
+def invite_in_the_hub(cluster: Cluster, user: str) -> str:
+    """`gpuslice user invite USER` run in the hub's container (kubectl exec): it reads the chart's values
+    from the container's environment, as the hub does; the code is printed once, as USER,CODE."""
+    from tests.kube.images import podman
+
+    printed = podman("exec", cluster.containers[HUB], "gpuslice", "user", "invite", user).stdout
+    codes = dict(line.split(",", 1) for line in printed.splitlines() if line.startswith(f"{user},"))
+    assert user in codes, printed
+    return codes[user]
+
+
+def join(base: str, user: str, code: str, password: str) -> requests.Response:
+    """A member at /hub/join, through the proxy: their name, the invite code and the password they choose."""
+    session = requests.Session()
+    page = session.get(f"{base}/hub/join", timeout=30)
+    assert page.status_code == 200, page.text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+    form = {"username": user, "code": code, "password": password, "password2": password}
+    return session.post(
+        f"{base}/hub/join",
+        data={**form, **({"_xsrf": xsrf.group(1)} if xsrf else {})},
+        timeout=60,
+        allow_redirects=False,
+    )
+
+
+def refused_join(base: str, user: str, code: str) -> str:
+    answer = join(base, user, code, "a-strangers-password")
+    assert answer.status_code == 403, f"HTTP {answer.status_code}: {answer.text[:500]}"
+    return answer.text
+
+
 def api_token(base: str, session: requests.Session, user: str) -> str:
     xsrf = session.cookies.get("_xsrf", path="/hub/") or session.cookies.get("_xsrf") or ""
     made = session.post(
@@ -122,8 +165,18 @@ def test_the_rendered_chart_spawns_a_slice_survives_a_hub_restart_and_an_upgrade
     token = api_token(base, admin, "teacher")
     headers = {"Authorization": f"token {token}"}
 
-    # alice signs up (open signup) in Chromium through the proxy container, asks for a 4 GiB
-    # slice on the spawn form, reaches JupyterLab in her notebook container and runs a cell.
+    # alice is a class member in the chart's values: a stranger who types her name first is refused
+    # (open sign-up covers only names nobody knows); she joins at /hub/join with the invite code an
+    # admin made in the hub's container, as `kubectl exec deploy/gs-gpuslice-hub -- gpuslice user invite`.
+    refused = refused_login(base, "alice", "a-strangers-guess")
+    assert "cannot be claimed" in refused, refused
+    code = invite_in_the_hub(cluster, "alice")
+    joined = join(base, "alice", code, "alices-own-password")
+    assert joined.status_code == 302 and joined.headers["Location"].endswith("/hub/spawn"), joined.text
+    assert "does not open this name" in refused_join(base, "alice", code)  # the code worked once
+
+    # alice logs in in Chromium through the proxy container, asks for a 4 GiB slice on the
+    # spawn form, reaches JupyterLab in her notebook container and runs a cell.
     output = spawn_and_run_a_cell(base, token, cluster.url(PROMETHEUS, 9090))
     assert f"slice {4 * GiB}" in output, output
     pod = cluster.k8s("/api/v1/namespaces/jupyter/pods/jupyter-alice")
