@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from tests.kube.conftest import gpushare_node
-from tests.kube.containers import Cluster, keep_generated_secrets, render
+from tests.kube.containers import Cluster, keep_generated_secrets, render, rule_groups
 from tests.kube.images import build_platform, missing_tools
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +48,8 @@ def chart_values(images: dict[str, str], idle_timeout: int = 3600) -> dict[str, 
         "adminUsers": ["teacher"],
         "groups": {"ml101": {"members": ["alice"], "maxSlice": "8GiB", "budget": "40GiB"}},
         "hub": {"idleTimeout": idle_timeout, "singleuser": {"startTimeout": 120}},
-        "monitoring": {"prometheusUrl": f"http://{PROMETHEUS}:9090"},  # the harness's Prometheus, on the network
+        # The harness's Prometheus, on the network; operator: the PrometheusRule it loads (as the operator would).
+        "monitoring": {"prometheusUrl": f"http://{PROMETHEUS}:9090", "operator": True},
     }
 
 
@@ -70,7 +71,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         cluster.create_network()
         cluster.start_api()
         cluster.apply(docs, publish={PROXY: [8000]})
-        cluster.start_prometheus(EXPORTER, 9400, name=PROMETHEUS)
+        cluster.start_prometheus(EXPORTER, 9400, name=PROMETHEUS, rule_groups=rule_groups(docs))
         cluster.wait_for(f"{cluster.url(PROXY, 8000)}/hub/health", timeout_s=180)
         print(f"\nharness: images {built - started:.0f} s, chart up {time.monotonic() - built:.0f} s")
         yield cluster
@@ -183,6 +184,7 @@ def test_the_rendered_chart_spawns_a_slice_survives_a_hub_restart_and_an_upgrade
     assert pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
     assert pod["spec"]["containers"][0]["image"] == cluster.images["notebook-base"]
     assert notebook_env(cluster, "jupyter-alice")["GPUSLICE_GPU_MEMORY_BYTES"] == str(4 * GiB)
+    assert_rules_loaded(cluster.url(PROMETHEUS, 9090), rule_groups(cluster.docs))
 
     # The API double checks the token and the RBAC the chart grants: the portal's account reads only.
     intruder = {"metadata": {"name": "intruder"}, "spec": {"containers": []}}
@@ -313,6 +315,25 @@ def wait_for_readings(prometheus: str, nodes: int, timeout_s: float = 60) -> Non
             return
         time.sleep(1)
     raise AssertionError(f"Prometheus scraped the exporters of {sorted(found)} only in {timeout_s:.0f} s")
+
+
+def assert_rules_loaded(prometheus: str, groups: list[dict[str, Any]], timeout_s: float = 30) -> None:
+    """Prometheus's rules API lists every group and rule of the chart's PrometheusRule, each evaluated
+    without error (a rule that does not parse stops the file loading; one that fails at evaluation is 'err')."""
+    expected = {g["name"]: [r.get("alert") or r.get("record") for r in g["rules"]] for g in groups}
+    assert expected, "the chart rendered no PrometheusRule (monitoring.operator)"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        loaded = requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        found = {g["name"]: [r["name"] for r in g["rules"]] for g in loaded}
+        health = {r["name"]: (r["health"], r.get("lastError", "")) for g in loaded for r in g["rules"]}
+        if found == expected and all(state != "unknown" for state, _ in health.values()):
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Prometheus loaded {found}, not {expected}")
+        time.sleep(1)
+    failed = {name: error for name, (state, error) in health.items() if state != "ok"}
+    assert not failed, failed
 
 
 def notebook_env(cluster: Cluster, pod: str) -> dict[str, str]:
