@@ -19,7 +19,10 @@ Passwords are bcrypt hashes in ``DATA/passwords.dbm``, the format FirstUseAuthen
 
 On Kubernetes the chart keeps the admins' password in a Secret (generated once, or
 ``hub.adminSecret``) mounted as a file; the hub writes its hash for every admin into the
-store at every start (``set_admin_passwords``), so the Secret is what counts.
+store at every start (``set_admin_passwords``), so the Secret is what counts. The chart's
+class members are known names too; an admin gives them invite codes (or passwords) from
+inside the hub's pod: ``kubectl exec deploy/RELEASE-gpuslice-hub -- gpuslice user invite``
+(the CLI reads the chart's values from ``$GPUSLICE_KUBE_VALUES``, as the hub does).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import dbm
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +65,13 @@ def passwords_path(data_dir: Path) -> Path:
 
 def known_names(settings: Settings) -> set[str]:
     """Admins and every class member: names whose first password must come from us."""
-    members = {str(m).lower() for group in settings.groups for m in group.get("members") or ()}
-    return members | {a.lower() for a in settings.admin_users}
+    return roster_names(settings.admin_users, settings.groups)
+
+
+def roster_names(admins: Iterable[str], groups: Iterable[Mapping[str, Any]]) -> set[str]:
+    """``admins`` and every member of ``groups`` ({"members": [...]}, from gpuslice.yaml or the chart), lowercased."""
+    members = {str(m).lower() for group in groups for m in group.get("members") or ()}
+    return members | {a.lower() for a in admins}
 
 
 def has_password(store: Path, name: str) -> bool:
@@ -122,12 +130,14 @@ def invites_path(data_dir: Path) -> Path:
     return data_dir.absolute() / "invites.dbm"
 
 
-def invite_codes(data_dir: Path, names: Iterable[str]) -> dict[str, str]:
-    """A single-use invite code for each name with neither a password nor a code waiting: name -> code."""
+def invite_codes(data_dir: Path, names: Iterable[str], renew: bool = False) -> dict[str, str]:
+    """A single-use invite code for each name with neither a password nor a code waiting: name -> code.
+
+    ``renew``: a code still waiting is replaced (the member lost it); the old one stops working."""
     passwords, invites = passwords_path(data_dir), invites_path(data_dir)
     given = {}
     for name in names:
-        if not has_password(passwords, name) and not has_password(invites, name):
+        if not has_password(passwords, name) and (renew or not has_password(invites, name)):
             given[name] = new_code()
             set_password(invites, name, given[name])
     return given

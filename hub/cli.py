@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hub import settings as settings_mod
 from spawner import environ
@@ -46,6 +47,18 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("name", help="the user name")
     reset.add_argument("--config", type=Path, help="settings file (its data_dir holds the passwords)")
     reset.add_argument("--password-file", type=Path, help="read the password from this file instead of making one")
+    invite = user_commands.add_parser(
+        "invite", help="give class members single-use invite codes for /hub/join (prints them once)"
+    )
+    invite.add_argument("names", nargs="*", help="user names (default: every class member without a password)")
+    invite.add_argument("--config", type=Path, help="settings file (its classes and data_dir)")
+    invite.add_argument("--renew", action="store_true", help="replace a code still waiting (the old one stops working)")
+    for command in (reset, invite):
+        command.add_argument(
+            "--kube-values",
+            type=Path,
+            help=f"the chart's rendered values (default in the hub's pod: ${environ.KUBE_VALUES.name})",
+        )
 
     exporter = commands.add_parser("exporter", help="serve GPU metrics (dcgm-exporter names) on /metrics")
     exporter.add_argument("--port", type=int, default=9400, help="port on 127.0.0.1 (default 9400)")
@@ -135,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "class":
         return _class_add(args)
     if args.command == "user":
-        return _set_password(args)
+        return _invite(args) if args.user_command == "invite" else _set_password(args)
     if args.command == "exporter":
         return _exporter(args)
     if args.command == "usage":
@@ -223,20 +236,53 @@ def _class_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[dict[str, Any], ...]]:
+    """The data folder holding the passwords and invite codes, and the classes: from the chart's values
+    (--kube-values, or $GPUSLICE_KUBE_VALUES in the hub's pod) or from the single-machine settings."""
+    from hub.kube_values import load_kube_values
+
+    kube_values = args.kube_values or (None if args.config else environ.KUBE_VALUES.get() or None)
+    if kube_values:
+        values = load_kube_values(Path(kube_values))
+        return values.data_dir, values.group_list()
+    settings = settings_mod.load(args.config)
+    return settings.data_dir, settings.groups
+
+
 def _set_password(args: argparse.Namespace) -> int:
     from hub.accounts import AccountsError, new_code, passwords_path, set_password
+    from hub.kube_values import KubeValuesError
 
     try:
-        settings = settings_mod.load(args.config)
+        data_dir, _ = _accounts(args)
         password = args.password_file.read_text().strip() if args.password_file else new_code()
-        set_password(passwords_path(settings.data_dir), args.name.lower(), password)
-    except (settings_mod.SettingsError, AccountsError, OSError) as exc:
+        set_password(passwords_path(data_dir), args.name.lower(), password)
+    except (settings_mod.SettingsError, KubeValuesError, AccountsError, OSError) as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
     if args.password_file:
         print(f"{args.name}'s password is now the one in {args.password_file}.")
     else:
         print(f"{args.name}'s new password (shown once): {password}")
+    return 0
+
+
+def _invite(args: argparse.Namespace) -> int:
+    from hub.accounts import AccountsError, invite_codes, roster_names
+    from hub.kube_values import KubeValuesError
+
+    try:
+        data_dir, groups = _accounts(args)
+        names = [n.lower() for n in args.names] or sorted(roster_names((), groups))
+        codes = invite_codes(data_dir, names, renew=args.renew)
+    except (settings_mod.SettingsError, KubeValuesError, AccountsError, OSError) as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    if not codes:
+        print("No new invite codes: every name has a password or a code waiting (--renew replaces a lost code).")
+        return 0
+    print(f"Invite codes (shown once): {JOIN_WORDS}")
+    print("".join(f"{name},{code}\n" for name, code in codes.items()), end="")
     return 0
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from hub import roles
-from hub.accounts import read_admin_password, set_admin_passwords
+from hub.accounts import passwords_path, read_admin_password, roster_names, set_admin_passwords
 from hub.kube_values import load_kube_values
 from market.store import Store
 from spawner import environ
@@ -28,15 +28,19 @@ c.ConfigurableHTTPProxy.should_start = False  # the proxy is its own Deployment
 c.ConfigurableHTTPProxy.api_url = values.proxy_api_url
 c.JupyterHub.cleanup_servers = False  # a hub restart must not stop anyone's notebook
 
-c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
-c.FirstUseAuthenticator.dbm_path = str(data / "passwords.dbm")  # on the hub's PVC: kept across restarts
-c.FirstUseAuthenticator.create_users = values.open_signup
+# Admins and the chart's class members cannot be claimed by whoever types their name first:
+# a member joins once at /hub/join with an invite code an admin makes in the hub's pod
+# (`kubectl exec ... -- gpuslice user invite`); open sign-up covers only names nobody knows.
+c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
+c.GpusliceAuthenticator.dbm_path = str(passwords_path(data))  # on the hub's PVC: kept across restarts
+c.GpusliceAuthenticator.create_users = values.open_signup
+c.GpusliceAuthenticator.data_dir = str(data)  # invite codes (invites.dbm), beside the passwords
+c.GpusliceAuthenticator.known_names = roster_names(values.admin_users, values.group_list())
 c.Authenticator.admin_users = set(values.admin_users)
-# Admins log in with the Secret's password, set before the hub serves anyone: an admin's
-# name cannot be claimed by whoever logs in first.
+# Admins log in with the Secret's password, set before the hub serves anyone.
 if values.admin_users:
     set_admin_passwords(
-        data / "passwords.dbm", values.admin_users, read_admin_password(Path(environ.ADMIN_PASSWORD_FILE.require()))
+        passwords_path(data), values.admin_users, read_admin_password(Path(environ.ADMIN_PASSWORD_FILE.require()))
     )
 c.Authenticator.allow_all = True
 # The chart's camelCase group rules (maxSlice) through the one parser of group rules.

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from firstuseauthenticator import FirstUseAuthenticator
 
+from hub.accounts import GpusliceAuthenticator
 from tests.helm.test_chart import render
 from tests.hub.test_kube_config import load_kube_config
 
@@ -70,14 +71,14 @@ def test_admins_log_in_with_the_secrets_password_and_nobody_claims_their_name(
     (tmp_path / "secret").mkdir()
     monkeypatch.setattr("tests.hub.test_kube_config.ADMIN_PASSWORD", password)
     config = load_kube_config(values, monkeypatch, tmp_path / "secret")
-    assert Path(config.FirstUseAuthenticator.dbm_path).parent == tmp_path
-    authenticator = FirstUseAuthenticator(config=config)
+    assert Path(config.GpusliceAuthenticator.dbm_path).parent == tmp_path
+    authenticator = GpusliceAuthenticator(config=config)
     assert login(authenticator, "teacher", "mine-now-123") is None  # the first login does not set it
     assert login(authenticator, "teacher", password) == "teacher"
     assert login(authenticator, "alice", "alices-own-pw") == "alice"  # open signup: a new name sets its own
 
     load_kube_config(values, monkeypatch, tmp_path / "secret")  # the hub restarts on the same volume
-    authenticator = FirstUseAuthenticator(config=config)
+    authenticator = GpusliceAuthenticator(config=config)
     assert login(authenticator, "teacher", password) == "teacher"
     assert login(authenticator, "alice", "someone-else") is None and login(authenticator, "alice", "alices-own-pw")
 

@@ -156,3 +156,22 @@ def test_without_config_it_writes_where_gpuslice_up_reads(
     assert f"written to {tmp_path / 'gpuslice.yaml'}; `gpuslice up` run in this folder reads it" in out
     found = config_path(None)  # what `gpuslice up` without --config loads
     assert found is not None and load(found).groups[0]["members"] == ["alice"]
+
+
+def test_a_lost_code_is_renewed_and_the_old_one_stops_working(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings, roster = tmp_path / "gpuslice.yaml", tmp_path / "r.csv"
+    roster.write_text("carol\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    lost = dict(line.split(",") for line in capsys.readouterr().out.splitlines() if "," in line and " " not in line)
+    assert main(["user", "invite", "--config", str(settings)]) == 0
+    assert "carol," not in capsys.readouterr().out  # a waiting code is kept unless asked
+    assert main(["user", "invite", "carol", "--renew", "--config", str(settings)]) == 0
+    new = dict(line.split(",") for line in capsys.readouterr().out.splitlines() if "," in line and " " not in line)
+    data = tmp_path / "gpuslice-data"
+    with pytest.raises(AccountsError, match="does not open this name"):
+        redeem_invite(data, "carol", lost["carol"], "a-strangers-password")
+    redeem_invite(data, "carol", new["carol"], "carols-own-password")
+    assert main(["user", "invite", "carol", "--renew", "--config", str(settings)]) == 0
+    assert "carol," not in capsys.readouterr().out  # joined: a password is never replaced by a code

@@ -2,10 +2,13 @@
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
 from jupyterhub.objects import Hub
+from traitlets import import_item
 from traitlets.config import Config, PyFileConfigLoader
 
 from spawner.images import SpawnImage
@@ -85,3 +88,53 @@ def test_a_fresh_install_migrates_the_market_so_the_first_spawn_lists_images(
 
     images = asyncio.run(first_spawns_images())
     assert images["default"].target == "ghcr.io/gpuslice/notebook-base:1.0"
+
+
+def test_a_stranger_cannot_claim_a_chart_class_member_who_joins_with_an_invite_made_in_the_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hub.accounts import redeem_invite
+    from hub.cli import main
+
+    values = {
+        "adminUsers": ["teacher"],
+        "groups": {"ml101": {"members": ["Alice", "bob"], "maxSlice": "4GiB"}},
+        "openSignup": True,
+        "notebookImage": "ghcr.io/gpuslice/notebook-base:1.0",
+        "proxyApiUrl": "http://gs-proxy-api:8001",
+        "dataDir": str(tmp_path / "pvc"),
+    }
+    config = load_kube_config(values, monkeypatch, tmp_path)  # sets $GPUSLICE_KUBE_VALUES, as the chart does
+    authenticator = import_item(config.JupyterHub.authenticator_class)(config=config)
+
+    handler = login_page()
+    assert (
+        asyncio.run(authenticator.authenticate(handler, {"username": "alice", "password": "mallory-was-here"})) is None
+    )
+    assert "cannot be claimed" in handler.custom_login_error
+    assert log_in(authenticator, "mallory", "mallorys-own") == "mallory"  # open sign-up: names nobody knows
+
+    # kubectl exec deploy/gs-gpuslice-hub -- gpuslice user invite: the pod's environment names the values
+    assert main(["user", "invite"]) == 0
+    codes = dict(line.split(",") for line in capsys.readouterr().out.splitlines() if "," in line and " " not in line)
+    assert set(codes) == {"alice", "bob"}
+    handler = login_page()
+    assert asyncio.run(authenticator.authenticate(handler, {"username": "alice", "password": codes["alice"]})) is None
+    assert "/hub/join" in handler.custom_login_error  # a code is never a password
+    redeem_invite(Path(authenticator.data_dir), "alice", codes["alice"], "alices-own-pw")  # what /hub/join does
+    assert log_in(authenticator, "alice", "alices-own-pw") == "alice"
+    assert log_in(authenticator, "alice", "mallory-was-here") is None
+
+    assert main(["user", "set-password", "bob"]) == 0  # an admin's reset, also in the pod
+    password = capsys.readouterr().out.rsplit(": ", 1)[1].strip()
+    assert log_in(authenticator, "bob", password) == "bob"
+
+
+def login_page() -> SimpleNamespace:
+    """What the authenticator reads of JupyterHub's login handler."""
+    return SimpleNamespace(custom_login_error="", hub=SimpleNamespace(base_url="/hub/"))
+
+
+def log_in(authenticator: Any, user: str, password: str) -> str | None:
+    result: str | None = asyncio.run(authenticator.authenticate(login_page(), {"username": user, "password": password}))
+    return result

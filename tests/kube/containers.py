@@ -68,6 +68,21 @@ def render(values: Obj, folder: Path) -> list[Obj]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def rule_groups(docs: list[Obj]) -> list[Obj]:
+    """The groups of every rendered PrometheusRule (monitoring.operator), as one rule file holds them."""
+    return [group for doc in docs if doc["kind"] == "PrometheusRule" for group in doc["spec"]["groups"]]
+
+
+def check_rules(path: Path) -> None:
+    """promtool's check of a rule file (Debian's, beside the prometheus binary); its words on failure."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise RuntimeError("no promtool on PATH (scripts/setup installs Debian's prometheus)")
+    checked = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    if checked.returncode != 0:
+        raise RuntimeError(f"promtool check rules {path} failed:\n{checked.stdout}{checked.stderr}")
+
+
 def keep_generated_secrets(docs: list[Obj], installed: list[Obj]) -> None:
     """What the chart's ``lookup`` does on an upgrade: a Secret's keys already installed are kept."""
     old = {d["metadata"]["name"]: d for d in installed if d["kind"] == "Secret"}
@@ -331,13 +346,17 @@ class Cluster:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data[item["key"]])
 
-    def start_prometheus(self, service: str, port: int, name: str = "prometheus") -> str:
+    def start_prometheus(
+        self, service: str, port: int, name: str = "prometheus", rule_groups: list[Obj] | None = None
+    ) -> str:
         """A real Prometheus (Debian's binary, the one the single-machine platform runs) in a container
         of the Debian base on the network, its address the chart's ``monitoring.prometheusUrl``.
 
         It finds the exporter pods as a cluster's Prometheus finds a headless Service's endpoints:
         the Service's name resolves to every pod it selects (``dns_sd_configs``, type A). Returns
-        its URL inside the network; the host reaches it at ``url(name, 9090)``.
+        its URL inside the network; the host reaches it at ``url(name, 9090)``. ``rule_groups``
+        (the rendered PrometheusRule's ``spec.groups``, as the operator hands them to its Prometheus)
+        are written as a rule file, checked by promtool first and loaded.
         """
         from tests.kube.images import debian_base
 
@@ -351,6 +370,10 @@ class Cluster:
             "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
             "scrape_configs": [{"job_name": "gpuslice-exporter", "dns_sd_configs": [scrape]}],
         }
+        if rule_groups:
+            (folder / "rules.yml").write_text(yaml.safe_dump({"groups": rule_groups}))
+            check_rules(folder / "rules.yml")
+            config["rule_files"] = ["/etc/prometheus/rules.yml"]
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
         host_port = self.published.setdefault((name, 9090), free_port())
         container = f"{self.network}-{name}"

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from tests.kube.conftest import gpushare_node
-from tests.kube.containers import Cluster, keep_generated_secrets, render
+from tests.kube.containers import Cluster, keep_generated_secrets, render, rule_groups
 from tests.kube.images import build_platform, missing_tools
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +48,8 @@ def chart_values(images: dict[str, str], idle_timeout: int = 3600) -> dict[str, 
         "adminUsers": ["teacher"],
         "groups": {"ml101": {"members": ["alice"], "maxSlice": "8GiB", "budget": "40GiB"}},
         "hub": {"idleTimeout": idle_timeout, "singleuser": {"startTimeout": 120}},
-        "monitoring": {"prometheusUrl": f"http://{PROMETHEUS}:9090"},  # the harness's Prometheus, on the network
+        # The harness's Prometheus, on the network; operator: the PrometheusRule it loads (as the operator would).
+        "monitoring": {"prometheusUrl": f"http://{PROMETHEUS}:9090", "operator": True},
     }
 
 
@@ -70,7 +71,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         cluster.create_network()
         cluster.start_api()
         cluster.apply(docs, publish={PROXY: [8000]})
-        cluster.start_prometheus(EXPORTER, 9400, name=PROMETHEUS)
+        cluster.start_prometheus(EXPORTER, 9400, name=PROMETHEUS, rule_groups=rule_groups(docs))
         cluster.wait_for(f"{cluster.url(PROXY, 8000)}/hub/health", timeout_s=180)
         print(f"\nharness: images {built - started:.0f} s, chart up {time.monotonic() - built:.0f} s")
         yield cluster
@@ -90,6 +91,49 @@ def login(base: str, user: str, password: str) -> requests.Session:
     answer = session.post(f"{base}/hub/login", data=data, timeout=60, allow_redirects=False)
     assert answer.status_code == 302, f"{user} could not log in: HTTP {answer.status_code}"
     return session
+
+
+def refused_login(base: str, user: str, password: str) -> str:
+    """The login page's answer to a login that must fail (its error words)."""
+    session = requests.Session()
+    form = session.get(f"{base}/hub/login", timeout=30)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form.text)
+    data = {"username": user, "password": password, **({"_xsrf": xsrf.group(1)} if xsrf else {})}
+    answer = session.post(f"{base}/hub/login", data=data, timeout=60, allow_redirects=False)
+    assert answer.status_code != 302, f"{user} was logged in with a stranger's password"
+    return answer.text
+
+
+def invite_in_the_hub(cluster: Cluster, user: str) -> str:
+    """`gpuslice user invite USER` run in the hub's container (kubectl exec): it reads the chart's values
+    from the container's environment, as the hub does; the code is printed once, as USER,CODE."""
+    from tests.kube.images import podman
+
+    printed = podman("exec", cluster.containers[HUB], "gpuslice", "user", "invite", user).stdout
+    codes = dict(line.split(",", 1) for line in printed.splitlines() if line.startswith(f"{user},"))
+    assert user in codes, printed
+    return codes[user]
+
+
+def join(base: str, user: str, code: str, password: str) -> requests.Response:
+    """A member at /hub/join, through the proxy: their name, the invite code and the password they choose."""
+    session = requests.Session()
+    page = session.get(f"{base}/hub/join", timeout=30)
+    assert page.status_code == 200, page.text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+    form = {"username": user, "code": code, "password": password, "password2": password}
+    return session.post(
+        f"{base}/hub/join",
+        data={**form, **({"_xsrf": xsrf.group(1)} if xsrf else {})},
+        timeout=60,
+        allow_redirects=False,
+    )
+
+
+def refused_join(base: str, user: str, code: str) -> str:
+    answer = join(base, user, code, "a-strangers-password")
+    assert answer.status_code == 403, f"HTTP {answer.status_code}: {answer.text[:500]}"
+    return answer.text
 
 
 def api_token(base: str, session: requests.Session, user: str) -> str:
@@ -122,14 +166,25 @@ def test_the_rendered_chart_spawns_a_slice_survives_a_hub_restart_and_an_upgrade
     token = api_token(base, admin, "teacher")
     headers = {"Authorization": f"token {token}"}
 
-    # alice signs up (open signup) in Chromium through the proxy container, asks for a 4 GiB
-    # slice on the spawn form, reaches JupyterLab in her notebook container and runs a cell.
+    # alice is a class member in the chart's values: a stranger who types her name first is refused
+    # (open sign-up covers only names nobody knows); she joins at /hub/join with the invite code an
+    # admin made in the hub's container, as `kubectl exec deploy/gs-gpuslice-hub -- gpuslice user invite`.
+    refused = refused_login(base, "alice", "a-strangers-guess")
+    assert "cannot be claimed" in refused, refused
+    code = invite_in_the_hub(cluster, "alice")
+    joined = join(base, "alice", code, "alices-own-password")
+    assert joined.status_code == 302 and joined.headers["Location"].endswith("/hub/spawn"), joined.text
+    assert "does not open this name" in refused_join(base, "alice", code)  # the code worked once
+
+    # alice logs in in Chromium through the proxy container, asks for a 4 GiB slice on the
+    # spawn form, reaches JupyterLab in her notebook container and runs a cell.
     output = spawn_and_run_a_cell(base, token, cluster.url(PROMETHEUS, 9090))
     assert f"slice {4 * GiB}" in output, output
     pod = cluster.k8s("/api/v1/namespaces/jupyter/pods/jupyter-alice")
     assert pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
     assert pod["spec"]["containers"][0]["image"] == cluster.images["notebook-base"]
     assert notebook_env(cluster, "jupyter-alice")["GPUSLICE_GPU_MEMORY_BYTES"] == str(4 * GiB)
+    assert_rules_loaded(cluster.url(PROMETHEUS, 9090), rule_groups(cluster.docs))
 
     # The API double checks the token and the RBAC the chart grants: the portal's account reads only.
     intruder = {"metadata": {"name": "intruder"}, "spec": {"containers": []}}
@@ -262,6 +317,25 @@ def wait_for_readings(prometheus: str, nodes: int, timeout_s: float = 60) -> Non
             return
         time.sleep(1)
     raise AssertionError(f"Prometheus scraped the exporters of {sorted(found)} only in {timeout_s:.0f} s")
+
+
+def assert_rules_loaded(prometheus: str, groups: list[dict[str, Any]], timeout_s: float = 30) -> None:
+    """Prometheus's rules API lists every group and rule of the chart's PrometheusRule, each evaluated
+    without error (a rule that does not parse stops the file loading; one that fails at evaluation is 'err')."""
+    expected = {g["name"]: [r.get("alert") or r.get("record") for r in g["rules"]] for g in groups}
+    assert expected, "the chart rendered no PrometheusRule (monitoring.operator)"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        loaded = requests.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        found = {g["name"]: [r["name"] for r in g["rules"]] for g in loaded}
+        health = {r["name"]: (r["health"], r.get("lastError", "")) for g in loaded for r in g["rules"]}
+        if found == expected and all(state != "unknown" for state, _ in health.values()):
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Prometheus loaded {found}, not {expected}")
+        time.sleep(1)
+    failed = {name: error for name, (state, error) in health.items() if state != "ok"}
+    assert not failed, failed
 
 
 def notebook_env(cluster: Cluster, pod: str) -> dict[str, str]:
