@@ -22,7 +22,7 @@ On Kubernetes the chart keeps the admins' password in a Secret (generated once, 
 store at every start (``set_admin_passwords``), so the Secret is what counts. The chart's
 class members are known names too; an admin gives them invite codes (or passwords) from
 inside the hub's pod: ``kubectl exec deploy/RELEASE-gpuslice-hub -- gpuslice user invite``
-(the CLI reads the chart's values from ``$GPUSLICE_KUBE_VALUES``, as the hub does).
+(the CLI reads the chart's values from ``environ.KUBE_VALUES``, as the hub does).
 """
 
 from __future__ import annotations

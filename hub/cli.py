@@ -238,7 +238,7 @@ def _class_add(args: argparse.Namespace) -> int:
 
 def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[dict[str, Any], ...]]:
     """The data folder holding the passwords and invite codes, and the classes: from the chart's values
-    (--kube-values, or $GPUSLICE_KUBE_VALUES in the hub's pod) or from the single-machine settings."""
+    (--kube-values, or environ.KUBE_VALUES in the hub's pod) or from the single-machine settings."""
     from hub.kube_values import load_kube_values
 
     kube_values = args.kube_values or (None if args.config else environ.KUBE_VALUES.get() or None)
