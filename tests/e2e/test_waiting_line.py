@@ -181,11 +181,8 @@ def warned_at(platform: Platform, key: str, timeout_s: float = 90) -> float:
     raise AssertionError(f"{key} was never warned: {events(platform, key)}")
 
 
-def test_a_use_of_the_server_shortly_before_the_announced_stop_keeps_the_slice(make_platform: object) -> None:
-    """s1 is warned while s3 waits and saves a file in its server 5 s before the announced stop:
-    the server reports that use to the hub in time (JupyterHub's default report, every 300 s,
-    would come long after), so the slice is not reclaimed and s3 still waits."""
-    # One 4 GiB card; a 60 s idle timeout gives a 20 s warning, reports every 3 s, looks every 6 s.
+def one_card_held_by_s1(make_platform: object) -> tuple[Platform, str]:
+    """One 4 GiB card with a 60 s idle timeout, users s1 and s3, and s1's server holding the card."""
     platform: Platform = make_platform(gpus={"simulate": "1x4GiB:T4"}, gpu_idle_timeout=60)  # type: ignore[operator]
     platform.start()
     token = platform.token("admin")
@@ -194,6 +191,15 @@ def test_a_use_of_the_server_shortly_before_the_announced_stop_keeps_the_slice(m
     owner = platform.login("s1")
     assert owner.api("POST", "/users/s1/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
     owner.wait_ready("s1")
+    return platform, token
+
+
+def test_a_use_of_the_server_shortly_before_the_announced_stop_keeps_the_slice(make_platform: object) -> None:
+    """s1 is warned while s3 waits and saves a file in its server 5 s before the announced stop:
+    the server reports that use to the hub in time (JupyterHub's default report, every 300 s,
+    would come long after), so the slice is not reclaimed and s3 still waits."""
+    # A 60 s idle timeout gives a 20 s warning, reports every 3 s, looks every 6 s.
+    platform, token = one_card_held_by_s1(make_platform)
     owner_token = platform.token("s1")
     waiter = platform.login("s3")
     assert waiter.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
@@ -230,15 +236,8 @@ def test_the_owner_of_a_slice_about_to_be_reclaimed_is_warned_inside_jupyterlab_
 
     from tests.e2e.browser import ARGS, CHROMIUM, login
 
-    # One 4 GiB card; a 60 s idle timeout gives a 20 s warning (looked at every 6 s, JupyterLab every 3.3 s).
-    platform: Platform = make_platform(gpus={"simulate": "1x4GiB:T4"}, gpu_idle_timeout=60)  # type: ignore[operator]
-    platform.start()
-    token = platform.token("admin")
-    for user in ("s1", "s3"):
-        assert admin_api(platform, token, "POST", f"/users/{user}").status_code in (201, 409)
-    owner = platform.login("s1")
-    assert owner.api("POST", "/users/s1/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
-    owner.wait_ready("s1")
+    # A 60 s idle timeout gives a 20 s warning (looked at every 6 s, JupyterLab every 3.3 s).
+    platform, _ = one_card_held_by_s1(make_platform)
     artifacts = Path(__file__).parents[2] / "test-artifacts" / "visual"
     artifacts.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -258,7 +257,7 @@ def test_the_owner_of_a_slice_about_to_be_reclaimed_is_warned_inside_jupyterlab_
             202,
         )
         notice = lab.wait_for_selector(".Toastify__toast >> text=Idle while others wait for a GPU", timeout=90_000)
-        assert "Save your work now." in notice.inner_text()
+        assert notice is not None and "Save your work now." in notice.inner_text()
         lab.wait_for_timeout(1000)  # the toast slides in
         # The platform's extension turns off JupyterLab's news prompt: it would stand beside the warning.
         assert "official Jupyter news" not in lab.inner_text("body")
