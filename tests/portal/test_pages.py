@@ -116,7 +116,7 @@ USAGE = [
 
 
 def run(page: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=30)
+    at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     if page:
         at.switch_page(page)
