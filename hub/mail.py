@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from email.message import EmailMessage
 from pathlib import Path
 
+from hub.secret_files import first_line
 from hub.settings import NoticeMail
 
 
@@ -26,16 +27,13 @@ def notice_message(user: str, text: str, week: str, mail: NoticeMail) -> EmailMe
 
 def relay_password(path: Path) -> str:
     """The relay password: the file's first line, read when mailing (never kept in settings or the environment)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise RuntimeError(
-            f"cannot read notice_mail.password_file {path} ({exc.strerror}): write the relay password into it "
-            "(chmod 600) or remove username and password_file"
-        ) from None
-    if not lines or not lines[0]:
-        raise RuntimeError(f"notice_mail.password_file {path} is empty: write the relay password on its first line")
-    return lines[0]
+    return first_line(
+        path,
+        "notice_mail.password_file",
+        unreadable="write the relay password into it (chmod 600) or remove username and password_file",
+        empty="write the relay password on its first line",
+        error=RuntimeError,
+    )
 
 
 def secure(smtp: smtplib.SMTP, mail: NoticeMail) -> None:

@@ -23,6 +23,7 @@ from hub.monitoring.oncall import (
     smtp_globals,
     time_intervals,
 )
+from hub.secret_files import first_line
 from hub.settings import MONITORING_USER, Contact, OnCall, SettingsError
 
 RULES_DIR = Path(__file__).parent
@@ -148,15 +149,7 @@ def relay_password(oncall: OnCall) -> str | None:
         f"on Kubernetes add the key {path.name} to the Secret named by monitoring.oncall.existingSecret; "
         f"in gpuslice.yaml write the password on the first line of {path}"
     )
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise SecretFileError(
-            f"the alert mail relay: cannot read smtp_auth_password_file {path} ({exc.strerror}): {remedy}"
-        ) from None
-    if not lines or not lines[0]:
-        raise SecretFileError(f"the alert mail relay: smtp_auth_password_file {path} is empty: {remedy}")
-    return lines[0]
+    return first_line(path, "smtp_auth_password_file", remedy, remedy, SecretFileError, who="the alert mail relay: ")
 
 
 def with_urls_read(oncall: OnCall) -> OnCall:
