@@ -58,6 +58,8 @@ VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
     "default-spare-models": lambda w, _: DefaultPolicy(_needs(w), name="default-spare-models", spare_bound_models=True),
     # Near-ties within 1% of a card of the rarest type's weight, not of the whole sum.
     "default-rare-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-rare-ties", tolerance_per_type=True),
+    # Near-ties to the candidate after which the arrivals still to come leave the least GPU demand unplaced.
+    "default-lookahead": lambda w, _: DefaultPolicy(_needs(w), name="default-lookahead", lookahead=True),
 }
 
 

@@ -7,7 +7,14 @@
 """
 
 from spawner.placement.explain import Explanation, explain
-from spawner.placement.fragmentation import Workload, WorkloadArrays, bound_demand_per_free_card, fragmentation
+from spawner.placement.fragmentation import (
+    Workload,
+    WorkloadArrays,
+    bound_demand_per_free_card,
+    expected_overflow,
+    fragmentation,
+    type_capacity,
+)
 from spawner.placement.policies import (
     POLICIES,
     BestFit,
@@ -36,8 +43,10 @@ __all__ = [
     "Workload",
     "WorkloadArrays",
     "bound_demand_per_free_card",
+    "expected_overflow",
     "explain",
     "fragmentation",
     "held_demands",
     "make_policy",
+    "type_capacity",
 ]

@@ -133,21 +133,87 @@ def fragmentation(
     safe_cap = np.where(cap > 0, cap, 1.0)
     frac = np.where(usable, free / safe_cap, 0.0)  # (C, G)
     total = frac.sum(axis=1)  # (C,)
-    allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, T)
-    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]
-    fits = allowed & (free[:, :, None] >= need - EPS)  # GPU holds a slice of type t
-    full = allowed & (free >= cap - EPS)[:, :, None]
+    fits, full, host, gpu_fit = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
     slice_frag = np.einsum("cg,cgt->ct", frac, ~fits)
     whole_frag = np.einsum("cg,cgt->ct", frac, ~full)
-    slice_fit = fits.any(axis=1)
-    whole_fit = full.sum(axis=1) >= wl.whole[None, :]
-    host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
-    gpu_fit = np.where(wl.is_slice[None, :], slice_fit, whole_fit)
     frag = np.where(wl.is_slice[None, :], slice_frag, whole_frag)
     per_type = np.where(host & gpu_fit, frag, total[:, None])
     cpu_value = total[:, None] if cpu_tasks_fragment else np.where(host, 0.0, total[:, None])
     per_type = np.where(wl.is_cpu[None, :], cpu_value, per_type)
     return np.asarray(per_type @ wl.weight)
+
+
+def _type_fit_parts(
+    wl: WorkloadArrays,
+    free: FloatArray,
+    cap: FloatArray,
+    model: IntArray,
+    usable: BoolArray,
+    cpu: FloatArray,
+    mem: FloatArray,
+) -> tuple[BoolArray, BoolArray, BoolArray, BoolArray]:
+    """Per node state and type: (C, G, T) GPUs that hold a slice of t, (C, G, T) wholly free
+    GPUs t accepts, (C, T) host fit (CPU and memory), (C, T) GPU fit (slice or enough cards)."""
+    allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, T)
+    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]
+    fits = allowed & (free[:, :, None] >= need - EPS)  # GPU holds a slice of type t
+    full = allowed & (free >= cap - EPS)[:, :, None]
+    host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
+    gpu_fit = np.where(wl.is_slice[None, :], fits.any(axis=1), full.sum(axis=1) >= wl.whole[None, :])
+    return fits, full, host, gpu_fit
+
+
+def type_capacity(
+    wl: WorkloadArrays,
+    free: FloatArray,
+    cap: FloatArray,
+    model: IntArray,
+    usable: BoolArray,
+    cpu: FloatArray,
+    mem: FloatArray,
+) -> FloatArray:
+    """(C, T): how many tasks of type t each of C node states could still take, one after another.
+
+    A slice type: the slices that fit on its GPUs side by side; a whole-card type: its free
+    cards over the cards it asks; both bounded by the CPU and memory. A type asking for no
+    GPU: the CPU and memory alone.
+    """
+    fits, full, _, _ = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
+    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]  # (C, G, T)
+    per_gpu = np.floor((free[:, :, None] + EPS) / np.where(need > 0, need, 1.0))
+    slices = np.where(fits, per_gpu, 0.0).sum(axis=1)  # (C, T)
+    cards = np.floor(full.sum(axis=1) / np.where(wl.whole > 0, wl.whole, 1.0)[None, :])
+    gpu = np.where(wl.is_slice[None, :], slices, np.where(wl.is_cpu[None, :], np.inf, cards))
+    by_cpu = np.floor(cpu[:, None] / np.where(wl.cpu > 0, wl.cpu, np.nan)[None, :])
+    by_mem = np.floor(mem[:, None] / np.where(wl.mem > 0, wl.mem, np.nan)[None, :])
+    host = np.fmin(np.nan_to_num(by_cpu, nan=np.inf), np.nan_to_num(by_mem, nan=np.inf))
+    return np.asarray(np.maximum(np.minimum(gpu, host), 0.0))
+
+
+def gpu_cards(wl: WorkloadArrays) -> FloatArray:
+    """(T,): the GPU a task of each type takes, in cards (a slice in units counts as one card)."""
+    return np.where(wl.whole > 0, wl.whole, np.where(wl.frac > 0, wl.frac, wl.is_slice.astype(np.float64)))
+
+
+def expected_overflow(mean: FloatArray, places: FloatArray) -> FloatArray:
+    """E[max(0, N - c)]: arrivals of a type expected to find no place, for N ~ Poisson(mean)
+    arrivals and c places left. ``mean`` is (T,), ``places`` (C, T); the answer is (C, T).
+
+    Uses E[(N - c)+] = mean P(N >= c) - c P(N >= c + 1) (as k P(N = k) = mean P(N = k - 1)),
+    with the Poisson distribution summed up to the largest c.
+    """
+    c = np.asarray(places, dtype=np.float64)
+    top = int(c.max(initial=0.0)) + 1
+    k = np.arange(top + 1, dtype=np.float64)
+    log_factorial = np.concatenate(([0.0], np.cumsum(np.log(k[1:]))))
+    with np.errstate(divide="ignore", invalid="ignore"):  # mean 0: log 0; its pmf is set below
+        log_pmf = k[:, None] * np.log(mean)[None, :] - mean[None, :] - log_factorial[:, None]
+    pmf = np.where(mean[None, :] > 0, np.exp(log_pmf), (k == 0)[:, None].astype(np.float64))  # (K, T)
+    below = np.concatenate((np.zeros((1, mean.size)), np.cumsum(pmf, axis=0)))  # below[j] = P(N < j)
+    columns = np.arange(mean.size)[None, :]
+    at_least = 1.0 - below[c.astype(np.int64), columns]
+    above = 1.0 - below[c.astype(np.int64) + 1, columns]
+    return np.asarray(np.maximum(mean[None, :] * at_least - c * above, 0.0))
 
 
 def bound_demand_per_free_card(wl: WorkloadArrays, free_cards: FloatArray) -> FloatArray:
@@ -158,7 +224,7 @@ def bound_demand_per_free_card(wl: WorkloadArrays, free_cards: FloatArray) -> Fl
     evenly over the models it accepts. ``free_cards`` is the free GPU of each model, in cards.
     A model with no free GPU scores 0: no candidate of it exists to weigh.
     """
-    cards = np.where(wl.whole > 0, wl.whole, np.where(wl.frac > 0, wl.frac, wl.is_slice.astype(np.float64)))
+    cards = gpu_cards(wl)
     bound = ~wl.model_mask.all(axis=0)
     accepted = wl.model_mask.sum(axis=0)
     split = np.where(wl.model_mask, 1.0 / np.maximum(accepted, 1), 0.0)  # (M, T)

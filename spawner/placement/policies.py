@@ -25,10 +25,14 @@ from spawner.placement.fragmentation import (
     WorkloadArrays,
     bound_demand_per_free_card,
     distinct_gpus,
+    expected_overflow,
     fragmentation,
+    gpu_cards,
     row_hash_weights,
+    type_capacity,
 )
 from spawner.placement.state import (
+    BoolArray,
     Choice,
     ClusterState,
     Demand,
@@ -147,6 +151,15 @@ class DotProduct:
 MEMO_STATES = 500_000
 
 
+@dataclass(frozen=True)
+class After:
+    """The candidates' node states after placing the task: free units per GPU, CPU, memory."""
+
+    free: FloatArray
+    cpu: FloatArray
+    mem: FloatArray
+
+
 @dataclass
 class FragmentationGradientDescent:
     """FGD: place where the node's expected fragmentation grows least (ties: first)."""
@@ -235,25 +248,19 @@ class FragmentationGradientDescent:
             # Take the first `gpus` wholly free cards of each candidate node.
             take = full & (np.cumsum(full, axis=1) <= demand.gpus)
             free[take] = 0.0
-            delta = (
-                self._frag_of(
-                    state, nodes, free, state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
-                )
-                - current[nodes]
-            )
-            best = int(nodes[self._pick(state, nodes, None, delta, demand)])
+            after = After(free, state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes)
+            delta = self._frag_of(state, nodes, after.free, after.cpu, after.mem) - current[nodes]
+            best = int(nodes[self._pick(state, nodes, None, delta, demand, after)])
             return Choice(best, state.first_full(best, demand))
         if not demand.is_slice:
             nodes = np.flatnonzero(state.host_fits(demand))
             if nodes.size == 0:
                 return None
-            delta = (
-                self._frag_of(
-                    state, nodes, None, state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
-                )
-                - current[nodes]
+            after = After(
+                state.free[nodes], state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
             )
-            return Choice(int(nodes[self._pick(state, nodes, None, delta, demand)]), ())
+            delta = self._frag_of(state, nodes, after.free, after.cpu, after.mem) - current[nodes]
+            return Choice(int(nodes[self._pick(state, nodes, None, delta, demand, after)]), ())
         cand = distinct_gpus(state, state.slice_candidates(demand))
         nodes, gpus = np.nonzero(cand)
         if nodes.size == 0:
@@ -261,17 +268,19 @@ class FragmentationGradientDescent:
         free = state.free[nodes].copy()
         rows = np.arange(nodes.size)
         free[rows, gpus] -= state.need(demand)[nodes, gpus]
-        delta = (
-            self._frag_of(
-                state, nodes, free, state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
-            )
-            - current[nodes]
-        )
-        best = self._pick(state, nodes, gpus, delta, demand)
+        after = After(free, state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes)
+        delta = self._frag_of(state, nodes, after.free, after.cpu, after.mem) - current[nodes]
+        best = self._pick(state, nodes, gpus, delta, demand, after)
         return Choice(int(nodes[best]), (int(gpus[best]),))
 
     def _pick(
-        self, state: ClusterState, nodes: IntArray, gpus: IntArray | None, delta: FloatArray, demand: Demand
+        self,
+        state: ClusterState,
+        nodes: IntArray,
+        gpus: IntArray | None,
+        delta: FloatArray,
+        demand: Demand,
+        after: After,
     ) -> int:
         # Rounding makes ties exact, so the first of equals wins whatever the float noise.
         return int(np.argmin(np.round(delta, 9)))
@@ -297,6 +306,12 @@ class DefaultPolicy(FragmentationGradientDescent):
     spare_bound_models: bool = False
     # The tolerance applies to each type's share: ``tie_tolerance`` times the rarest type's weight.
     tolerance_per_type: bool = False
+    # Lookahead: near-ties go first to the candidate after which the arrivals still to come
+    # (drawn from the target workload) leave the least GPU demand with no place.
+    lookahead: bool = False
+    _capacity: FloatArray = field(default_factory=lambda: np.zeros((0, 0)), init=False, repr=False)
+    _capacity_seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
+    _capacity_state: tuple[int, int] = field(default=(-1, -1), init=False, repr=False)
 
     def target(self) -> Workload:
         if self.keep_every_shape:
@@ -304,7 +319,13 @@ class DefaultPolicy(FragmentationGradientDescent):
         return super().target()
 
     def _pick(
-        self, state: ClusterState, nodes: IntArray, gpus: IntArray | None, delta: FloatArray, demand: Demand
+        self,
+        state: ClusterState,
+        nodes: IntArray,
+        gpus: IntArray | None,
+        delta: FloatArray,
+        demand: Demand,
+        after: After,
     ) -> int:
         node_free = node_gpu_free(state)[nodes]
         tolerance = self.tie_tolerance
@@ -318,7 +339,70 @@ class DefaultPolicy(FragmentationGradientDescent):
         if self.spare_bound_models:
             card = np.zeros(nodes.size, dtype=np.int64) if gpus is None else gpus
             keys.append(self._model_pressure(state)[state.model[nodes, card]])
+        if self.lookahead:
+            # Expected failed GPU demand, in cards, to the same 1% of a card as the near-ties.
+            failed = self._expected_failed_gpus(state, nodes, tied == tied.min(), after)
+            keys.append(np.round(failed / self.tie_tolerance))
         return int(np.lexsort((*keys, tied))[0])
+
+    def _expected_failed_gpus(self, state: ClusterState, nodes: IntArray, near: BoolArray, after: After) -> FloatArray:
+        """Per candidate, in cards: the GPU demand of the arrivals still to come that would find no place.
+
+        The arrivals still to come are as many as the cluster's free GPU can take (free cards over
+        the cards an arrival asks on average), each of a type drawn by its popularity, so each
+        type's arrivals are Poisson. A type's places are the tasks of it the nodes could take,
+        which placing on a candidate changes only at that node. Scored for the near-ties
+        (``near``), the only candidates it can reorder, and only over the types whose places
+        differ between them; the others score 0.
+        """
+        assert self._arrays is not None
+        wl = self._arrays
+        cards = gpu_cards(wl)
+        now = self._capacity_now(state)
+        at = np.flatnonzero(near)
+        later = type_capacity(
+            wl,
+            after.free[at],
+            state.cap[nodes[at]],
+            state.model[nodes[at]],
+            state.usable[nodes[at]],
+            after.cpu[at],
+            after.mem[at],
+        )
+        left = now.sum(axis=0)[None, :] - now[nodes[at]] + later  # (C, T) places after each candidate
+        arrivals = float(node_gpu_free(state).sum()) / max(float(wl.weight @ cards), 1e-9)
+        mean = arrivals * wl.weight
+        # Types that every near-tie leaves the same places, or more than the arrivals could
+        # need (the Poisson tail beyond mean + 10 sd + 10 is negligible), score alike: skip them.
+        differ = (cards > 0) & (left.min(axis=0) < left.max(axis=0))
+        differ &= left.min(axis=0) < mean + 10.0 * np.sqrt(mean) + 10.0
+        score = np.zeros(nodes.size)
+        if differ.any():
+            score[at] = expected_overflow(mean[differ], left[:, differ]) @ cards[differ]
+        return score
+
+    def _capacity_now(self, state: ClusterState) -> FloatArray:
+        """(N, T): the tasks of each type each node could take now; recomputed only for nodes changed since."""
+        assert self._arrays is not None
+        if self._capacity_state != (id(state), id(self._arrays)):
+            self._capacity = type_capacity(
+                self._arrays, state.free, state.cap, state.model, state.usable, state.cpu, state.mem
+            )
+            self._capacity_seen = state.version.copy()
+            self._capacity_state = (id(state), id(self._arrays))
+        changed = np.flatnonzero(self._capacity_seen != state.version)
+        if changed.size:
+            self._capacity[changed] = type_capacity(
+                self._arrays,
+                state.free[changed],
+                state.cap[changed],
+                state.model[changed],
+                state.usable[changed],
+                state.cpu[changed],
+                state.mem[changed],
+            )
+            self._capacity_seen[changed] = state.version[changed]
+        return self._capacity
 
     def _model_pressure(self, state: ClusterState) -> FloatArray:
         """(M,): bound demand per free card of each model."""

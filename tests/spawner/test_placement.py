@@ -21,9 +21,11 @@ from spawner.placement import (
     Workload,
     WorkloadArrays,
     bound_demand_per_free_card,
+    expected_overflow,
     explain,
     fragmentation,
     make_policy,
+    type_capacity,
 )
 from spawner.shares import GiB, GpuRequest
 
@@ -276,6 +278,38 @@ def test_tolerance_per_type_sees_a_rare_type_lose_its_last_two_free_cards() -> N
     # tie and packs node 0; 1% of the rarest type's weight (2e-5) does not.
     assert DefaultPolicy(workload).choose(s, slice_(0.5)) == Choice(0, (1,))
     assert DefaultPolicy(workload, tolerance_per_type=True).choose(s, slice_(0.5)) == Choice(1, (0,))
+
+
+def test_lookahead_keeps_places_for_the_two_card_tasks_still_to_come() -> None:
+    # Eight-card nodes with 4 and 5 wholly free cards; half the arrivals ask for two cards.
+    s = state([[0, 0, 0, 0, 1000, 1000, 1000, 1000], [0, 0, 0, 1000, 1000, 1000, 1000, 1000]])
+    two_cards = Workload((slice_(0.5), Demand(gpus=2)), (0.5, 0.5))
+    # A half card breaks one free card on either node, and the two-card type still fits both:
+    # the same fragmentation, a tie, which best-fit gives to the fuller node 0. That leaves it
+    # 3 free cards, room for one two-card task instead of two; on node 1, 4 free cards still
+    # take two. The cluster's 9 free cards take about 7 more arrivals, 3.6 of them two-card
+    # tasks expected, against 3 places or 4: lookahead keeps the fourth.
+    assert DefaultPolicy(two_cards).choose(s, slice_(0.5)) == Choice(0, (4,))
+    assert DefaultPolicy(two_cards, lookahead=True).choose(s, slice_(0.5)) == Choice(1, (3,))
+    # With no multi-card arrivals to come, the half slices have 17 places either way: best-fit.
+    halves_only = Workload((slice_(0.5),), (1.0,))
+    assert DefaultPolicy(halves_only, lookahead=True).choose(s, slice_(0.5)) == Choice(0, (4,))
+
+
+def test_expected_overflow_is_the_poisson_arrivals_beyond_the_places() -> None:
+    mean = np.array([2.0, 0.0])
+    # E[max(0, N - c)] for N ~ Poisson(2): c = 0 gives the mean; c = 1 gives 2 - 1 + P(N = 0).
+    got = expected_overflow(mean, np.array([[0.0, 0.0], [1.0, 3.0]]))
+    assert got == pytest.approx(np.array([[2.0, 0.0], [1.0 + np.exp(-2.0), 0.0]]))
+
+
+def test_type_capacity_counts_tasks_one_after_another() -> None:
+    s = state([[500, 1000, 1000]], cpu=[3000])
+    wl = Workload((slice_(0.5, cpu=1000), Demand(gpus=2), Demand(cpu_milli=2000)), (0.4, 0.4, 0.2))
+    arrays = WorkloadArrays.build(wl, s.model_names)
+    # Five half slices fit the GPUs but 3 CPUs take three; two whole cards take one two-card
+    # task; the CPU-only type takes one (3 of 2 CPUs each).
+    assert type_capacity(arrays, s.free, s.cap, s.model, s.usable, s.cpu, s.mem).tolist() == [[3.0, 1.0, 1.0]]
 
 
 @settings(max_examples=60, deadline=None)
