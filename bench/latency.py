@@ -1,7 +1,7 @@
 """Decision latency of fgd and default on the full cluster, in one run so that load cancels.
 
     flock /tmp/gpuslice-heavy.lock nice -n 19 .venv/bin/python -m bench.latency \\
-        --data ../shared/data/alibaba-gpu-v2023 --list default --seed 0
+        --data ../shared/data/alibaba-gpu-v2023 --list default --seed 0 [--variant default-lookahead]
 
 Every policy replays the same arrivals on its own copy of the full node list (1,213 nodes,
 6,212 GPUs); for each arrival the policies decide one after the other (the order rotates),
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.placement import arrivals, cluster, read_nodes, read_tasks
+from bench.report import make
 from bench.stats import percentile
 from spawner.placement import DefaultPolicy, FragmentationGradientDescent, Policy, Workload
 
@@ -36,11 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="folder with the openb node and pod lists")
     parser.add_argument("--list", default="default", help="visible pod list (default: default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", action="append", default=[], help="also time this bench.report variant")
     args = parser.parse_args(argv)
     nodes = read_nodes(args.data / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(args.data / f"openb_pod_list_{args.list}.csv")
     workload = Workload.from_demands((t.demand() for t in tasks), max_types=None)
     chosen = policies(workload)
+    for name in args.variant:
+        chosen[name] = make(name, workload, args.seed)
     names = list(chosen)
     states = {n: cluster(nodes) for n in names}
     timings: dict[str, list[float]] = {n: [] for n in names}
