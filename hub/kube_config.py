@@ -53,6 +53,12 @@ c.KubeGpuSpawner.gpu_backend = values.backend
 c.KubeGpuSpawner.gpushare_memory_unit = values.gpushare_memory_unit
 c.KubeGpuSpawner.gpu_policy = values.policy
 c.KubeGpuSpawner.gpu_culler_timeout = values.idle_timeout  # the culler's: its stops are named
+# The GPU line (spawns that wait for room, "wait": true) in the ledger's SQLite file on the hub's
+# PVC: it survives a hub restart. The pods stay the allocations; the file holds only the line.
+c.KubeGpuSpawner.gpu_ledger_path = str(data / "ledger.sqlite")
+# The spawn page's words for the GPU line (the place, "Leave the line"), before JupyterHub's own.
+# This file is copied out of the package (images/hub): the templates are found beside hub.roles.
+c.JupyterHub.template_paths = [str(Path(roles.__file__).parent / "templates")]
 c.KubeGpuSpawner.gpu_groups = [
     {"name": name, **{k: v for k, v in rules.items() if k not in ("members", "profiles")}}
     for name, rules in groups.items()

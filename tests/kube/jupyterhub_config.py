@@ -47,5 +47,8 @@ c.KubeGpuSpawner.http_timeout = 60
 c.KubeGpuSpawner.poll_interval = 2  # notice an evicted pod quickly (the fault tests)
 c.KubeGpuSpawner.k8s_api_request_retry_timeout = 20
 c.KubeGpuSpawner.environment = {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}
+c.KubeGpuSpawner.gpu_ledger_path = str(root / "ledger.sqlite")  # the GPU line (the chart's: on the hub's PVC)
+c.KubeGpuSpawner.gpu_line_poll = 0.5
+c.JupyterHub.template_paths = [str(repo / "hub" / "templates")]  # the spawn page's words for the GPU line
 if os.environ.get("GPUSLICE_TEST_KEEP_SERVERS"):  # a hub restart leaves the servers running, as the chart's does
     c.JupyterHub.cleanup_servers = False
