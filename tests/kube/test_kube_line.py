@@ -19,10 +19,11 @@ from tests.kube.test_kube_restart import RestartableHub
 PODS = "/api/v1/namespaces/gpuslice/pods?labelSelector=component%3Dsingleuser-server"
 
 
-@pytest.fixture
-def one_card(tmp_path: Path) -> Iterator[RestartableHub]:
+def hub_on_one_card(tmp_path: Path, reclaim_after: str = "") -> Iterator[RestartableHub]:
     apiserver, api_port = start_api_double(tmp_path, [gpushare_node("gpu-a", 1, 8)])
     hub = RestartableHub(tmp_path, api_port)
+    if reclaim_after:  # the hub runs the GPU line's reclaimer with this idle timeout (s)
+        hub.env["GPUSLICE_TEST_RECLAIM_AFTER"] = reclaim_after
     try:
         hub.start()
         hub.wait_healthy()
@@ -34,6 +35,16 @@ def one_card(tmp_path: Path) -> Iterator[RestartableHub]:
             apiserver.wait(timeout=30)
         except subprocess.TimeoutExpired:
             apiserver.kill()
+
+
+@pytest.fixture
+def one_card(tmp_path: Path) -> Iterator[RestartableHub]:
+    yield from hub_on_one_card(tmp_path)
+
+
+@pytest.fixture
+def one_card_reclaiming(tmp_path: Path) -> Iterator[RestartableHub]:
+    yield from hub_on_one_card(tmp_path, reclaim_after="6")
 
 
 def pods(hub: RestartableHub) -> list[str]:
@@ -142,3 +153,15 @@ def test_concurrent_spawns_never_create_more_pods_than_fit(one_card: Restartable
         kube.wait_ready(user)
     time.sleep(2)  # any late create would show by now
     assert pods(one_card) == sorted(f"jupyter-{u}" for u in started)
+
+
+def test_an_idle_gpu_server_is_warned_then_reclaimed_for_the_line(one_card_reclaiming: RestartableHub) -> None:
+    kube = one_card_reclaiming.hub
+    two_classmates_run(one_card_reclaiming)  # both idle from now on
+    assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    kube.wait_ready("s3", timeout_s=90)  # nobody stopped anything: the reclaimer did
+    running = [u for u in ("s1", "s2") if kube.api("GET", f"/users/{u}").json()["servers"]]
+    assert len(running) == 1, f"the line needed one slice, not {2 - len(running)}"
+    stopped = f"{({'s1', 's2'} - set(running)).pop()}/"
+    kinds = [e.kind for e in Ledger(one_card_reclaiming.root / "ledger.sqlite").history(stopped)]
+    assert kinds[-2:] == ["warned", "stopping"], kinds  # warned first, then stopped
