@@ -19,24 +19,33 @@ utilization since the last look (NVML's per-process samples, ``process_utilizati
 server whose GPU memory moved since the last look, whose processes ran kernels since then,
 or whose processes alone keep a card busy, is not idle (spawner/waitline.py
 ``busy_processes``, ``with_gpu_activity``). Simulated GPUs give no such evidence.
+
+Which servers hold a GPU: the ledger's rows on one machine; on Kubernetes (``--kube-namespace``)
+the notebook pods whose annotations name a sharing backend (the ledger file then holds the
+line only). There, activity is JupyterHub's alone: the cards are on other nodes.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import requests
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from hub.exporter import OwnerOf, Source, owner_from_proc
+from spawner.backends import ANNOTATION_BACKEND
 from spawner.gpus import GpuSample
+from spawner.inventory import SERVERNAME, USERNAME, holds_resources
 from spawner.ledger import Ledger, server_key
 from spawner.waitline import (
     GpuTrace,
@@ -64,6 +73,39 @@ def holders_from_hub(users: Iterable[dict[str, Any]], gpu_keys: set[str]) -> lis
             last = _timestamp(server.get("last_activity"))
             found.append(Holder(key, key in gpu_keys, last, last))
     return found
+
+
+def gpu_keys_from_pods(pods: Iterable[dict[str, Any]]) -> set[str]:
+    """The servers whose notebook pods hold a GPU (KubeGpuSpawner names the sharing backend on those only)."""
+    keys = set()
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        annotations = meta.get("annotations") or {}
+        if ANNOTATION_BACKEND not in annotations or not holds_resources(pod):
+            continue
+        user = annotations.get(USERNAME) or (meta.get("labels") or {}).get(USERNAME)
+        if user:
+            keys.add(server_key(user, annotations.get(SERVERNAME, "")))
+    return keys
+
+
+async def _list_notebook_pods(namespace: str) -> list[dict[str, Any]]:
+    """The namespace's notebook pods, with the hub pod's ServiceAccount (or KUBECONFIG outside a cluster)."""
+    from kubernetes_asyncio import client, config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config()
+    async with client.ApiClient() as api:
+        response: Any = await client.CoreV1Api(api).list_namespaced_pod(
+            namespace, label_selector="component=singleuser-server", _preload_content=False
+        )  # unread: the pods as the API's JSON, as the inventory reads them
+        return list(json.loads(await response.read()).get("items") or [])
+
+
+def kube_gpu_keys(namespace: str) -> Callable[[], set[str]]:
+    return lambda: gpu_keys_from_pods(asyncio.run(_list_notebook_pods(namespace)))
 
 
 def gpu_evidence(
@@ -117,8 +159,11 @@ class Reclaimer:
         warn_before: float,
         gpu_source: Source | None = None,
         owner_of: OwnerOf = owner_from_proc,
+        gpu_keys: Callable[[], set[str]] | None = None,
     ) -> None:
+        """``gpu_keys``: the servers holding a GPU now (default: the ledger's holds)."""
         self.api_url, self.ledger = api_url.rstrip("/"), ledger
+        self.gpu_keys = gpu_keys or (lambda: {h.key for h in ledger.holdings()})
         self.timeout, self.warn_before = gpu_idle_timeout, warn_before
         self.gpu_source, self.owner_of = gpu_source, owner_of
         self.session = requests.Session()
@@ -140,7 +185,10 @@ class Reclaimer:
     def step(self, now: float) -> list[str]:
         """Warn and stop as needed; returns the servers stopped."""
         waiting = sum(1 for e in self.ledger.line() if not e.away(now))
-        gpu_keys = {h.key for h in self.ledger.holdings()}
+        if not waiting:
+            self.warned = {}
+            return []  # nobody waits: nothing to reclaim, no cluster to read
+        gpu_keys = self.gpu_keys()
         response = self.session.get(f"{self.api_url}/users", params={"state": "ready"}, timeout=30)
         response.raise_for_status()
         warn, stop = reclaim(
@@ -202,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-idle-timeout", type=float, default=900.0, help="seconds idle before reclaiming")
     parser.add_argument("--warn-before", type=float, default=180.0, help="seconds between the warning and the stop")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks")
+    parser.add_argument("--kube-namespace", default="", help="on Kubernetes: the notebook pods' namespace")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
     reclaimer = Reclaimer(
@@ -210,14 +259,15 @@ def main(argv: list[str] | None = None) -> None:
         Ledger(args.ledger),
         args.gpu_idle_timeout,
         args.warn_before,
-        nvml_source(),
+        None if args.kube_namespace else nvml_source(),
+        gpu_keys=kube_gpu_keys(args.kube_namespace) if args.kube_namespace else None,
     )
     try:
         while True:
             try:
                 reclaimer.step(time.time())
-            except (requests.RequestException, OSError) as exc:
-                log.warning("gpuslice reclaimer: the hub did not answer (%s); trying again", exc)
+            except (requests.RequestException, OSError, ApiException) as exc:
+                log.warning("gpuslice reclaimer: the hub or the cluster did not answer (%s); trying again", exc)
             time.sleep(args.interval)
     except KeyboardInterrupt:  # the hub stops its services with SIGINT: end quietly, not with a traceback
         return

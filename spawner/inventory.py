@@ -240,6 +240,46 @@ def build_kube(
     return inventory
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A placement the hub decided whose pod the cluster's listing does not count yet.
+
+    A pod is listed only after it is created, and a gpushare, MIG or whole-card pod holds
+    its cards only once bound to a node: until then the listing shows its room as free.
+    ``gpus`` index ``node``'s cards as in ``Inventory`` (a placement's ``Choice``);
+    ``allocation`` is what each of them holds; ``asked_bytes`` is charged to ``group``.
+    """
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+    allocation: Allocation
+    group: str | None = None
+    asked_bytes: int = 0
+
+
+def add_pending(inventory: Inventory, pending: Iterable[Pending]) -> list[str]:
+    """Charge ``inventory`` with the placements it does not count yet; return the pods it counts now.
+
+    A pod the inventory already holds GPUs for (by name) is counted once, as the cluster has
+    it: its placement is returned, for the caller to forget.
+    """
+    counted = {allocation.owner for _, allocation in inventory.allocations()}
+    by_name = {node.name: node for node in inventory.nodes}
+    landed = []
+    for placed in pending:
+        if placed.pod in counted:
+            landed.append(placed.pod)
+            continue
+        node = by_name.get(placed.node)
+        if node is None:
+            continue  # the node is gone: so is the room the placement took
+        for index in placed.gpus:
+            if 0 <= index < len(node.gpus):
+                node.gpus[index].allocations.append(placed.allocation)
+    return landed
+
+
 def holds_resources(pod: Obj) -> bool:
     """Finished pods and pods being deleted hold nothing."""
     if pod.get("metadata", {}).get("deletionTimestamp"):

@@ -4,12 +4,16 @@ Before a pod is created, the cluster's nodes and pods (one cached listing shared
 every spawn in the hub, refreshed at most every ``gpu_inventory_ttl`` seconds) are
 turned into the core's inventory; the request is checked against the group rules and
 placed by the same policy as the local backend, and a request no node can hold is
-refused at once with the core's explanation. The pod then carries the sharing
+refused at once with the core's explanation, or waits in the GPU line (``wait``: the
+line of spawner/line.py, kept in the ledger's SQLite file on the hub's volume) with no pod
+until the line places it. A placement whose pod the listing does not count yet (not
+listed, or not yet bound to its node) is held in ``PENDING``, so concurrent spawns never
+take the same room. The pod then carries the sharing
 backend's resources, annotations and environment; the Kubernetes scheduler (with the
 gpushare or HAMi extender) makes the final placement. A pod that still goes Pending has
 its FailedScheduling events translated into the same kind of explanation in the spawn
 progress. Allocations live in the pods' annotations, so the idle culler, the portal and
-a restarted hub read them from the API, and there is no ledger to lose.
+a restarted hub read them from the API; the ledger file keeps only the line (and its events).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,17 +34,27 @@ from tornado import web
 from traitlets import Dict, Float, Instance, Unicode, default, validate
 
 from market.catalog import check_relative
-from spawner import environ, metrics
+from spawner import environ
 from spawner.backends import Backend, gpushare_unit_bytes, mig_table, render
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
-from spawner.inventory import GROUP_ANNOTATION, USERNAME, Inventory, build_kube, holds_resources
-from spawner.ledger import stop_message
+from spawner.inventory import (
+    GROUP_ANNOTATION,
+    USERNAME,
+    Allocation,
+    Inventory,
+    Pending,
+    add_pending,
+    build_kube,
+    holds_resources,
+)
+from spawner.ledger import Held, server_key, stop_message
 from spawner.lifecycle import RestartCheck
-from spawner.mixin import GpuShareMixin
+from spawner.line import WaitingLineMixin
+from spawner.mixin import asked_bytes
 from spawner.placement import Choice, ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
-from spawner.request import GpuRefused
+from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind
 from spawner.stop_events import STOPPED, pod_event, stop_request
 
@@ -97,12 +111,23 @@ async def _items(call: Any) -> list[dict[str, Any]]:
 
 
 CACHES: dict[str, ClusterCache] = {}
+# Namespace -> pod name -> a placement this hub decided whose pod the listing does not count yet.
+# In this process only: every spawn of the hub decides in its one event loop, between two awaits.
+PENDING: dict[str, dict[str, Pending]] = {}
 
 
-def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str) -> Usage:
-    """What the pods' annotations count against the group rules (the pod being started excluded)."""
+def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str, pending: Iterable[Pending] = ()) -> Usage:
+    """What the pods' annotations count against the group rules (the pod being started excluded),
+    with the ``pending`` placements whose pods are not listed yet."""
     servers = 0
     group_bytes: dict[str, int] = {}
+    listed = {pod.get("metadata", {}).get("name") for pod in pods}
+    for placed in pending:
+        if placed.pod in listed or placed.pod == except_pod:
+            continue
+        servers += placed.allocation.user == user
+        if placed.group:
+            group_bytes[placed.group] = group_bytes.get(placed.group, 0) + placed.asked_bytes
     for pod in pods:
         meta = pod.get("metadata", {})
         if meta.get("name") == except_pod or not holds_resources(pod):
@@ -189,7 +214,7 @@ class RetryingPodCreate:
             raise TimeoutError(f"HTTP {exc.status} {exc.reason}") from exc  # KubeSpawner tries again
 
 
-class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
+class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     gpu_backend = Unicode("gpushare", help="How the cluster shares GPUs: gpushare, hami, timeslicing, mig, whole.").tag(
         config=True
     )
@@ -214,9 +239,10 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": true}}.""",
     ).tag(config=True)
 
-    gpu_option_keys = frozenset({"gpu_memory", "gpus", "image", "models", "profile"})
+    gpu_option_keys = OPTION_KEYS | {"profile", "wait"}
     _gpu_cluster: Inventory | None = None
-    _gpu_request: GpuRequest | None = None
+    _gpu_pods: list[dict[str, Any]] | None = None  # the listing _gpu_cluster was built from
+    _gpu_placement: tuple[str | None, Choice | None] | None = None  # the group charged and where, once placed
     _gpu_api_error = ""
     _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
     _gpu_placing = False  # start() checks and places; KubeSpawner's start has not begun
@@ -263,7 +289,10 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         )
         for warning in inventory.warnings:
             self.log.warning("gpuslice inventory: %s", warning)
-        self._gpu_cluster = inventory
+        pending = PENDING.setdefault(self.namespace, {})
+        for pod in add_pending(inventory, list(pending.values())):
+            pending.pop(pod, None)  # the cluster counts its pod now
+        self._gpu_cluster, self._gpu_pods = inventory, snapshot.pods
         return inventory, snapshot.pods
 
     @property
@@ -336,7 +365,15 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
         return status
 
     async def start(self) -> Any:
-        """Check and place the request, then KubeSpawner's public ``start`` (its pod from ``get_pod_manifest``)."""
+        """Check and place the request (or wait in line), then KubeSpawner's public ``start``
+        (its pod from ``get_pod_manifest``). A start that fails lets go of its placement."""
+        try:
+            return await self._place_and_start()
+        except BaseException:
+            self._forget_placement()
+            raise
+
+    async def _place_and_start(self) -> Any:
         self._gpu_restart.started()  # this hub process watches the start itself
         self._gpu_placing = True
         try:
@@ -360,27 +397,87 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             ) from exc
 
     async def _check_and_place(self) -> None:
-        """The request checked against the group rules and placed on the cluster's view (refused: GpuRefused)."""
-        self._gpu_pod = None
-        inventory, pods = await self.cluster()
+        """The request checked against the group rules and placed on the cluster's view, now or
+        after waiting in the line (refused: GpuRefused)."""
+        self._gpu_pod, self._gpu_stages, self._gpu_offer = None, [], None
+        self._gpu_request, self._gpu_placement = None, None
+        await self._refresh_view()
         try:
             request, image = self.gpu_request()
+            self._gpu_request = (request, image)
             self._check_profile()
             mounts = self._model_mounts()
-            usage = usage_from_pods(pods, self.user.name, self.pod_name)
-            group, choice = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
+            placed = self._take_turn(request, image, self._wants_to_wait())
         except GpuRefused as refusal:
-            metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
+            self._refused(refusal)
             raise
-        self._apply(request, self.images()[image].target, group, mounts, chosen_product(inventory, choice))
+        if placed is None:  # in line: no pod until the line places it
+            await self._wait_in_line(request, image)
+        assert self._gpu_placement is not None and self._gpu_cluster is not None  # _rows set it
+        group, choice = self._gpu_placement
+        product = chosen_product(self._gpu_cluster, choice)
+        self._apply(request, self.images()[image].target, group, mounts, product)
         self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
         CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
+
+    # -- the line's view of the cluster (spawner/line.py) --------------------------------
+
+    async def _refresh_view(self) -> None:
+        await self.cluster()
+
+    def _inventory(self, holds: list[Held]) -> Inventory:
+        """The cluster as last listed, with the placements not counted there yet (``holds`` say the same)."""
+        assert self._gpu_cluster is not None  # _refresh_view came first
+        return self._gpu_cluster
+
+    def _line_holds(self, rows: list[Held]) -> list[Held]:
+        """Every GPU the cluster's pods and this hub's pending placements hold, as ledger rows.
+
+        ``rows``: the ledger's own, always empty here (the pods are the allocations).
+        """
+        pending = PENDING.get(self.namespace, {})
+        groups = {p.pod: p.group for p in pending.values()}
+        for pod in self._gpu_pods or []:
+            meta = pod.get("metadata", {})
+            groups[meta.get("name", "")] = (meta.get("annotations") or {}).get(GROUP_ANNOTATION)
+        held = [
+            Held(
+                server_key(a.user, a.server), gpu.index, a.user, a.server, a.memory_bytes, a.whole, groups.get(a.owner)
+            )
+            for gpu, a in self._inventory(rows).allocations()
+        ]
+        return [h for h in held if h.key != self._key]
+
+    def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
+        inventory = self._inventory(holds)
+        pending = PENDING.get(self.namespace, {}).values()
+        usage = usage_from_pods(self._gpu_pods or [], self.user.name, self.pod_name, pending)
+        group, choice = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
+        return self._rows(request, inventory, group, choice)
+
+    def _rows(self, request: GpuRequest, inventory: Inventory, group: str | None, choice: Choice | None) -> list[Held]:
+        """Placed: note where, and hold the room until the pod is counted (no ledger rows: the pod is the hold)."""
+        self._gpu_placement = (group, choice)
+        if choice is not None and choice.gpus:
+            node = inventory.nodes[choice.node]
+            card = node.gpus[choice.gpus[0]].memory_bytes
+            whole = request.kind is RequestKind.WHOLE
+            allocation = Allocation(
+                self.user.name, self.name, card if whole else request.bytes_on(card), self.pod_name, whole
+            )
+            placed = Pending(self.pod_name, node.name, choice.gpus, allocation, group, asked_bytes(request, inventory))
+            PENDING.setdefault(self.namespace, {})[self.pod_name] = placed
+        return []
+
+    def _forget_placement(self) -> None:
+        PENDING.get(self.namespace, {}).pop(self.pod_name, None)
 
     def _note_api_error(self, error: str) -> None:
         self._gpu_api_error = error
         self.log.warning("gpuslice: creating %s: %s; retrying", self.pod_name, error)
 
     async def stop(self, now: bool = False) -> None:
+        self._forget_placement()
         await self._note_stop()
         await super().stop(now=now)
 
@@ -434,7 +531,6 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
             gpushare_memory_unit=self.gpushare_memory_unit,
             mig_profiles=mig_table(product) if mig else (),  # the chosen card's own profiles
         )
-        self._gpu_request = request
         env = {**spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         if mounts:
             env[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
@@ -457,8 +553,14 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         # KubeSpawner's progress follows the start KubeSpawner last began and ends when it is done:
-        # while this start still checks and places, that is the previous spawn's, long finished.
+        # while this start still checks and places (or waits in the GPU line), that is the previous
+        # spawn's, long finished. The line's place is said meanwhile.
+        said = 0
         while self._gpu_placing:
+            stages = self._gpu_stages or []
+            for stage in stages[said:]:
+                yield {"progress": stage.progress, "message": stage.message}
+            said = len(stages)
             await asyncio.sleep(0.1)
         async for event in super().progress():
             raw = event.get("raw_event") or {}
@@ -468,8 +570,8 @@ class KubeGpuSpawner(GpuShareMixin, KubeSpawner):  # type: ignore[misc]
                 yield event
 
     async def _scheduling_explanation(self, message: str) -> str:
-        request = self._gpu_request
-        assert request is not None
+        assert self._gpu_request is not None
+        request = self._gpu_request[0]
         if request.kind is RequestKind.CPU:
             return f"Waiting for room on a node (scheduler: {message})"
         inventory, _ = await self.cluster()

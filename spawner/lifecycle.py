@@ -10,46 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from traitlets import Float, Instance, Integer, Unicode
+from traitlets import Instance, Unicode
 
-from spawner import environ, metrics
+from spawner import environ
 from spawner.backends import Backend, ServerGpuSpec, render
-from spawner.form import WaitOffer, in_form_words
 from spawner.inventory import Inventory, build_local
-from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice, stop_message
-from spawner.mixin import GpuShareMixin, asked_bytes
+from spawner.ledger import Held, LedgerError, reclaim_notice, stop_message
+from spawner.line import WaitingLineMixin, usage_of
 from spawner.placement import Choice, Demand
-from spawner.quotas import Usage, check, group_quota, largest_slice
-from spawner.request import OPTION_KEYS, GpuRefused
-from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
-from spawner.waitline import (
-    Entry,
-    Reservation,
-    activity_report_interval,
-    admit,
-    estimated_start,
-    never_fits,
-    positions,
-    warning_lead,
-)
+from spawner.quotas import Usage
+from spawner.request import GpuRefused
+from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.waitline import activity_report_interval, warning_lead
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
-
-
-WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
-
-
-class LeftLineError(Exception):
-    """A waiting spawn found its place in the line gone: someone cancelled it (the ledger says who)."""
 
 
 class RestartCheck:
@@ -88,7 +69,7 @@ class RestartCheck:
         return status
 
 
-class LedgerGpuMixin(GpuShareMixin):
+class LedgerGpuMixin(WaitingLineMixin):
     """The local backend's lifecycle: the slice is placed here and held in the SQLite ledger.
 
     On ``start`` it checks the request and the group quotas, places the slice with the
@@ -98,20 +79,8 @@ class LedgerGpuMixin(GpuShareMixin):
     waits or why it failed.
     """
 
-    gpu_ledger_path = Unicode(
-        "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
-    ).tag(config=True)
     _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
 
-    gpu_line_max_wait = Integer(
-        4 * 3600,
-        help="""Longest a request may wait in the GPU line (seconds); it is then told so and leaves the line.
-        A waiting spawn's start_timeout is raised by this much, so JupyterHub never gives up on it first.""",
-    ).tag(config=True)
-    gpu_line_poll = Float(2.0, help="Seconds between a waiting spawn's looks at the line.").tag(config=True)
-    gpu_idle_timeout = Integer(
-        900, help="Seconds idle before a slice is reclaimed while anyone waits (for the line's estimated start times)."
-    ).tag(config=True)
     gpu_kernel_hook_dir = Unicode(
         str(HOOK_DIR),
         help="The folder on notebooks' PYTHONPATH: the kernel hook (under isolation unix-users, "
@@ -122,34 +91,19 @@ class LedgerGpuMixin(GpuShareMixin):
         help="The folder on notebooks' JUPYTER_PATH: JupyterLab's reclaim notice (under isolation unix-users, "
         "a copy every account can read: hub/userenv.py).",
     ).tag(config=True)
-    gpu_option_keys = OPTION_KEYS | {"wait"}
-
-    _gpu_ledger: Ledger | None = None
-    _gpu_stages: list[Stage] | None = None
-    _gpu_stage_listeners: set[asyncio.Event] | None = None  # each progress() reader, woken by a new stage
-    _gpu_base_start_timeout: float | None = None
-    _gpu_request: tuple[GpuRequest, str] | None = None
-    _gpu_line_view: tuple[int, list[Held]] | None = None  # the last turn's place in line and the holds it saw
-
-    @property
-    def _ledger(self) -> Ledger:
-        """This spawner's Ledger, made once (its constructor creates the schema: a write)."""
-        if self._gpu_ledger is None or self._gpu_ledger.path != Path(self.gpu_ledger_path):
-            self._gpu_ledger = Ledger(self.gpu_ledger_path)
-        return self._gpu_ledger
 
     def _inventory(self, holds: list[Held]) -> Inventory:
         return build_local(self._machine.gpus, [(h.gpu_index, h.allocation()) for h in holds])
 
     def form_state(self) -> tuple[Inventory, Usage]:
         others = [h for h in self._ledger.holdings() if h.key != self._key]
-        return self._inventory(others), _usage(others, self.user.name)  # type: ignore[attr-defined]
+        return self._inventory(others), usage_of(others, self.user.name)  # type: ignore[attr-defined]
 
     # -- the decision, inside the ledger's transaction ----------------------------------
 
     def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
         inventory = self._inventory(holds)
-        usage = _usage(holds, self.user.name)  # type: ignore[attr-defined]
+        usage = usage_of(holds, self.user.name)  # type: ignore[attr-defined]
         group, choice = self.check_and_place(
             request, image, inventory, usage, [Demand.held(h.whole, h.memory_bytes) for h in holds]
         )
@@ -195,198 +149,6 @@ class LedgerGpuMixin(GpuShareMixin):
             self._refused(refusal)
             raise
         return request, holds
-
-    def _refused(self, refusal: GpuRefused) -> None:
-        metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
-        if refusal.waitable:
-            fits = self.largest_fit_now()
-            refusal.jupyterhub_message += " " + self._choices_text(fits)
-            if self._gpu_request is not None:
-                self._gpu_offer = WaitOffer(self._gpu_request[0].describe(), fits)
-        if self._from_form():
-            refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
-        self._record("refused", 100, refusal.jupyterhub_message)
-
-    def _choices_text(self, fits: int) -> str:
-        """What the user can do instead, now: CPU only, ``fits`` (the largest slice that fits), or wait."""
-        if self._from_form():
-            slice_now = f" start {format_bytes(fits)} now," if fits else ""
-            return f"Or: start CPU-only now,{slice_now} or wait in line for it (the buttons below keep your choices)."
-        slice_now = f' start {format_bytes(fits)} now (gpu_memory "{quantity_text(fits)}");' if fits else ""
-        return f'Or: start CPU-only now (gpu_memory "0");{slice_now} or wait in line for it (add "wait": true).'
-
-    def largest_fit_now(self) -> int:
-        """The largest slice this user could start now (free on one card and within their groups)."""
-        inventory, usage = self.form_state()
-        largest_free = max((g.free_bytes for g in inventory.gpus() if g.healthy), default=0)
-        card = max((g.memory_bytes for g in inventory.gpus()), default=0)
-        return min(largest_free, largest_slice(self._quota_groups(), usage, card))
-
-    def _wants_to_wait(self) -> bool:
-        return str((self.user_options or {}).get("wait", "")).lower() in {"true", "1", "on", "yes"}  # type: ignore[attr-defined]
-
-    def _take_turn(self, request: GpuRequest, image: str, wait: bool, joined: bool = False) -> list[Held] | None:
-        """``joined``: this spawn already waits in line (gone from it means someone cancelled it)."""
-        return self._ledger.take_turn(
-            self._key,
-            lambda holds, line, mine, reservations: self._turn(
-                request, image, wait, holds, line, mine, reservations, joined
-            ),
-        )
-
-    def _turn(
-        self,
-        request: GpuRequest,
-        image: str,
-        wait: bool,
-        holds: list[Held],
-        line: list[Entry],
-        mine: Entry | None,
-        reservations: list[Reservation],
-        joined: bool = False,
-    ) -> tuple[list[Held] | None, Entry | None]:
-        """Inside the ledger's transaction: place now, or keep waiting (with ``wait``), or refuse."""
-        now = time.time()
-        if joined and mine is None:
-            raise LeftLineError()
-        wait = wait or mine is not None  # back after a hub restart: keep the place
-        reserved = any(r.on(now) for r in reservations)
-        if request.kind is RequestKind.CPU or (not wait and not reserved and not any(not e.away(now) for e in line)):
-            return self._decide(request, image, holds), None  # nobody waits: the direct path and its refusals
-        inventory = self._inventory(holds)
-        me = self._entry(request, image, inventory, holds, mine, now)
-        budgets = {q.name: q.budget_bytes for q in map(group_quota, self.gpu_groups)}
-        why = never_fits(me, inventory, budgets)
-        if why:
-            raise GpuRefused(409, f"{request.describe()} cannot wait in line: {why}.", "capacity")
-        admitted = admit(
-            [*line, me],
-            inventory,
-            budgets=budgets,
-            group_bytes=_group_bytes(holds),
-            held_by_user=_held_by_user(holds),
-            policy=self.gpu_policy,
-            now=now,
-            reservations=reservations,
-        )
-        placed = next((a for a in admitted if a.entry.key == self._key), None)
-        if placed is not None:
-            return self._rows(request, inventory, me.group, placed.choice), None
-        if not wait:
-            ahead = sum(1 for e in line if not e.away(now))
-            why = f"{ahead} request(s) wait in line for a GPU before yours."
-            if not ahead:
-                why = "The free GPU memory is reserved for another class now."
-            refused = GpuRefused(409, why, "line")
-            refused.waitable = True
-            raise refused
-        if now - me.arrived > self.gpu_line_max_wait:
-            raise GpuRefused(
-                409, f"Waited in line longer than {self.gpu_line_max_wait // 60} minutes; no GPU came free.", "line"
-            )
-        # The place as this transaction sees it: the progress words need not read the line again.
-        present = [e for e in line if not e.away(now)]
-        position = positions([*present, me], _held_by_user(holds)).get(self._key, len(present) + 1)
-        self._gpu_line_view = (position, holds)
-        return None, me
-
-    def _entry(
-        self, request: GpuRequest, image: str, inventory: Inventory, holds: list[Held], mine: Entry | None, now: float
-    ) -> Entry:
-        """This request as a line entry; GpuRefused for a group rule that waiting cannot help."""
-        asked = asked_bytes(request, inventory)
-        others = [h for h in holds if h.key != self._key]
-        servers = len({h.key for h in others if h.user == self.user.name})  # type: ignore[attr-defined]
-        decision = check(request, asked, image, self._quota_groups(), Usage(user_servers=servers))  # budgets aside
-        if not decision.allowed:
-            raise GpuRefused(403, str(decision), "quota")
-        arrived, priority = (mine.arrived, mine.priority) if mine else (now, 0)
-        user = self.user.name  # type: ignore[attr-defined]
-        demand = Demand.from_request(request)
-        return Entry(self._key, user, demand, asked, decision.group, arrived, priority, now, request.describe())
-
-    async def _wait_in_line(self, request: GpuRequest, image: str) -> list[Held]:
-        """Look at the line every ``gpu_line_poll`` s until this request is placed; report the place.
-
-        Cancelled (the user stopped the pending server, or JupyterHub gave up): leave the line.
-        """
-        said = ""
-        try:
-            while True:
-                holds = self._take_turn(request, image, wait=True, joined=True)
-                if holds is not None:
-                    return holds
-                words = self._place_in_line(request)
-                if words != said:
-                    self._record("waiting", WAITING_PROGRESS, words)
-                    self._stage(WAITING_PROGRESS, words)
-                    said = words
-                await asyncio.sleep(self.gpu_line_poll)
-        except LeftLineError:
-            refusal = GpuRefused(409, self._cancelled_words(), "cancelled")
-            self._record("refused", 100, refusal.jupyterhub_message)
-            raise refusal from None
-        except GpuRefused as refusal:
-            self._ledger.leave_line(self._key)
-            self._refused(refusal)
-            raise
-        except BaseException:
-            self._ledger.leave_line(self._key)
-            raise
-
-    def gpu_line_place(self) -> str:
-        """This spawn's place in the GPU line in words while it waits there, else "" (for the pending page)."""
-        stages = self._gpu_stages or []
-        if stages and stages[-1].progress == WAITING_PROGRESS:
-            return stages[-1].message
-        return ""
-
-    def _cancelled_words(self) -> str:
-        """Who took this request out of the line, from the ledger's "cancelled" event."""
-        note = next((e for e in reversed(self._ledger.history(self._key)) if e.kind == "cancelled"), None)
-        who = note.message if note is not None else "cancelled by someone else"
-        return f"Your place in the GPU line was {who}; no GPU is held. Start again to wait once more."
-
-    def _place_in_line(self, request: GpuRequest) -> str:
-        """Position, people ahead and an estimated start, in words (from the last turn's look at the line)."""
-        now = time.time()
-        position, holds = self._gpu_line_view or (1, [])
-        eta = estimated_start(position, self._frees_at(holds, now), now)
-        when = time.strftime("%H:%M UTC", time.gmtime(eta)) if eta is not None else "unknown"
-        return (
-            f"waiting in line for {request.describe()}: position {position}, {position - 1} ahead;"
-            f" estimated start {when}"
-        )
-
-    def _frees_at(self, holds: list[Held], now: float) -> list[float]:
-        """When each GPU server is expected to end at the latest if idle: last activity plus the idle timeout."""
-        activity = self._last_activity()
-        return [activity.get(key, now) + self.gpu_idle_timeout for key in {h.key for h in holds}]
-
-    def _last_activity(self) -> dict[str, float]:
-        """Each running server's last activity from JupyterHub's database (empty outside a hub)."""
-        db = getattr(self, "db", None)
-        if db is None:
-            return {}
-        from jupyterhub import orm
-
-        found = {}
-        for spawner in db.query(orm.Spawner).filter(orm.Spawner.server_id.isnot(None)):
-            if spawner.last_activity is not None:
-                stamp = spawner.last_activity.replace(tzinfo=datetime.UTC).timestamp()
-                found[f"{spawner.user.name}/{spawner.name}"] = stamp
-        return found
-
-    def run_pre_spawn_hook(self) -> Any:
-        # JupyterHub reads start_timeout once start() is called: a waiting spawn gets the line's
-        # limit on top, so JupyterHub never gives up on it before the line does.
-        hub_spawner: Any = self  # JupyterHub's Spawner, which this class is mixed into
-        if self._gpu_base_start_timeout is None:
-            self._gpu_base_start_timeout = float(hub_spawner.start_timeout)
-        in_line = any(e.key == self._key for e in self._ledger.line())  # back after a hub restart
-        extra = self.gpu_line_max_wait if self._wants_to_wait() or in_line else 0
-        hub_spawner.start_timeout = int(self._gpu_base_start_timeout + extra)
-        return super().run_pre_spawn_hook()  # type: ignore[misc]
 
     def _spec_for(self, request: GpuRequest, holds: list[Held]) -> ServerGpuSpec:
         if not holds:
@@ -494,19 +256,6 @@ class LedgerGpuMixin(GpuShareMixin):
         message = stop_message(last, time.time(), self._last_activity_ts(), self.gpu_culler_timeout)
         return "stopped", 100, message
 
-    def _record(self, kind: str, progress: int, message: str) -> None:
-        try:
-            self._ledger.record(self._key, kind, progress, message)
-        except LedgerError as exc:
-            # History is for people reading the portal; never fail a spawn or stop over it.
-            self.log.warning("gpuslice: could not record %s event for %s: %s", kind, self._key, exc)  # type: ignore[attr-defined]
-
-    def _stage(self, progress: int, message: str) -> None:
-        if self._gpu_stages is not None:
-            self._gpu_stages.append(Stage(progress, message, time.monotonic()))
-            for listener in self._gpu_stage_listeners or ():
-                listener.set()
-
     @property
     def gpu_warning_lead(self) -> float:
         return warning_lead(self.gpu_idle_timeout)
@@ -612,15 +361,6 @@ class LedgerGpuMixin(GpuShareMixin):
                 await asyncio.wait_for(added.wait(), timeout=1.0)
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One step of a start, for the progress bar: percent, what happened, when (monotonic)."""
-
-    progress: int
-    message: str
-    at: float
-
-
 async def answer_or_exit(
     url: str, poll: Callable[[], Awaitable[int | None]], timeout: float, interval: float = 1.0
 ) -> tuple[int | None, bool]:
@@ -666,24 +406,3 @@ def _died_message(status: int) -> str:
     if status:
         return f"the server exited with status {status} (not stopped through the hub)"
     return "the server process ended without being stopped through the hub (killed, crashed or out of memory)"
-
-
-def _usage(holds: list[Held], user: str) -> Usage:
-    """What ``holds`` (everyone's but the server being started) count against the rules."""
-    return Usage(user_servers=len({h.key for h in holds if h.user == user}), group_bytes=_group_bytes(holds))
-
-
-def _group_bytes(holds: list[Held]) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for h in holds:
-        if h.group:
-            totals[h.group] = totals.get(h.group, 0) + h.memory_bytes
-    return totals
-
-
-def _held_by_user(holds: list[Held]) -> dict[str, int]:
-    """How many servers with a GPU each user runs (the line's fair share counts them)."""
-    servers: dict[str, set[str]] = {}
-    for h in holds:
-        servers.setdefault(h.user, set()).add(h.key)
-    return {user: len(keys) for user, keys in servers.items()}

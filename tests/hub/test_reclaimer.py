@@ -1,5 +1,5 @@
 """hub/reclaimer.py's reading of JupyterHub's users and of the GPUs (the service itself runs in
-tests/e2e/test_waiting_line.py)."""
+tests/e2e/test_waiting_line.py, and on Kubernetes in tests/kube/test_kube_line.py)."""
 
 from pathlib import Path
 from typing import Any
@@ -7,7 +7,7 @@ from typing import Any
 import pynvml
 
 from hub.exporter import Owner
-from hub.reclaimer import Reclaimer, gpu_evidence, holders_from_hub, process_utilization
+from hub.reclaimer import Reclaimer, gpu_evidence, gpu_keys_from_pods, holders_from_hub, process_utilization
 from spawner.gpus import GpuSample, nvml_samples
 from spawner.ledger import Ledger
 from spawner.waitline import Holder
@@ -135,3 +135,20 @@ def test_on_a_shared_busy_card_the_server_whose_processes_ran_kernels_is_busy_an
     ]
     held = reclaimer.holders(users, {"ann/", "bo/lab"}, now=1795417200.0 + 1000)
     assert [(h.key, h.gpu_idle_since) for h in held] == [("ann/", 1795417200.0), ("bo/lab", None)]
+
+
+def notebook_pod(user: str, server: str = "", backend: str | None = "gpushare", **meta: Any) -> dict[str, Any]:
+    annotations = {"hub.jupyter.org/username": user, "hub.jupyter.org/servername": server}
+    if backend:
+        annotations["gpuslice.io/sharing-backend"] = backend
+    return {"metadata": {"name": f"jupyter-{user}", "annotations": annotations, **meta}, "status": {"phase": "Running"}}
+
+
+def test_on_kubernetes_the_servers_holding_a_gpu_are_the_pods_naming_a_sharing_backend() -> None:
+    pods = [
+        notebook_pod("ann"),
+        notebook_pod("bo", "lab", backend="whole"),
+        notebook_pod("cy", backend=None),  # CPU only: never reclaimed for the line
+        notebook_pod("dee", deletionTimestamp="2026-11-23T07:00:00Z"),  # already going
+    ]
+    assert gpu_keys_from_pods(pods) == {"ann/", "bo/lab"}

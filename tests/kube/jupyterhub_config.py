@@ -6,6 +6,7 @@ GPUSLICE_TEST_PROXY_PORT, GPUSLICE_TEST_TOKEN (an admin service token), KUBECONF
 # ruff: noqa: F821  (`c` is provided by JupyterHub)
 
 import os
+import sys
 from pathlib import Path
 
 root = Path(os.environ["GPUSLICE_TEST_DIR"])
@@ -47,5 +48,29 @@ c.KubeGpuSpawner.http_timeout = 60
 c.KubeGpuSpawner.poll_interval = 2  # notice an evicted pod quickly (the fault tests)
 c.KubeGpuSpawner.k8s_api_request_retry_timeout = 20
 c.KubeGpuSpawner.environment = {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}
+c.KubeGpuSpawner.gpu_ledger_path = str(root / "ledger.sqlite")  # the GPU line (the chart's: on the hub's PVC)
+c.KubeGpuSpawner.gpu_line_poll = 0.5
+c.JupyterHub.template_paths = [str(repo / "hub" / "templates")]  # the spawn page's words for the GPU line
 if os.environ.get("GPUSLICE_TEST_KEEP_SERVERS"):  # a hub restart leaves the servers running, as the chart's does
     c.JupyterHub.cleanup_servers = False
+reclaim_after = os.environ.get("GPUSLICE_TEST_RECLAIM_AFTER")
+if reclaim_after:  # the GPU line's reclaimer, as hub/kube_config.py runs it, with a short idle timeout
+    c.JupyterHub.services.append(
+        {
+            "name": "gpu-reclaimer",
+            "command": [
+                sys.executable,
+                "-m",
+                "hub.reclaimer",
+                f"--ledger={root / 'ledger.sqlite'}",
+                "--kube-namespace=gpuslice",
+                f"--gpu-idle-timeout={reclaim_after}",
+                f"--warn-before={float(reclaim_after) / 3}",
+                "--interval=1",
+            ],
+            "environment": {"KUBECONFIG": os.environ["KUBECONFIG"], "PYTHONPATH": str(repo)},
+        }
+    )
+    from hub import roles
+
+    c.JupyterHub.load_roles.append(roles.service_role("gpu-reclaimer", roles.STOPS_IDLE_SERVERS))

@@ -156,7 +156,7 @@ def test_usage_comes_from_the_pods_annotations() -> None:
 
 def test_scheduling_explanations() -> None:
     spawner = make("gpushare")
-    spawner._gpu_request = parse_request("8GiB", 0, largest_card_bytes=15 * GiB, most_cards=2)
+    spawner._gpu_request = (parse_request("8GiB", 0, largest_card_bytes=15 * GiB, most_cards=2), "default")
     full = {
         "metadata": {"name": "x", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "10"}},
         "spec": {

@@ -51,7 +51,12 @@ def local_values(root: Path, ports: dict[str, int], admin_token: str) -> Path:
                     "command": [str(REPO / "node_modules" / ".bin" / "configurable-http-proxy")],
                     "pid_file": str(root / "proxy.pid"),
                 },
-                "KubeGpuSpawner": {"gpu_inventory_ttl": 1, "http_timeout": 60},
+                # The GPU line's file in the scratch folder, not the overlay's /srv/jupyterhub (z2jh's volume).
+                "KubeGpuSpawner": {
+                    "gpu_inventory_ttl": 1,
+                    "http_timeout": 60,
+                    "gpu_ledger_path": str(root / "ledger.sqlite"),
+                },
             },
             "services": {"test-admin": {"apiToken": admin_token}},
             "loadRoles": {

@@ -1,0 +1,167 @@
+"""The GPU line on Kubernetes: a real JupyterHub, KubeGpuSpawner and the API double's scheduler.
+
+One card of 8 GiB: two 4 GiB slices fit, a third waits in line with no pod until one frees.
+"""
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from spawner.ledger import Ledger
+from tests.kube.conftest import gpushare_node, start_api_double
+from tests.kube.test_kube_restart import RestartableHub
+
+PODS = "/api/v1/namespaces/gpuslice/pods?labelSelector=component%3Dsingleuser-server"
+
+
+def hub_on_one_card(tmp_path: Path, reclaim_after: str = "") -> Iterator[RestartableHub]:
+    apiserver, api_port = start_api_double(tmp_path, [gpushare_node("gpu-a", 1, 8)])
+    hub = RestartableHub(tmp_path, api_port)
+    if reclaim_after:  # the hub runs the GPU line's reclaimer with this idle timeout (s)
+        hub.env["GPUSLICE_TEST_RECLAIM_AFTER"] = reclaim_after
+    try:
+        hub.start()
+        hub.wait_healthy()
+        yield hub
+    finally:
+        hub.stop()
+        apiserver.send_signal(signal.SIGTERM)
+        try:
+            apiserver.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            apiserver.kill()
+
+
+@pytest.fixture
+def one_card(tmp_path: Path) -> Iterator[RestartableHub]:
+    yield from hub_on_one_card(tmp_path)
+
+
+@pytest.fixture
+def one_card_reclaiming(tmp_path: Path) -> Iterator[RestartableHub]:
+    yield from hub_on_one_card(tmp_path, reclaim_after="6")
+
+
+def pods(hub: RestartableHub) -> list[str]:
+    """The notebook pods the API holds (created, whatever their phase)."""
+    return sorted(p["metadata"]["name"] for p in hub.hub.k8s(PODS)["items"])
+
+
+def line(hub: RestartableHub) -> list[str]:
+    return [e.key for e in Ledger(hub.root / "ledger.sqlite").line()]
+
+
+def two_classmates_run(hub: RestartableHub) -> None:
+    kube = hub.hub
+    assert kube.api("POST", "/users", json={"usernames": ["s1", "s2", "s3", "s4"]}).status_code == 201
+    for user in ("s1", "s2"):
+        assert kube.api("POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+        kube.wait_ready(user)
+
+
+def test_the_third_student_waits_with_no_pod_and_starts_by_itself_and_a_fourth_leaves_the_line(
+    one_card: RestartableHub,
+) -> None:
+    kube = one_card.hub
+    two_classmates_run(one_card)
+
+    refused = kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB"})
+    assert refused.status_code == 409, refused.text
+    assert 'or wait in line for it (add "wait": true)' in refused.json()["message"]
+
+    assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    waiting = kube.progress_until("s3", "waiting in line")[-1]
+    assert "waiting in line for 4 GiB of one GPU: position 1, 0 ahead; estimated start" in waiting
+    assert line(one_card) == ["s3/"]
+    assert pods(one_card) == ["jupyter-s1", "jupyter-s2"]  # no pod for s3: the scheduler never sees it
+
+    # Someone who does not wait cannot jump the line: refused while s3 waits.
+    jumped = kube.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB"})
+    assert jumped.status_code == 409, jumped.text
+    assert "1 request(s) wait in line for a GPU before yours" in jumped.json()["message"]
+    # s4 waits behind s3, then gives up: stopping the pending spawn leaves the line, nothing is created.
+    assert kube.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    assert "position 2, 1 ahead" in kube.progress_until("s4", "waiting in line")[-1]
+    assert kube.api("DELETE", "/users/s4/server").status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while line(one_card) != ["s3/"]:
+        assert time.monotonic() < deadline, f"the stopped spawn stayed in the line: {line(one_card)}"
+        time.sleep(0.2)
+    assert pods(one_card) == ["jupyter-s1", "jupyter-s2"]
+
+    assert kube.api("DELETE", "/users/s1/server").status_code in (202, 204)
+    kube.wait_ready("s3", timeout_s=90)  # no second request: the line placed it
+    assert line(one_card) == []
+    assert "jupyter-s3" in pods(one_card)
+    assert "jupyter-s4" not in pods(one_card)
+    assert not kube.api("GET", "/users/s4").json()["servers"]
+
+
+def test_after_a_hub_kill_9_the_line_is_intact_and_the_request_keeps_its_place(one_card: RestartableHub) -> None:
+    kube = one_card.hub
+    two_classmates_run(one_card)
+    assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    kube.progress_until("s3", "waiting in line")
+    time.sleep(0.5)
+    assert kube.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    kube.progress_until("s4", "position 2, 1 ahead")
+    before = {e.key: e.arrived for e in Ledger(one_card.root / "ledger.sqlite").line()}
+
+    assert one_card.process is not None
+    one_card.process.kill()  # kill -9: nothing is written on the way out
+    one_card.process.wait()
+    one_card.start()
+    one_card.wait_healthy()
+    after = {e.key: e.arrived for e in Ledger(one_card.root / "ledger.sqlite").line()}
+    assert after == before, "the line changed across the hub's kill -9"
+    assert pods(one_card) == ["jupyter-s1", "jupyter-s2"]
+
+    # The restarted hub lost s3's spawn; starting it again takes the same place back (first).
+    deadline = time.monotonic() + 60
+    while kube.api("GET", "/users/s3").json()["servers"]:  # the hub cleans up the spawn it lost
+        assert time.monotonic() < deadline, "the lost spawn stayed pending after the restart"
+        time.sleep(0.5)
+    assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
+    assert "position 1, 0 ahead" in kube.progress_until("s3", "waiting in line")[-1]
+    assert kube.api("DELETE", "/users/s2/server").status_code in (202, 204)
+    kube.wait_ready("s3", timeout_s=90)
+    assert [e.key for e in Ledger(one_card.root / "ledger.sqlite").line()] == ["s4/"]
+
+
+def test_concurrent_spawns_never_create_more_pods_than_fit(one_card: RestartableHub) -> None:
+    kube = one_card.hub
+    users = [f"c{i}" for i in range(5)]
+    assert kube.api("POST", "/users", json={"usernames": users}).status_code == 201
+    # A slow API server: each pod is listed only 2 s after the hub asked for it, so the spawns
+    # decide while the pods already placed are not in any listing yet.
+    slow = {"method": "POST", "path_contains": "/namespaces/gpuslice/pods", "status": "slow", "delay_s": 2}
+    assert kube.k8s_post("/_test/faults", {**slow, "times": len(users)}).ok
+
+    def press_start(user: str) -> int:
+        return kube.api("POST", f"/users/{user}/server", json={"gpu_memory": "4GiB"}).status_code
+
+    with ThreadPoolExecutor(len(users)) as pool:
+        answers = dict(zip(users, pool.map(press_start, users), strict=True))
+    started = [u for u, status in answers.items() if status in (201, 202)]
+    assert sorted(answers.values()).count(409) == 3, answers
+    for user in started:
+        kube.wait_ready(user)
+    time.sleep(2)  # any late create would show by now
+    assert pods(one_card) == sorted(f"jupyter-{u}" for u in started)
+
+
+def test_an_idle_gpu_server_is_warned_then_reclaimed_for_the_line(one_card_reclaiming: RestartableHub) -> None:
+    kube = one_card_reclaiming.hub
+    two_classmates_run(one_card_reclaiming)  # both idle from now on
+    assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    kube.wait_ready("s3", timeout_s=90)  # nobody stopped anything: the reclaimer did
+    running = [u for u in ("s1", "s2") if kube.api("GET", f"/users/{u}").json()["servers"]]
+    assert len(running) == 1, f"the line needed one slice, not {2 - len(running)}"
+    stopped = f"{({'s1', 's2'} - set(running)).pop()}/"
+    kinds = [e.kind for e in Ledger(one_card_reclaiming.root / "ledger.sqlite").history(stopped)]
+    assert kinds[-2:] == ["warned", "stopping"], kinds  # warned first, then stopped
