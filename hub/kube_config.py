@@ -12,10 +12,10 @@ from pathlib import Path
 
 from hub import roles
 from hub.accounts import passwords_path, read_admin_password, roster_names, set_admin_passwords
+from hub.kube_line import add_gpu_line
 from hub.kube_values import load_kube_values
 from market.store import Store
 from spawner import environ
-from spawner.waitline import warning_lead
 
 values = load_kube_values()
 data = values.data_dir  # the hub's PVC
@@ -54,13 +54,6 @@ c.KubeGpuSpawner.gpu_backend = values.backend
 c.KubeGpuSpawner.gpushare_memory_unit = values.gpushare_memory_unit
 c.KubeGpuSpawner.gpu_policy = values.policy
 c.KubeGpuSpawner.gpu_culler_timeout = values.idle_timeout  # the culler's: its stops are named
-# The GPU line (spawns that wait for room, "wait": true) in the ledger's SQLite file on the hub's
-# PVC: it survives a hub restart. The pods stay the allocations; the file holds only the line.
-ledger_path = data / "ledger.sqlite"
-c.KubeGpuSpawner.gpu_ledger_path = str(ledger_path)
-# The spawn page's words for the GPU line (the place, "Leave the line"), before JupyterHub's own.
-# This file is copied out of the package (images/hub): the templates are found beside hub.roles.
-c.JupyterHub.template_paths = [str(Path(roles.__file__).parent / "templates")]
 c.KubeGpuSpawner.gpu_groups = [
     {"name": name, **{k: v for k, v in rules.items() if k not in ("members", "profiles")}}
     for name, rules in groups.items()
@@ -108,28 +101,10 @@ c.JupyterHub.load_roles = [
     roles.service_role("idle-culler", roles.STOPS_IDLE_SERVERS),
     roles.service_role("prometheus", roles.READS_METRICS),
 ]
-# While anyone waits in the GPU line, idle GPU servers (the pods that hold a GPU) go to it, after a
-# warning (hub/reclaimer.py). A managed service gets only the environment given here: the API's
-# address for its in-cluster client (the ServiceAccount's token is a file in the pod).
-IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
-reclaim_after = 900  # KubeGpuSpawner.gpu_idle_timeout's default: the line's estimates use it too
-c.JupyterHub.services.append(
-    {
-        "name": "gpu-reclaimer",
-        "command": [
-            sys.executable,
-            "-m",
-            "hub.reclaimer",
-            f"--ledger={ledger_path}",
-            f"--kube-namespace={c.KubeGpuSpawner.namespace}",
-            f"--gpu-idle-timeout={reclaim_after}",
-            f"--warn-before={warning_lead(reclaim_after)}",
-            f"--interval={min(30.0, reclaim_after / 10)}",
-        ],
-        "environment": {k: os.environ[k] for k in IN_CLUSTER_ENV if k in os.environ},
-    }
-)
-c.JupyterHub.load_roles.append(roles.service_role("gpu-reclaimer", roles.STOPS_IDLE_SERVERS))
+# The GPU line (spawns that wait for room, "wait": true) in the ledger's SQLite file on the hub's
+# PVC, kept across restarts (the pods stay the allocations); its pages, and the reclaimer that
+# gives idle GPU servers to it after a warning (hub/kube_line.py).
+add_gpu_line(c, str(data / "ledger.sqlite"), c.KubeGpuSpawner.namespace)
 if values.portal_enabled:
     c.JupyterHub.services.append(
         {

@@ -41,6 +41,7 @@ from urllib.parse import quote
 
 import requests
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
 
 from hub.exporter import OwnerOf, Source, owner_from_proc
 from spawner.backends import ANNOTATION_BACKEND
@@ -95,7 +96,7 @@ async def _list_notebook_pods(namespace: str) -> list[dict[str, Any]]:
 
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
+    except ConfigException:
         await config.load_kube_config()
     async with client.ApiClient() as api:
         response: Any = await client.CoreV1Api(api).list_namespaced_pod(
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         while True:
             try:
                 reclaimer.step(time.time())
-            except (requests.RequestException, OSError, ApiException) as exc:
+            except (requests.RequestException, OSError, ApiException, ConfigException) as exc:
                 log.warning("gpuslice reclaimer: the hub or the cluster did not answer (%s); trying again", exc)
             time.sleep(args.interval)
     except KeyboardInterrupt:  # the hub stops its services with SIGINT: end quietly, not with a traceback

@@ -57,6 +57,7 @@ from spawner.quotas import Usage
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind
 from spawner.stop_events import STOPPED, pod_event, stop_request
+from spawner.waitline import activity_report_interval
 
 TRANSIENT_STATUSES = {429, 500, 502, 503, 504}
 STOP_NOTE_TIMEOUT_S = 5  # the note of who stopped a server waits no longer than this for the API
@@ -534,6 +535,8 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         env = {**spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         if mounts:
             env[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
+        if holds_gpu:  # a use during the GPU line's warning reaches the hub before the reclaimer's stop
+            env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(activity_report_interval(self.gpu_warning_lead))
         self._gpu_pod = PodAdditions(
             limits=dict(spec.limits),
             annotations={**spec.annotations, **({GROUP_ANNOTATION: group} if group else {})},

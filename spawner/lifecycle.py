@@ -21,13 +21,13 @@ from traitlets import Instance, Unicode
 from spawner import environ
 from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.inventory import Inventory, build_local
-from spawner.ledger import Held, LedgerError, reclaim_notice, stop_message
+from spawner.ledger import Held, stop_message
 from spawner.line import WaitingLineMixin, usage_of
 from spawner.placement import Choice, Demand
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes
-from spawner.waitline import activity_report_interval, warning_lead
+from spawner.waitline import activity_report_interval
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
@@ -255,20 +255,6 @@ class LedgerGpuMixin(WaitingLineMixin):
         last = history[-1] if history else None
         message = stop_message(last, time.time(), self._last_activity_ts(), self.gpu_culler_timeout)
         return "stopped", 100, message
-
-    @property
-    def gpu_warning_lead(self) -> float:
-        return warning_lead(self.gpu_idle_timeout)
-
-    def gpu_reclaim_warning(self) -> tuple[str, float] | None:
-        """The GPU line's warning standing for this server now, and when it was given (hub/notice.py)."""
-        try:
-            history = self._ledger.history(self._key)
-        except LedgerError:
-            return None
-        latest = history[-1] if history else None
-        said = reclaim_notice(latest, time.time(), self.gpu_warning_lead)
-        return (said, latest.created) if said and latest else None
 
     def _last_event_kind(self) -> str | None:
         history = self._ledger.history(self._key)

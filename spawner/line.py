@@ -23,13 +23,13 @@ from traitlets import Float, Integer, Unicode
 from spawner import metrics
 from spawner.form import WaitOffer, in_form_words
 from spawner.inventory import Inventory
-from spawner.ledger import Held, Ledger, LedgerError
+from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
-from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions
+from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions, warning_lead
 
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
 
@@ -115,6 +115,23 @@ class WaitingLineMixin(GpuShareMixin):
         largest_free = max((g.free_bytes for g in inventory.gpus() if g.healthy), default=0)
         card = max((g.memory_bytes for g in inventory.gpus()), default=0)
         return min(largest_free, largest_slice(self._quota_groups(), usage, card))
+
+    @property
+    def gpu_warning_lead(self) -> float:
+        return warning_lead(self.gpu_idle_timeout)
+
+    def gpu_reclaim_warning(self) -> tuple[str, float] | None:
+        """The GPU line's warning standing for this server now, and when it was given (hub/notice.py).
+
+        The reclaimer writes it to the ledger as a "warned" event, on both backends.
+        """
+        try:
+            history = self._ledger.history(self._key)
+        except LedgerError:
+            return None
+        latest = history[-1] if history else None
+        said = reclaim_notice(latest, time.time(), self.gpu_warning_lead)
+        return (said, latest.created) if said and latest else None
 
     def _wants_to_wait(self) -> bool:
         return str((self.user_options or {}).get("wait", "")).lower() in {"true", "1", "on", "yes"}  # type: ignore[attr-defined]

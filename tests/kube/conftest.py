@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -58,6 +59,17 @@ def write_kubeconfig(path: Path, port: int) -> None:
             }
         )
     )
+
+
+def login(base: str, user: str, password: str) -> requests.Session:
+    """A logged-in browser-like session (the hub's cookie) through the login form."""
+    session = requests.Session()
+    form = session.get(f"{base}/hub/login", timeout=30)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form.text)
+    data = {"username": user, "password": password, **({"_xsrf": xsrf.group(1)} if xsrf else {})}
+    answer = session.post(f"{base}/hub/login", data=data, timeout=60, allow_redirects=False)
+    assert answer.status_code == 302, f"{user} could not log in: HTTP {answer.status_code}"
+    return session
 
 
 @dataclass

@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from hub.notice import NoticeHandler
+
 root = Path(os.environ["GPUSLICE_TEST_DIR"])
 repo = Path(__file__).resolve().parents[2]
 c = get_config()  # type: ignore[name-defined]
@@ -51,6 +53,7 @@ c.KubeGpuSpawner.environment = {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}
 c.KubeGpuSpawner.gpu_ledger_path = str(root / "ledger.sqlite")  # the GPU line (the chart's: on the hub's PVC)
 c.KubeGpuSpawner.gpu_line_poll = 0.5
 c.JupyterHub.template_paths = [str(repo / "hub" / "templates")]  # the spawn page's words for the GPU line
+c.JupyterHub.extra_handlers = [(r"/gpuslice/notice", NoticeHandler)]  # as hub/kube_config.py
 if os.environ.get("GPUSLICE_TEST_KEEP_SERVERS"):  # a hub restart leaves the servers running, as the chart's does
     c.JupyterHub.cleanup_servers = False
 reclaim_after = os.environ.get("GPUSLICE_TEST_RECLAIM_AFTER")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.kube.conftest import gpushare_node
+from tests.kube.conftest import gpushare_node, login
 from tests.kube.containers import Cluster, keep_generated_secrets, render, rule_groups
 from tests.kube.images import build_platform, missing_tools
 
@@ -81,16 +81,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         raise
     finally:
         cluster.stop()
-
-
-def login(base: str, user: str, password: str) -> requests.Session:
-    session = requests.Session()
-    form = session.get(f"{base}/hub/login", timeout=30)
-    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form.text)
-    data = {"username": user, "password": password, **({"_xsrf": xsrf.group(1)} if xsrf else {})}
-    answer = session.post(f"{base}/hub/login", data=data, timeout=60, allow_redirects=False)
-    assert answer.status_code == 302, f"{user} could not log in: HTTP {answer.status_code}"
-    return session
 
 
 def refused_login(base: str, user: str, password: str) -> str:
@@ -184,6 +174,10 @@ def test_the_rendered_chart_spawns_a_slice_survives_a_hub_restart_and_an_upgrade
     assert pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
     assert pod["spec"]["containers"][0]["image"] == cluster.images["notebook-base"]
     assert notebook_env(cluster, "jupyter-alice")["GPUSLICE_GPU_MEMORY_BYTES"] == str(4 * GiB)
+    # Her JupyterLab carries the GPU line's notice, and the hub serves it the warnings (none now).
+    assert "@gpuslice/reclaim-notice" in notebook_labextensions(cluster, "jupyter-alice")
+    notices = admin.get(f"{base}/hub/gpuslice/notice", timeout=30)
+    assert notices.status_code == 200 and notices.json()["notices"] == [], notices.text
     assert_rules_loaded(cluster.url(PROMETHEUS, 9090), rule_groups(cluster.docs))
 
     # The API double checks the token and the RBAC the chart grants: the portal's account reads only.
@@ -336,6 +330,14 @@ def assert_rules_loaded(prometheus: str, groups: list[dict[str, Any]], timeout_s
         time.sleep(1)
     failed = {name: error for name, (state, error) in health.items() if state != "ok"}
     assert not failed, failed
+
+
+def notebook_labextensions(cluster: Cluster, pod: str) -> str:
+    """What `jupyter labextension list` says in the notebook container (it writes to stderr)."""
+    from tests.kube.images import podman
+
+    listed = podman("exec", f"{cluster.network}-pod-jupyter-{pod}", "jupyter", "labextension", "list")
+    return listed.stdout + listed.stderr
 
 
 def notebook_env(cluster: Cluster, pod: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ One card of 8 GiB: two 4 GiB slices fit, a third waits in line with no pod until
 
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spawner.ledger import Ledger
-from tests.kube.conftest import gpushare_node, start_api_double
+from tests.kube.conftest import KubeHub, gpushare_node, login, start_api_double
 from tests.kube.test_kube_restart import RestartableHub
 
 PODS = "/api/v1/namespaces/gpuslice/pods?labelSelector=component%3Dsingleuser-server"
@@ -155,13 +156,39 @@ def test_concurrent_spawns_never_create_more_pods_than_fit(one_card: Restartable
     assert pods(one_card) == sorted(f"jupyter-{u}" for u in started)
 
 
+def notices_seen(kube: KubeHub, users: list[str], until: threading.Event) -> dict[str, list[str]]:
+    """Each user's GPU-line warnings, as /hub/gpuslice/notice gives them to their own logged-in pages."""
+    sessions = {user: login(kube.url, user, "any") for user in users}  # the dummy authenticator
+    seen: dict[str, list[str]] = {user: [] for user in users}
+    while not until.is_set():
+        for user, session in sessions.items():
+            answer = session.get(f"{kube.url}/hub/gpuslice/notice", allow_redirects=False, timeout=30)
+            assert answer.status_code == 200, f"{user}: HTTP {answer.status_code}"
+            seen[user] += [n["message"] for n in answer.json()["notices"]]
+        time.sleep(0.2)
+    return seen
+
+
 def test_an_idle_gpu_server_is_warned_then_reclaimed_for_the_line(one_card_reclaiming: RestartableHub) -> None:
     kube = one_card_reclaiming.hub
     two_classmates_run(one_card_reclaiming)  # both idle from now on
-    assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
-    kube.wait_ready("s3", timeout_s=90)  # nobody stopped anything: the reclaimer did
+    done = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        watching = pool.submit(notices_seen, kube, ["s1", "s2"], done)
+        try:
+            assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (
+                201,
+                202,
+            )
+            kube.wait_ready("s3", timeout_s=90)  # nobody stopped anything: the reclaimer did
+        finally:
+            done.set()
+        seen = watching.result()
     running = [u for u in ("s1", "s2") if kube.api("GET", f"/users/{u}").json()["servers"]]
     assert len(running) == 1, f"the line needed one slice, not {2 - len(running)}"
-    stopped = f"{({'s1', 's2'} - set(running)).pop()}/"
-    kinds = [e.kind for e in Ledger(one_card_reclaiming.root / "ledger.sqlite").history(stopped)]
+    stopped_user = ({"s1", "s2"} - set(running)).pop()
+    kinds = [e.kind for e in Ledger(one_card_reclaiming.root / "ledger.sqlite").history(f"{stopped_user}/")]
     assert kinds[-2:] == ["warned", "stopping"], kinds  # warned first, then stopped
+    # The owner was told on their own pages before the stop; the classmate who keeps the slice was not.
+    assert any("Idle while others wait for a GPU" in m for m in seen[stopped_user]), seen
+    assert seen[running[0]] == [], seen

@@ -99,6 +99,14 @@ def test_a_cpu_only_server_sees_no_gpu() -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["CUDA_VISIBLE_DEVICES"] == ""
     assert not any("gpu" in r for r in (container.get("resources") or {}).get("limits") or {})
+    assert "JUPYTERHUB_ACTIVITY_INTERVAL" not in env  # never reclaimed for the GPU line: the default reports
+
+
+def test_a_gpu_server_reports_its_activity_within_the_gpu_lines_warning() -> None:
+    """A use during the reclaimer's warning must reach the hub before the stop (as on one machine)."""
+    spawner = make("gpushare")
+    env = {e["name"]: e.get("value") for e in manifest(spawner, "4GiB")["spec"]["containers"][0]["env"]}
+    assert float(env["JUPYTERHUB_ACTIVITY_INTERVAL"]) <= spawner.gpu_warning_lead / 6
 
 
 def test_a_second_spawn_starts_from_the_configured_settings_not_the_last_pod() -> None:

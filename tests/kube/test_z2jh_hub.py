@@ -145,7 +145,14 @@ def test_z2jhs_own_config_spawns_a_gpu_server_through_kube_gpu_spawner(tmp_path:
     try:
         _wait_http(f"http://127.0.0.1:{ports['api']}/version", apiserver, tmp_path / "apiserver.log")
         _wait_http(f"{public}/hub/health", hub, tmp_path / "hub.log", timeout_s=90)
-        assert "Loading pass-through config section hub.config.KubeGpuSpawner" in (tmp_path / "hub.log").read_text()
+        log = (tmp_path / "hub.log").read_text()
+        assert "Loading pass-through config section hub.config.KubeGpuSpawner" in log
+        # The overlay's extraConfig adds the GPU line's hub side: the reclaimer runs, and the
+        # warnings' page is there and asks who is looking (a login redirect, not a 404).
+        assert "Loading extra config: gpuslice-line" in log
+        assert logged(tmp_path / "hub.log", "Starting service 'gpu-reclaimer'"), "the gpu-reclaimer did not start"
+        anonymous = requests.get(f"{public}/hub/gpuslice/notice", allow_redirects=False, timeout=30)
+        assert anonymous.status_code == 302 and "/hub/login" in anonymous.headers["Location"], anonymous.status_code
 
         assert requests.post(f"{public}/hub/api/users/gina", headers=admin, timeout=30).status_code == 201
         started = requests.post(
@@ -174,6 +181,18 @@ def test_z2jhs_own_config_spawns_a_gpu_server_through_kube_gpu_spawner(tmp_path:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def logged(path: Path, text: str, timeout_s: float = 30) -> bool:
+    """Whether text appears in the log at path within timeout_s (the hub starts its services as it starts)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def wait_ready(public: str, headers: dict[str, str], user: str, root: Path, timeout_s: float = 90) -> None:
