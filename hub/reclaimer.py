@@ -56,6 +56,7 @@ from spawner.waitline import (
     busy_processes,
     follow_gpu_memory,
     reclaim,
+    still_freeing,
     stop_due,
     with_gpu_activity,
 )
@@ -170,6 +171,7 @@ class Reclaimer:
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"token {token}"
         self.warned: dict[str, float] = {}
+        self.freeing: dict[str, float] = {}  # servers stopped for the line whose slices may not have reached it
         self.traces: dict[str, GpuTrace] = {}
 
     def holders(self, users: list[dict[str, Any]], gpu_keys: set[str], now: float) -> list[Holder]:
@@ -187,14 +189,20 @@ class Reclaimer:
         """Warn and stop as needed; returns the servers stopped."""
         waiting = sum(1 for e in self.ledger.line() if not e.away(now))
         if not waiting:
-            self.warned = {}
+            self.warned, self.freeing = {}, {}
             return []  # nobody waits: nothing to reclaim, no cluster to read
-        gpu_keys = self.gpu_keys()
-        response = self.session.get(f"{self.api_url}/users", params={"state": "ready"}, timeout=30)
+        response = self.session.get(f"{self.api_url}/users", params={"state": "active"}, timeout=30)
         response.raise_for_status()
+        users = response.json()
+        active = {server_key(u["name"], name) for u in users for name in (u.get("servers") or {})}
+        self.freeing = still_freeing(self.freeing, active, now, grace_s=self.warn_before)
+        needed = waiting - len(self.freeing)  # the slices already on their way to the line are not needed again
+        if needed <= 0:
+            return []
+        gpu_keys = self.gpu_keys()
         warn, stop = reclaim(
-            self.holders(response.json(), gpu_keys, now),
-            waiting=waiting,
+            self.holders(users, gpu_keys, now),
+            waiting=needed,
             now=now,
             gpu_idle_timeout=self.timeout,
             warn_before=self.warn_before,
@@ -209,11 +217,12 @@ class Reclaimer:
         report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
         due = [key for key in stop if stop_due(self.warned[key], now, self.warn_before, report_every)]
         for key in due:
-            self._stop(key)
+            if self._stop(key):
+                self.freeing[key] = now
             self.warned.pop(key, None)
         return due
 
-    def _stop(self, key: str) -> None:
+    def _stop(self, key: str) -> bool:
         # Before the stop: the spawner names who stopped it from this note, as for the portal's.
         idle = f"{self.timeout / 60:.0f} min" if self.timeout >= 60 else f"{self.timeout:.0f} s"
         self.ledger.record(key, "stopping", 90, f"the GPU line's reclaimer: idle for over {idle} while others waited")
@@ -222,8 +231,9 @@ class Reclaimer:
         response = self.session.delete(f"{self.api_url}{path}", timeout=60)
         if response.status_code not in (202, 204):
             log.warning("gpuslice reclaimer: stopping %s answered HTTP %s", key, response.status_code)
-            return
+            return False
         log.info("gpuslice reclaimer: stopped %s (idle while others waited)", key)
+        return True
 
 
 def nvml_source() -> Source | None:

@@ -299,9 +299,10 @@ def reclaim(
     """GPU-aware reclaiming while anyone waits: (servers to warn, servers to stop), longest idle first.
 
     Only servers with a GPU, whose kernels *and* GPU have both been idle: for
-    ``gpu_idle_timeout`` they are stopped (at most ``waiting`` of them: the line gets no more
-    than it needs), from ``warn_before`` earlier their owners are warned. Nobody waiting:
-    nothing (the normal idle timeout applies).
+    ``gpu_idle_timeout`` they are stopped, from ``warn_before`` earlier their owners are
+    warned; at most ``waiting`` of them in all, longest idle first (the line gets no more than
+    it needs, and nobody is warned of a stop that will not come). Nobody waiting: nothing
+    (the normal idle timeout applies).
     """
     if waiting <= 0:
         return [], []
@@ -310,9 +311,22 @@ def reclaim(
         if h.has_gpu and h.kernels_idle_since is not None and h.gpu_idle_since is not None:
             idle.append((now - max(h.kernels_idle_since, h.gpu_idle_since), h.key))
     idle.sort(key=lambda pair: (-pair[0], pair[1]))
-    stop = [key for seconds, key in idle if seconds >= gpu_idle_timeout][:waiting]
-    warn = [key for seconds, key in idle if gpu_idle_timeout - warn_before <= seconds < gpu_idle_timeout]
+    chosen = [(seconds, key) for seconds, key in idle if seconds >= gpu_idle_timeout - warn_before][:waiting]
+    stop = [key for seconds, key in chosen if seconds >= gpu_idle_timeout]
+    warn = [key for seconds, key in chosen if seconds < gpu_idle_timeout]
     return warn, stop
+
+
+def still_freeing(freeing: Mapping[str, float], active: Set[str], now: float, grace_s: float) -> dict[str, float]:
+    """The servers stopped for the line whose slices may not have reached it yet, and when last seen.
+
+    A stopped server frees its slice only once the hub is done stopping it (it is still
+    ``active`` until then: a pod takes a while to go), and the waiting spawn takes the slice at
+    its next look: ``grace_s`` after that. Until then the line is not short of that slice, so
+    no one else is warned for it.
+    """
+    kept = {key: seen for key, seen in freeing.items() if key in active or now - seen < grace_s}
+    return {key: now if key in active else seen for key, seen in kept.items()}
 
 
 @dataclass(frozen=True)

@@ -183,8 +183,10 @@ def test_reclaiming_takes_only_gpu_servers_idle_on_both_counts_longest_first_and
         Holder("older/", True, 0.0, 50.0),
         Holder("soon/", True, 0.0, 300.0),  # 14 min idle at 1140: warned
     ]
-    assert reclaim(holders, waiting=1, now=1140.0) == (["soon/"], ["older/"])
+    assert reclaim(holders, waiting=1, now=1140.0) == ([], ["older/"])  # soon/'s owner is not told of no stop
+    assert reclaim(holders, waiting=2, now=1140.0) == ([], ["older/", "old/"])
     assert reclaim(holders, waiting=5, now=1140.0) == (["soon/"], ["older/", "old/"])
+    assert reclaim(holders, waiting=1, now=900.0) == (["older/"], [])  # old/ is idle too: only the one needed is warned
     assert reclaim(holders, waiting=0, now=1140.0) == ([], [])  # nobody waits: the normal idle timeout
 
 
@@ -323,3 +325,12 @@ def test_a_warned_server_is_stopped_only_after_a_use_before_the_announced_time_w
 
 def test_a_server_is_gpu_busy_when_any_of_its_processes_ran_kernels_since_the_last_look() -> None:
     assert busy_processes({"ann/": 41.0, "bo/lab": 4.9, "cy/": 0.0, "di/": 5.0}) == {"ann/", "di/"}
+
+
+def test_a_slice_stopped_for_the_line_counts_as_on_its_way_until_the_hub_is_done_and_one_grace_after() -> None:
+    from spawner.waitline import still_freeing
+
+    stopped = {"ann/": 100.0}
+    assert still_freeing(stopped, {"ann/"}, now=160.0, grace_s=20) == {"ann/": 160.0}  # the pod is still going
+    assert still_freeing({"ann/": 160.0}, set(), now=175.0, grace_s=20) == {"ann/": 160.0}  # gone: the spawn looks
+    assert still_freeing({"ann/": 160.0}, set(), now=181.0, grace_s=20) == {}  # the line had its chance
