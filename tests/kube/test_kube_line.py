@@ -19,6 +19,7 @@ from spawner.ledger import Ledger
 from tests.kube.conftest import KubeHub, gpushare_node, login, start_api_double
 from tests.kube.test_kube_restart import RestartableHub
 
+GiB = 2**30
 PODS = "/api/v1/namespaces/gpuslice/pods?labelSelector=component%3Dsingleuser-server"
 
 
@@ -230,6 +231,12 @@ def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(o
     refused = line_api(kube, student, "POST", {"action": "cancel", "user": "s3", "server": ""})
     assert refused.status_code == 403, refused.text
     assert "only admins and the teachers of a class can" in refused.json()["message"]
+    # ml101's teacher: s3 is not in their class (neither seen nor changed).
+    assert kube.api("POST", "/users", json={"usernames": ["tina"]}).status_code == 201
+    teacher = portal_token(kube, "tina")
+    assert line_api(kube, teacher).json()["line"] == []
+    refused = line_api(kube, teacher, "POST", {"action": "put-first", "user": "s3", "server": ""})
+    assert refused.status_code == 403 and "tina teaches ml101, not default" in refused.json()["message"]
     for anonymous in (None, kube.token):  # no token; a service's (the portal's own is one)
         assert line_api(kube, anonymous).status_code == 403
         assert line_api(kube, anonymous, "POST", {"action": "put-first", "user": "s3", "server": ""}).status_code == 403
@@ -245,3 +252,15 @@ def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(o
     assert after["line"] == []
     assert [(w["group"], w["waits"], w["placed"]) for w in after["waits"]] == [(waiting["group"], 1, 0)]  # cancelled
     assert line_api(kube, student).json()["waits"] == []  # someone else's wait
+
+    # Reservations: the hub counts the cluster's one 8 GiB card; a class's teacher keeps and drops their class's.
+    day = {"start": time.time(), "end": time.time() + 3600}
+    too_much = line_api(kube, admin, "POST", {"action": "reserve", "group": "ml101", "memory_bytes": 16 * GiB, **day})
+    assert too_much.status_code == 400 and "more than the 8 GiB" in too_much.json()["message"], too_much.text
+    made = line_api(kube, teacher, "POST", {"action": "reserve", "group": "ml101", "memory_bytes": 4 * GiB, **day})
+    assert made.status_code == 200, made.text
+    others = line_api(kube, teacher, "POST", {"action": "reserve", "group": "default", "memory_bytes": GiB, **day})
+    assert others.status_code == 403, others.text
+    assert [r["group"] for r in line_api(kube, student).json()["reservations"]] == ["ml101"]  # no names: anyone
+    dropped = line_api(kube, teacher, "POST", {"action": "drop-reservation", "id": made.json()["id"]})
+    assert dropped.json() == {"done": True}, dropped.text
