@@ -7,6 +7,8 @@ it the hub needs three things, the same in both installs:
   reclaim warning: hub/templates, before JupyterHub's own;
 * ``/hub/gpuslice/notice``: a user's warnings as JSON, for that page and JupyterLab's notice
   (hub/notice.py; the notebook image carries the JupyterLab extension);
+* ``/hub/api/gpuslice/line``: the line for the portal's Queue view and wait times, read and
+  managed with the reader's own token (hub/line_api.py);
 * the ``gpu-reclaimer`` service: while anyone waits, an idle GPU server is warned, then
   stopped, and its slice goes to the line (hub/reclaimer.py, reading the notebook pods).
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import roles
+from hub.line_api import LineHandler
 from hub.notice import NoticeHandler
 from spawner.waitline import warning_lead
 
@@ -29,6 +32,8 @@ TEMPLATES = Path(roles.__file__).parent / "templates"  # found from the package:
 # A managed service gets only the environment it is given: the API's address for its in-cluster
 # client (the ServiceAccount's token is a file in the pod, not an environment variable).
 IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+# The line's hub pages and API (JupyterHub serves extra handlers under /hub).
+LINE_HANDLERS = [(r"/gpuslice/notice", NoticeHandler), (r"/api/gpuslice/line", LineHandler)]
 
 
 def reclaimer_service(ledger_path: str, namespace: str, idle_timeout_s: int) -> dict[str, Any]:
@@ -57,7 +62,7 @@ def add_gpu_line(c: Any, ledger_path: str, namespace: str, idle_timeout_s: int =
     c.KubeGpuSpawner.gpu_ledger_path = ledger_path
     c.KubeGpuSpawner.gpu_idle_timeout = idle_timeout_s
     c.JupyterHub.template_paths = [str(TEMPLATES), *_listed(c.JupyterHub, "template_paths")]
-    c.JupyterHub.extra_handlers = [*_listed(c.JupyterHub, "extra_handlers"), (r"/gpuslice/notice", NoticeHandler)]
+    c.JupyterHub.extra_handlers = [*_listed(c.JupyterHub, "extra_handlers"), *LINE_HANDLERS]
     c.JupyterHub.services = [
         *_listed(c.JupyterHub, "services"),
         reclaimer_service(ledger_path, namespace, idle_timeout_s),

@@ -24,9 +24,10 @@ from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
 from portal.incidents import Escalation, Incident, Silence, group
-from spawner import environ, usage
+from spawner import environ, line_admin, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
+from spawner.line_admin import Waiting
 from spawner.waitline import Manager, Reservation, WaitStats
 
 if TYPE_CHECKING:
@@ -180,64 +181,93 @@ def server_events(identity: Identity) -> dict[str, ServerEvent]:
 
 
 @st.cache_data(ttl=5)
-def waiting_line(identity: Identity) -> list[cluster.Waiting]:
-    """The GPU line (the single-machine platform keeps one; on Kubernetes: none yet)."""
+def waiting_line(identity: Identity) -> list[Waiting]:
+    """The GPU line, the places the viewer may see (on Kubernetes as the hub gives them: it holds the line)."""
     if _kubernetes():
-        return []
-    return cluster.waiting_line(_ledger_path(), scope(identity), time.time())
+        return _hub_line(identity, _wait_since()).line
+    return line_admin.waiting_line(_ledger_path(), scope(identity), time.time())
 
 
 WAIT_DAYS = 14  # how many days of wait times the Overview shows
 
 
+def _wait_since() -> float:
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return (today - timedelta(days=WAIT_DAYS - 1)).timestamp()
+
+
 @st.cache_data(ttl=30, show_spinner=False)
 def wait_times(identity: Identity) -> list[WaitStats]:
-    """Wait-time percentiles per class and per day in the GPU line (none on Kubernetes: it keeps no line yet)."""
+    """Wait-time percentiles per class and per day in the GPU line, of the waits the viewer may see."""
     if _kubernetes():
-        return []
-    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    since = (today - timedelta(days=WAIT_DAYS - 1)).timestamp()
-    return cluster.wait_times(_ledger_path(), line_manager(identity), since)
+        return _hub_line(identity, _wait_since()).waits
+    return line_admin.wait_times(_ledger_path(), line_manager(identity), _wait_since())
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _hub_line(identity: Identity, since: float) -> hub.LineState:
+    """On Kubernetes: the line, the waits and the reservations in one answer from the hub, with the reader's token."""
+    return hub.line_state(acting_client(identity), since)
 
 
 def line_manager(identity: Identity) -> Manager:
     """What the viewer may do to the GPU line: admins anything, a class's teachers their class's requests."""
-    return cluster.line_manager(identity.name, identity.admin, group_rules())
+    return line_admin.line_manager(identity.name, identity.admin, group_rules())
 
 
-def _local_line(what: str) -> None:
-    if _kubernetes():
-        raise PermissionError(f"{what}: the GPU line is kept by the single-machine platform only (not on Kubernetes)")
+def _forget_line() -> None:
+    waiting_line.clear()
+    _hub_line.clear()
 
 
 def put_first(identity: Identity, user: str, server: str) -> bool:
-    _local_line("put first")
-    done = cluster.put_first(_ledger_path(), line_manager(identity), user, server)
-    waiting_line.clear()
+    if _kubernetes():
+        done = bool(_hub_act(identity, {"action": "put-first", "user": user, "server": server}).get("done"))
+    else:
+        done = line_admin.put_first(_ledger_path(), line_manager(identity), user, server)
+    _forget_line()
     return done
 
 
 def cancel_waiting(identity: Identity, user: str, server: str) -> bool:
-    _local_line("cancel")
-    done = cluster.cancel_waiting(_ledger_path(), line_manager(identity), user, server)
-    waiting_line.clear()
+    if _kubernetes():
+        done = bool(_hub_act(identity, {"action": "cancel", "user": user, "server": server}).get("done"))
+    else:
+        done = line_admin.cancel_waiting(_ledger_path(), line_manager(identity), user, server)
+    _forget_line()
     return done
 
 
-def reservations() -> list[Reservation]:
-    return [] if _kubernetes() else cluster.reservations(_ledger_path(), time.time())
+def reservations(identity: Identity) -> list[Reservation]:
+    if _kubernetes():
+        return _hub_line(identity, _wait_since()).reservations
+    return line_admin.reservations(_ledger_path(), time.time())
 
 
 def reserve(identity: Identity, group: str, size: int, start: float, end: float) -> int:
-    """Keep GPU memory for a class for a window; never more, with the others, than the machine's GPUs hold."""
-    _local_line("reserve")
-    capacity = sum(g.memory_bytes for g in _all_inventory()[0].gpus() if g.healthy)
-    return cluster.reserve(_ledger_path(), line_manager(identity), group, size, start, end, capacity)
+    """Keep GPU memory for a class for a window; never more, with the others, than the GPUs hold."""
+    if _kubernetes():  # the hub counts the cluster's GPUs itself
+        body = {"action": "reserve", "group": group, "memory_bytes": size, "start": start, "end": end}
+        made = int(_hub_act(identity, body)["id"])
+    else:
+        capacity = sum(g.memory_bytes for g in _all_inventory()[0].gpus() if g.healthy)
+        made = line_admin.reserve(_ledger_path(), line_manager(identity), group, size, start, end, capacity)
+    _forget_line()
+    return made
 
 
 def drop_reservation(identity: Identity, reservation_id: int) -> bool:
-    _local_line("drop a reservation")
-    return cluster.drop_reservation(_ledger_path(), line_manager(identity), reservation_id)
+    if _kubernetes():
+        done = bool(_hub_act(identity, {"action": "drop-reservation", "id": reservation_id}).get("done"))
+    else:
+        done = line_admin.drop_reservation(_ledger_path(), line_manager(identity), reservation_id)
+    _forget_line()
+    return done
+
+
+def _hub_act(identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+    """A change to the line on Kubernetes: the hub checks who may (PermissionError with its words if not)."""
+    return hub.line_action(acting_client(identity), body)
 
 
 def server_history(identity: Identity, user: str, server: str) -> list[ServerEvent]:

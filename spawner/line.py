@@ -262,13 +262,25 @@ class WaitingLineMixin(GpuShareMixin):
     def _place_in_line(self, request: GpuRequest) -> str:
         """Position, people ahead and an estimated start, in words (from the last turn's look at the line)."""
         now = time.time()
-        position, holds = self._gpu_line_view or (1, [])
-        eta = estimated_start(position, self._frees_at(holds, now), now)
+        position = self._gpu_line_view[0] if self._gpu_line_view else 1
+        eta = self.gpu_estimated_start(now)
         when = time.strftime("%H:%M UTC", time.gmtime(eta)) if eta is not None else "unknown"
         return (
             f"waiting in line for {request.describe()}: position {position}, {position - 1} ahead;"
             f" estimated start {when}"
         )
+
+    def gpu_estimated_start(self, now: float) -> float | None:
+        """When this waiting spawn may start, from its last look at the line (None: unknown, or not waiting)."""
+        if self._gpu_line_view is None:
+            return None
+        position, holds = self._gpu_line_view
+        return estimated_start(position, self._frees_at(holds, now), now)
+
+    async def gpu_capacity_bytes(self) -> int:
+        """The GPU memory of the healthy cards, as listed now: reservations together may not promise more."""
+        await self._refresh_view()
+        return sum(g.memory_bytes for g in self.form_state()[0].gpus() if g.healthy)
 
     def _frees_at(self, holds: list[Held], now: float) -> list[float]:
         """When each GPU server is expected to end at the latest if idle: last activity plus the idle timeout."""

@@ -9,40 +9,21 @@ show what the data layer did not hand it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from portal.identity import Identity
 from spawner.inventory import Allocation, Inventory
 from spawner.ledger import Held, ServerEvent
+from spawner.scope import Scope as Scope  # re-exported: the portal names it from here
+from spawner.scope import scope_for
 
 HIDDEN = ""  # the user name of an allocation the viewer may not see
 
 
-@dataclass(frozen=True)
-class Scope:
-    viewer: str
-    everyone: bool = False  # an admin
-    users: frozenset[str] = frozenset()  # the viewer and the members of the classes they teach
-
-    def sees(self, user: str) -> bool:
-        return self.everyone or user == self.viewer or user in self.users
-
-    @property
-    def teaches(self) -> bool:
-        return bool(self.users - {self.viewer})
-
-
 def scope_of(identity: Identity, rules: Iterable[Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> Scope:
     """The identity's scope: a group whose rules list them under ``teachers`` adds its members."""
-    if identity.admin:
-        return Scope(identity.name, everyone=True)
-    users = {identity.name}
-    for rule in rules:
-        if identity.name in (rule.get("teachers") or ()):
-            name = str(rule.get("name", ""))
-            users |= set(groups.get(name, ())) | set(rule.get("members") or ())
-    return Scope(identity.name, users=frozenset(users))
+    return scope_for(identity.name, identity.admin, rules, groups)
 
 
 def holds(held: Iterable[Held], scope: Scope) -> list[Held]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,17 +24,6 @@ from spawner.stop_events import (
     pod_event,
     stopped_servers,
     timestamp,
-)
-from spawner.waitline import (
-    Entry,
-    Manager,
-    Reservation,
-    WaitStats,
-    may_manage,
-    positions,
-    reservation_problem,
-    sees_wait,
-    wait_stats,
 )
 
 
@@ -59,108 +46,6 @@ def server_history(ledger_path: Path, scope: Scope, user: str, server: str) -> l
 
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """One request in the GPU line, as the Queue view shows it."""
-
-    position: int
-    user: str
-    server: str
-    asked: str
-    group: str | None
-    since: float  # arrival, seconds since the epoch
-    away: bool  # its spawn has not looked at the line for a while (hub restarted, spawn lost)
-
-
-def waiting_line(ledger_path: Path, scope: Scope, now: float) -> list[Waiting]:
-    """The GPU line in its order: the places of the people in the viewer's scope (admins: all)."""
-    if not ledger_path.exists():
-        return []
-    ledger = Ledger(ledger_path)
-    line = ledger.line()
-    held: dict[str, set[str]] = {}
-    for h in ledger.holdings():
-        held.setdefault(h.user, set()).add(h.key)
-    places = positions(line, {user: len(keys) for user, keys in held.items()})
-    rows = [
-        Waiting(places[e.key], e.user, e.key.split("/", 1)[1], e.label, e.group, e.arrived, e.away(now))
-        for e in line
-        if scope.sees(e.user)
-    ]
-    return sorted(rows, key=lambda w: w.position)
-
-
-def wait_times(ledger_path: Path, manager: Manager, since: float) -> list[WaitStats]:
-    """Wait-time percentiles per class and day since ``since``, of the waits the viewer may see
-    (admins every class, a teacher their classes, anyone else their own waits)."""
-    if not ledger_path.exists():
-        return []
-    return wait_stats(w for w in Ledger(ledger_path).waits(since) if sees_wait(manager, w))
-
-
-def line_manager(viewer: str, admin: bool, rules: Iterable[Mapping[str, Any]]) -> Manager:
-    """Who acts on the line: an admin, or the teacher of the classes whose rules list them under ``teachers``."""
-    taught = frozenset(str(r.get("name", "")) for r in rules if viewer in (r.get("teachers") or ()))
-    return Manager(viewer, admin=admin, classes=taught)
-
-
-def _allowed(manager: Manager) -> Callable[[Entry], None]:
-    def check(entry: Entry) -> None:
-        why = may_manage(manager, entry.group, f"{entry.user}'s request")
-        if why:
-            raise PermissionError(why)
-
-    return check
-
-
-def _no_students(manager: Manager) -> None:
-    """Refused before the ledger is opened: someone who neither administers nor teaches."""
-    if not manager.admin and not manager.classes:
-        raise PermissionError(may_manage(manager, None))
-
-
-def put_first(ledger_path: Path, manager: Manager, user: str, server: str) -> bool:
-    """Put a waiting request first (admins; a class's teachers for their class); whether it was waiting."""
-    _no_students(manager)
-    return ledger_path.exists() and Ledger(ledger_path).put_first(server_key(user, server), _allowed(manager))
-
-
-def cancel_waiting(ledger_path: Path, manager: Manager, user: str, server: str) -> bool:
-    """Take a request out of the line, noting who; the waiter's page then says so. Whether it was waiting."""
-    _no_students(manager)
-    if not ledger_path.exists():
-        return False
-    by = f"{manager.name} ({'admin' if manager.admin else 'teacher'}) in the portal"
-    return Ledger(ledger_path).cancel(server_key(user, server), by, _allowed(manager)) is not None
-
-
-def reservations(ledger_path: Path, now: float) -> list[Reservation]:
-    """The reservations not yet over (class names and sizes are not personal: everyone may see them)."""
-    return [r for r in Ledger(ledger_path).reservations() if r.end > now] if ledger_path.exists() else []
-
-
-def reserve(
-    ledger_path: Path, manager: Manager, group: str, size: int, start: float, end: float, capacity_bytes: int
-) -> int:
-    """Reserve ``size`` bytes for ``group`` from ``start`` to ``end``; PermissionError or ValueError (why) if not."""
-    why = may_manage(manager, group, f"reservations for {group or 'a class'}")
-    if why:
-        raise PermissionError(why)
-    new = Reservation(group, size, start, end, manager.name)
-    return Ledger(ledger_path).reserve(new, lambda made, old: reservation_problem(made, old, capacity_bytes))
-
-
-def drop_reservation(ledger_path: Path, manager: Manager, reservation_id: int) -> bool:
-    """Remove a reservation (admins; the teachers of its class)."""
-
-    def check(found: Reservation) -> None:
-        why = may_manage(manager, found.group, f"reservations for {found.group}")
-        if why:
-            raise PermissionError(why)
-
-    return ledger_path.exists() and Ledger(ledger_path).drop_reservation(reservation_id, check)
 
 
 def note_stop(ledger_path: Path, scope: Scope, user: str, server: str) -> None:

@@ -11,6 +11,9 @@ import requests
 from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
 from portal.identity import Identity
+from spawner import line_admin
+from spawner.line_admin import Waiting
+from spawner.waitline import Reservation, WaitStats
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class HubClient:
             if not following or not body.get("items"):
                 return items
             offset = int(following["offset"])
+
+    def get_response(self, path: str) -> requests.Response:
+        """GET; the response is returned whatever its status (callers read the hub's message)."""
+        return self._send("GET", path)
 
     def post(self, path: str, body: dict[str, Any]) -> requests.Response:
         """POST JSON; the response is returned whatever its status (callers read the hub's message)."""
@@ -164,3 +171,62 @@ def server_counts(users: list[dict[str, Any]]) -> dict[str, int]:
         "starting": sum(row.state == "starting" for row in rows),
         "users": len(active),
     }
+
+
+# The GPU line on Kubernetes: the hub holds it and answers with the reader's own token (hub/line_api.py).
+LINE_PATH = "/gpuslice/line"
+
+
+@dataclass(frozen=True)
+class LineState:
+    line: list[Waiting]
+    waits: list[WaitStats]
+    reservations: list[Reservation]
+
+
+def line_state(client: HubClient, since: float) -> LineState:
+    """The line as the hub lets this client's user see it, with wait times since ``since``."""
+    response = client.get_response(f"{LINE_PATH}?since={since:.0f}")
+    if response.status_code != 200:
+        raise SourceUnavailableError(f"The GPU line: {_refusal(response)}")
+    try:
+        body = response.json()
+        return LineState(
+            line_admin.from_json(Waiting, body["line"]),
+            line_admin.from_json(WaitStats, body["waits"]),
+            line_admin.from_json(Reservation, body["reservations"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SourceUnavailableError(f"The GPU line: the hub's answer is not one this portal reads ({exc})") from exc
+
+
+def line_action(client: HubClient, body: dict[str, Any]) -> dict[str, Any]:
+    """Ask the hub to change the line; PermissionError (the hub refused, why) or ValueError (bad request)."""
+    response = client.post(LINE_PATH, body)
+    if response.status_code == 403:
+        raise PermissionError(f"The hub refused: {_message(response)}")
+    if response.status_code == 400:
+        raise ValueError(_message(response))
+    if response.status_code != 200:
+        raise SourceUnavailableError(f"The GPU line: {_refusal(response)}")
+    answer = response.json()
+    if not isinstance(answer, dict):
+        raise SourceUnavailableError(f"The GPU line: the hub answered {answer!r}, not an object")
+    return answer
+
+
+def _message(response: requests.Response) -> str:
+    """JupyterHub's own words for an error (its API answers {"status", "message"})."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.reason or "no reason given"
+    return str(body.get("message") or response.reason) if isinstance(body, dict) else str(body)
+
+
+def _refusal(response: requests.Response) -> str:
+    if response.status_code == 404:
+        return "the hub serves no GPU line API (/hub/api/gpuslice/line): it needs hub/kube_line.py's add_gpu_line"
+    if response.status_code in (401, 403):
+        return f"HTTP {response.status_code}, {_message(response)}"
+    return f"the hub answered HTTP {response.status_code}: {_message(response)}"

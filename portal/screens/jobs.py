@@ -5,8 +5,8 @@ from datetime import UTC, datetime, timedelta
 import streamlit as st
 
 from portal import sources, views
-from portal.data.cluster import Waiting
 from portal.data.errors import SourceUnavailableError
+from spawner.line_admin import Waiting
 from spawner.shares import format_bytes, parse_quantity
 from spawner.waitline import may_manage
 
@@ -146,7 +146,7 @@ if manageable:
         )
 
 st.subheader("Reserved GPU memory")
-booked = sources.reservations()
+booked = sources.reservations(identity)
 if booked:
     st.dataframe(
         [

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from hub.notice import NoticeHandler
+from hub.kube_line import LINE_HANDLERS
 
 root = Path(os.environ["GPUSLICE_TEST_DIR"])
 repo = Path(__file__).resolve().parents[2]
@@ -27,12 +27,13 @@ c.JupyterHub.pid_file = str(root / "jupyterhub.pid")
 c.ConfigurableHTTPProxy.pid_file = str(root / "proxy.pid")
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {"line-admin"}  # an admin user, for the GPU line API's tests
 c.JupyterHub.load_groups = {"ml101": {"users": ["gina"]}}
 c.JupyterHub.services = [{"name": "test-admin", "api_token": os.environ["GPUSLICE_TEST_TOKEN"]}]
 c.JupyterHub.load_roles = [
     {
         "name": "test-admin",
-        "scopes": ["admin:users", "admin:servers", "access:servers", "read:metrics"],
+        "scopes": ["admin:users", "admin:servers", "access:servers", "read:metrics", "tokens"],
         "services": ["test-admin"],
     }
 ]
@@ -41,7 +42,7 @@ c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = "gpuslice"
 c.KubeGpuSpawner.gpu_backend = "gpushare"
 c.KubeGpuSpawner.gpu_inventory_ttl = 1.0
-c.KubeGpuSpawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB"}]
+c.KubeGpuSpawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB", "teachers": ["tina"]}]
 c.KubeGpuSpawner.gpu_images = {"default": {"container": "ghcr.io/gpuslice/notebook-base:1.0", "description": "base"}}
 c.KubeGpuSpawner.image = "ghcr.io/gpuslice/notebook-base:1.0"
 c.KubeGpuSpawner.cmd = ["jupyterhub-singleuser"]
@@ -53,7 +54,7 @@ c.KubeGpuSpawner.environment = {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}
 c.KubeGpuSpawner.gpu_ledger_path = str(root / "ledger.sqlite")  # the GPU line (the chart's: on the hub's PVC)
 c.KubeGpuSpawner.gpu_line_poll = 0.5
 c.JupyterHub.template_paths = [str(repo / "hub" / "templates")]  # the spawn page's words for the GPU line
-c.JupyterHub.extra_handlers = [(r"/gpuslice/notice", NoticeHandler)]  # as hub/kube_config.py
+c.JupyterHub.extra_handlers = LINE_HANDLERS  # the line's page and API, as hub/kube_config.py
 if os.environ.get("GPUSLICE_TEST_KEEP_SERVERS"):  # a hub restart leaves the servers running, as the chart's does
     c.JupyterHub.cleanup_servers = False
 reclaim_after = os.environ.get("GPUSLICE_TEST_RECLAIM_AFTER")

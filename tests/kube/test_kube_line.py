@@ -12,11 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 
+from hub.roles import PORTAL_OAUTH_SCOPES
 from spawner.ledger import Ledger
 from tests.kube.conftest import KubeHub, gpushare_node, login, start_api_double
 from tests.kube.test_kube_restart import RestartableHub
 
+GiB = 2**30
 PODS = "/api/v1/namespaces/gpuslice/pods?labelSelector=component%3Dsingleuser-server"
 
 
@@ -192,3 +195,72 @@ def test_an_idle_gpu_server_is_warned_then_reclaimed_for_the_line(one_card_recla
     # The owner was told on their own pages before the stop; the classmate who keeps the slice was not.
     assert any("Idle while others wait for a GPU" in m for m in seen[stopped_user]), seen
     assert seen[running[0]] == [], seen
+
+
+def portal_token(kube: KubeHub, user: str, admin: bool = False) -> str:
+    """A token like the portal's for its reader: their OAuth token, PORTAL_OAUTH_SCOPES as the hub
+    narrows them to what the user holds (a non-admin may stop only their own servers)."""
+    scopes = PORTAL_OAUTH_SCOPES if admin else [s if "!" in s else f"{s}!user" for s in PORTAL_OAUTH_SCOPES]
+    made = kube.api("POST", f"/users/{user}/tokens", json={"scopes": scopes, "note": "as the portal's"})
+    assert made.status_code == 201, made.text
+    return str(made.json()["token"])
+
+
+def line_api(kube: KubeHub, token: str | None, method: str = "GET", body: object = None) -> requests.Response:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    return requests.request(method, f"{kube.url}/hub/api/gpuslice/line", headers=headers, json=body, timeout=30)
+
+
+def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(one_card: RestartableHub) -> None:
+    kube = one_card.hub
+    two_classmates_run(one_card)
+    assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
+    kube.progress_until("s3", "waiting in line")
+    admin = portal_token(kube, "line-admin", admin=True)  # an admin user in tests/kube/jupyterhub_config.py
+    student = portal_token(kube, "s4")
+
+    seen = line_api(kube, admin)
+    assert seen.status_code == 200, seen.text
+    [waiting] = seen.json()["line"]
+    assert (waiting["position"], waiting["user"], waiting["server"]) == (1, "s3", "")
+    assert waiting["asked"] == "4 GiB of one GPU"
+    assert waiting["estimated_start"] > waiting["since"]  # from s3's waiting spawn: when a classmate's slice frees
+
+    # A student of no class: not s3's name, not its place, and no say.
+    assert line_api(kube, student).json() == {"line": [], "waits": [], "reservations": []}
+    refused = line_api(kube, student, "POST", {"action": "cancel", "user": "s3", "server": ""})
+    assert refused.status_code == 403, refused.text
+    assert "only admins and the teachers of a class can" in refused.json()["message"]
+    # ml101's teacher: s3 is not in their class (neither seen nor changed).
+    assert kube.api("POST", "/users", json={"usernames": ["tina"]}).status_code == 201
+    teacher = portal_token(kube, "tina")
+    assert line_api(kube, teacher).json()["line"] == []
+    refused = line_api(kube, teacher, "POST", {"action": "put-first", "user": "s3", "server": ""})
+    assert refused.status_code == 403 and "tina teaches ml101, not default" in refused.json()["message"]
+    for anonymous in (None, kube.token):  # no token; a service's (the portal's own is one)
+        assert line_api(kube, anonymous).status_code == 403
+        assert line_api(kube, anonymous, "POST", {"action": "put-first", "user": "s3", "server": ""}).status_code == 403
+    assert line(one_card) == ["s3/"]
+
+    first = line_api(kube, admin, "POST", {"action": "put-first", "user": "s3", "server": ""})
+    assert first.json() == {"done": True}, first.text
+    assert Ledger(one_card.root / "ledger.sqlite").line()[0].priority == 1
+    cancelled = line_api(kube, admin, "POST", {"action": "cancel", "user": "s3", "server": ""})
+    assert cancelled.json() == {"done": True}, cancelled.text
+    assert line(one_card) == []
+    after = line_api(kube, admin).json()
+    assert after["line"] == []
+    assert [(w["group"], w["waits"], w["placed"]) for w in after["waits"]] == [(waiting["group"], 1, 0)]  # cancelled
+    assert line_api(kube, student).json()["waits"] == []  # someone else's wait
+
+    # Reservations: the hub counts the cluster's one 8 GiB card; a class's teacher keeps and drops their class's.
+    day = {"start": time.time(), "end": time.time() + 3600}
+    too_much = line_api(kube, admin, "POST", {"action": "reserve", "group": "ml101", "memory_bytes": 16 * GiB, **day})
+    assert too_much.status_code == 400 and "more than the 8 GiB" in too_much.json()["message"], too_much.text
+    made = line_api(kube, teacher, "POST", {"action": "reserve", "group": "ml101", "memory_bytes": 4 * GiB, **day})
+    assert made.status_code == 200, made.text
+    others = line_api(kube, teacher, "POST", {"action": "reserve", "group": "default", "memory_bytes": GiB, **day})
+    assert others.status_code == 403, others.text
+    assert [r["group"] for r in line_api(kube, student).json()["reservations"]] == ["ml101"]  # no names: anyone
+    dropped = line_api(kube, teacher, "POST", {"action": "drop-reservation", "id": made.json()["id"]})
+    assert dropped.json() == {"done": True}, dropped.text

@@ -10,6 +10,7 @@ from portal import views
 from portal.data import access, cluster
 from portal.data.access import Scope
 from portal.data.hub import ServerRow
+from spawner import line_admin
 from spawner.ledger import Ledger
 
 
@@ -120,12 +121,12 @@ def test_the_queue_is_in_line_order_admins_see_everyone_users_their_own_place(tm
             key, key.split("/")[0], slice_, 4 * 2**30, "ml101", arrived, seen=arrived, label="4 GiB of one GPU"
         )
         ledger.take_turn(key, lambda holds, line, mine, reservations, e=entry: (None, e))
-    admin = cluster.waiting_line(path, Scope("root", everyone=True), now=310.0)
+    admin = line_admin.waiting_line(path, Scope("root", everyone=True), now=310.0)
     assert [(w.position, w.user, w.server) for w in admin] == [(1, "bo", ""), (2, "cy", ""), (3, "ann", "lab")]
     assert [w.away for w in admin] == [True, False, True]  # not seen for over a minute
     assert admin[0].asked == "4 GiB of one GPU" and admin[0].group == "ml101" and admin[0].since == 200.0
-    assert [(w.position, w.user) for w in cluster.waiting_line(path, Scope("cy"), now=310.0)] == [(2, "cy")]
-    assert cluster.waiting_line(tmp_path / "missing.sqlite", Scope("cy"), now=0.0) == []
+    assert [(w.position, w.user) for w in line_admin.waiting_line(path, Scope("cy"), now=310.0)] == [(2, "cy")]
+    assert line_admin.waiting_line(tmp_path / "missing.sqlite", Scope("cy"), now=0.0) == []
 
 
 def test_a_teacher_manages_only_their_class_in_the_line(tmp_path: Path) -> None:
@@ -138,36 +139,36 @@ def test_a_teacher_manages_only_their_class_in_the_line(tmp_path: Path) -> None:
         entry = Entry(f"{user}/", user, Demand(slice_units=float(4 * 2**30)), 4 * 2**30, group, arrived, seen=arrived)
         ledger.take_turn(entry.key, lambda holds, line, mine, reservations, e=entry: (None, e))
     rules = [{"name": "ml101", "teachers": ["tom"]}, {"name": "cv202", "teachers": ["vic"]}]
-    tom = cluster.line_manager("tom", False, rules)
+    tom = line_admin.line_manager("tom", False, rules)
     with pytest.raises(PermissionError, match="tom teaches ml101, not cv202"):
-        cluster.put_first(path, tom, "bo", "")
+        line_admin.put_first(path, tom, "bo", "")
     with pytest.raises(PermissionError, match="tom teaches ml101, not cv202"):
-        cluster.cancel_waiting(path, tom, "bo", "")
-    assert cluster.put_first(path, tom, "ann", "")
-    assert cluster.cancel_waiting(path, tom, "ann", "")
+        line_admin.cancel_waiting(path, tom, "bo", "")
+    assert line_admin.put_first(path, tom, "ann", "")
+    assert line_admin.cancel_waiting(path, tom, "ann", "")
     assert [e.key for e in ledger.line()] == ["bo/"]
     assert ledger.latest_events()["ann/"].message == "cancelled by tom (teacher) in the portal"
     with pytest.raises(PermissionError, match="ann may not change the GPU line"):
-        cluster.cancel_waiting(path, cluster.line_manager("ann", False, rules), "bo", "")
-    assert cluster.cancel_waiting(path, cluster.line_manager("root", True, rules), "bo", "")
+        line_admin.cancel_waiting(path, line_admin.line_manager("ann", False, rules), "bo", "")
+    assert line_admin.cancel_waiting(path, line_admin.line_manager("root", True, rules), "bo", "")
 
 
 def test_reservations_from_the_portal_are_authorized_and_never_over_commit(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     Ledger(path)
     rules = [{"name": "ml101", "teachers": ["tom"]}]
-    tom, root = cluster.line_manager("tom", False, rules), cluster.line_manager("root", True, rules)
+    tom, root = line_admin.line_manager("tom", False, rules), line_admin.line_manager("root", True, rules)
     GiB = 2**30  # noqa: N806
     with pytest.raises(PermissionError):
-        cluster.reserve(path, tom, "cv202", 8 * GiB, 0, 100, 32 * GiB)
-    made = cluster.reserve(path, tom, "ml101", 24 * GiB, 0, 100, 32 * GiB)
+        line_admin.reserve(path, tom, "cv202", 8 * GiB, 0, 100, 32 * GiB)
+    made = line_admin.reserve(path, tom, "ml101", 24 * GiB, 0, 100, 32 * GiB)
     with pytest.raises(ValueError, match="more than the 32 GiB"):
-        cluster.reserve(path, root, "cv202", 16 * GiB, 50, 60, 32 * GiB)
-    assert [(r.group, r.by) for r in cluster.reservations(path, now=50)] == [("ml101", "tom")]
-    assert cluster.reservations(path, now=100) == []  # over
+        line_admin.reserve(path, root, "cv202", 16 * GiB, 50, 60, 32 * GiB)
+    assert [(r.group, r.by) for r in line_admin.reservations(path, now=50)] == [("ml101", "tom")]
+    assert line_admin.reservations(path, now=100) == []  # over
     with pytest.raises(PermissionError):
-        cluster.drop_reservation(path, cluster.line_manager("ann", False, rules), made)
-    assert cluster.drop_reservation(path, tom, made)
+        line_admin.drop_reservation(path, line_admin.line_manager("ann", False, rules), made)
+    assert line_admin.drop_reservation(path, tom, made)
 
 
 def test_wait_times_are_per_class_and_day_in_the_viewers_scope(tmp_path: Path) -> None:
@@ -184,11 +185,11 @@ def test_wait_times_are_per_class_and_day_in_the_viewers_scope(tmp_path: Path) -
     rules = [{"name": "ml101", "teachers": ["tom"]}]
 
     def classes(viewer: str, admin: bool = False) -> list[tuple[str | None, int]]:
-        found = cluster.wait_times(path, cluster.line_manager(viewer, admin, rules), now - 3600)
+        found = line_admin.wait_times(path, line_admin.line_manager(viewer, admin, rules), now - 3600)
         return [(s.group, s.waits) for s in found]
 
     assert classes("root", admin=True) == [("cv202", 1), ("ml101", 2)]
     assert classes("tom") == [("ml101", 2)]
     assert classes("bo") == [("cv202", 1)]  # her own wait, nobody else's
     assert classes("dan") == []
-    assert cluster.wait_times(tmp_path / "missing.sqlite", cluster.line_manager("root", True, rules), 0) == []
+    assert line_admin.wait_times(tmp_path / "missing.sqlite", line_admin.line_manager("root", True, rules), 0) == []

@@ -242,7 +242,7 @@ def test_jobs_page_for_a_user_shows_only_their_servers_and_events(fakes: dict[st
 
 
 def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
-    from portal.data.cluster import Waiting
+    from spawner.line_admin import Waiting
 
     line = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
     monkeypatch.setattr(sources, "waiting_line", lambda identity: line if identity.admin else [])
