@@ -34,9 +34,11 @@ LAYERS: dict[str, int] = {
     "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
     "spawner.anomaly": CORE,  # per-card anomaly models (scikit-learn): series in, findings out
     "spawner.usage": CORE,  # utilization reports: GPU-hours per user, class and week (CLI and portal)
+    "spawner.scope": CORE,  # whose servers and names a viewer may see (the portal and the hub's line API)
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
+    "spawner.line_admin": LOWER,  # reading and managing the GPU line in the ledger (the portal and the hub's API)
     "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)
     "spawner.gpus": LOWER,
     "spawner.metrics": LOWER,
