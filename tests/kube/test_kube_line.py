@@ -3,8 +3,6 @@
 One card of 8 GiB: two 4 GiB slices fit, a third waits in line with no pod until one frees.
 """
 
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,29 +14,17 @@ import requests
 
 from hub.roles import PORTAL_OAUTH_SCOPES
 from spawner.ledger import Ledger
-from tests.kube.conftest import KubeHub, gpushare_node, login, start_api_double
-from tests.kube.test_kube_restart import RestartableHub
+from tests.kube.conftest import KubeHub, gpushare_node, login
+from tests.kube.test_kube_restart import RestartableHub, running_hub
 
 GiB = 2**30
 PODS = "/api/v1/namespaces/gpuslice/pods?labelSelector=component%3Dsingleuser-server"
 
 
 def hub_on_one_card(tmp_path: Path, reclaim_after: str = "") -> Iterator[RestartableHub]:
-    apiserver, api_port = start_api_double(tmp_path, [gpushare_node("gpu-a", 1, 8)])
-    hub = RestartableHub(tmp_path, api_port)
-    if reclaim_after:  # the hub runs the GPU line's reclaimer with this idle timeout (s)
-        hub.env["GPUSLICE_TEST_RECLAIM_AFTER"] = reclaim_after
-    try:
-        hub.start()
-        hub.wait_healthy()
-        yield hub
-    finally:
-        hub.stop()
-        apiserver.send_signal(signal.SIGTERM)
-        try:
-            apiserver.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            apiserver.kill()
+    # reclaim_after: the hub runs the GPU line's reclaimer with this idle timeout (s)
+    env = {"GPUSLICE_TEST_RECLAIM_AFTER": reclaim_after} if reclaim_after else {}
+    yield from running_hub(tmp_path, [gpushare_node("gpu-a", 1, 8)], env)
 
 
 @pytest.fixture

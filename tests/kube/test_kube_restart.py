@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -64,10 +65,13 @@ class RestartableHub:
                 self.process.wait()
 
 
-@pytest.fixture
-def restartable(tmp_path: Path) -> Iterator[RestartableHub]:
-    apiserver, api_port = start_api_double(tmp_path, [gpushare_node("gpu-a", 1, 15), gpushare_node("gpu-b", 1, 15)])
+def running_hub(
+    tmp_path: Path, nodes: list[dict[str, Any]], env: dict[str, str] | None = None
+) -> Iterator[RestartableHub]:
+    """A hub (with ``env`` added) on the API double with ``nodes``; both stopped afterwards."""
+    apiserver, api_port = start_api_double(tmp_path, nodes)
     hub = RestartableHub(tmp_path, api_port)
+    hub.env.update(env or {})
     try:
         hub.start()
         hub.wait_healthy()
@@ -79,6 +83,11 @@ def restartable(tmp_path: Path) -> Iterator[RestartableHub]:
             apiserver.wait(timeout=30)
         except subprocess.TimeoutExpired:
             apiserver.kill()
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Iterator[RestartableHub]:
+    yield from running_hub(tmp_path, [gpushare_node("gpu-a", 1, 15), gpushare_node("gpu-b", 1, 15)])
 
 
 def server_process(pods: Path, pod: str) -> int:
