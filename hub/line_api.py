@@ -36,7 +36,6 @@ from spawner.line import WaitingLineMixin
 from spawner.scope import Scope, scope_for
 from spawner.waitline import Manager
 
-WAIT_DAYS = 14  # the wait times answered when the caller names no ``since``
 # What the token must carry besides its user: reading the line is reading users; changing it
 # stops or delays people's spawns, so it needs a token that may stop servers (the portal's does).
 READ_SCOPE = "read:users"
@@ -143,7 +142,7 @@ class LineHandler(APIHandler):  # type: ignore[misc]
         _, path, scope, manager = self._line(user)
         now = time.time()
         try:
-            since = float(self.get_argument("since", str(now - WAIT_DAYS * 86400)))
+            since = float(self.get_argument("since", str(now - line_admin.WAIT_DAYS * 86400)))
         except ValueError as exc:
             raise web.HTTPError(400, "since must be seconds since the epoch") from exc
         line = [

@@ -188,7 +188,7 @@ def waiting_line(identity: Identity) -> list[Waiting]:
     return line_admin.waiting_line(_ledger_path(), scope(identity), time.time())
 
 
-WAIT_DAYS = 14  # how many days of wait times the Overview shows
+WAIT_DAYS = line_admin.WAIT_DAYS  # how many days of wait times the Overview shows
 
 
 def _wait_since() -> float:

@@ -27,6 +27,8 @@ from spawner.waitline import (
     wait_stats,
 )
 
+WAIT_DAYS = 14  # how many days of wait times the Queue's readers get (the Overview; the hub's API by default)
+
 
 class Viewer(Protocol):
     def sees(self, user: str) -> bool: ...
