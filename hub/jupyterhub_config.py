@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hub import metrics, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
-from hub.notice import NoticeHandler
+from hub.line_api import LINE_HANDLERS
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -55,9 +55,10 @@ c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in se
 # Notebook servers with GPU slices.
 # Our pages first (the spawn-pending page's words for the GPU line); JupyterHub's for the rest.
 c.JupyterHub.template_paths.prepend([str(Path(__file__).parent / "templates")])
-# The GPU line's warnings for JupyterLab's notification (spawner/lab) and the home page. A hub
-# page, not a service: it is read with the hub's login cookie, from the same origin as JupyterLab.
-c.JupyterHub.extra_handlers = [(r"/gpuslice/notice", NoticeHandler)]
+# The GPU line's warnings for JupyterLab's notification (spawner/lab) and the home page (a hub
+# page, not a service: it is read with the hub's login cookie, from the same origin as JupyterLab),
+# and the line's API, from which the portal's Queue takes each waiting spawn's estimated start.
+c.JupyterHub.extra_handlers = list(LINE_HANDLERS)
 c.JupyterHub.spawner_class = "spawner.local.LocalGpuSpawner"
 c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)

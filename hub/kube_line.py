@@ -24,16 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from hub import roles
-from hub.line_api import LineHandler
-from hub.notice import NoticeHandler
+from hub.line_api import LINE_HANDLERS
 from spawner.waitline import warning_lead
 
 TEMPLATES = Path(roles.__file__).parent / "templates"  # found from the package: kube_config.py is copied out of it
 # A managed service gets only the environment it is given: the API's address for its in-cluster
 # client (the ServiceAccount's token is a file in the pod, not an environment variable).
 IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
-# The line's hub pages and API (JupyterHub serves extra handlers under /hub).
-LINE_HANDLERS = [(r"/gpuslice/notice", NoticeHandler), (r"/api/gpuslice/line", LineHandler)]
 
 
 def reclaimer_service(ledger_path: str, namespace: str, idle_timeout_s: int) -> dict[str, Any]:

@@ -1,7 +1,9 @@
-"""`/hub/api/gpuslice/line`: the GPU line for the portal on Kubernetes, where only the hub holds it.
+"""`/hub/api/gpuslice/line`: the GPU line for the portal, from the hub that runs the waiting spawns.
 
-The line is in the ledger's SQLite file on the hub's volume (spawner/line.py); the portal runs
-in its own pod and asks here with its reader's own token (portal/sources.py ``acting_client``).
+On Kubernetes the line is in the ledger's SQLite file on the hub's volume (spawner/line.py) and
+the portal, in its own pod, reads and changes it only here; on one machine the portal reads the
+file itself and asks here for the estimated starts, which only the hub's waiting spawns know.
+It asks with its reader's own token (portal/sources.py ``acting_client``).
 The caller is that token's user, and the answer is cut to them on the server, by the same rules
 the single-machine portal applies to the file (spawner/line_admin.py, spawner/scope.py):
 
@@ -31,6 +33,7 @@ from jupyterhub import orm
 from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
+from hub.notice import NoticeHandler
 from spawner import line_admin
 from spawner.line import WaitingLineMixin
 from spawner.scope import Scope, scope_for
@@ -139,14 +142,16 @@ class LineHandler(APIHandler):  # type: ignore[misc]
 
     async def get(self) -> None:
         user = self._caller(READ_SCOPE)
-        _, path, scope, manager = self._line(user)
+        spawner, path, scope, manager = self._line(user)
+        holds = await spawner.gpu_holds()  # on Kubernetes the pods: the ledger holds none there
         now = time.time()
         try:
             since = float(self.get_argument("since", str(now - line_admin.WAIT_DAYS * 86400)))
         except ValueError as exc:
             raise web.HTTPError(400, "since must be seconds since the epoch") from exc
         line = [
-            replace(w, estimated_start=self._estimated_start(w, now)) for w in line_admin.waiting_line(path, scope, now)
+            replace(w, estimated_start=self._estimated_start(w, now))
+            for w in line_admin.waiting_line(path, scope, now, holds)
         ]
         body = {
             "line": line_admin.to_json(line),
@@ -183,3 +188,8 @@ async def _act(action: Action, spawner: WaitingLineMixin, path: Path, manager: M
     capacity = await spawner.gpu_capacity_bytes()
     made = line_admin.reserve(path, manager, action.group, action.memory_bytes, action.start, action.end, capacity)
     return {"id": made}
+
+
+# The hub pages of the GPU line, on both backends (hub/jupyterhub_config.py, hub/kube_line.py):
+# the reclaim warnings for JupyterLab and the home page, and the line for the portal's Queue.
+LINE_HANDLERS = [(r"/gpuslice/notice", NoticeHandler), (r"/api/gpuslice/line", LineHandler)]

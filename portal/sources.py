@@ -20,6 +20,7 @@ from market.store import MarketError, Store, market_store
 from portal.data import access, cluster, hub, prometheus
 from portal.data.access import Scope
 from portal.data.alertmanager import Alertmanager, AlertRow
+from portal.data.errors import SourceUnavailableError
 from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
@@ -185,7 +186,20 @@ def waiting_line(identity: Identity) -> list[Waiting]:
     """The GPU line, the places the viewer may see (on Kubernetes as the hub gives them: it holds the line)."""
     if _kubernetes():
         return _hub_line(identity, _wait_since()).line
-    return line_admin.waiting_line(_ledger_path(), scope(identity), time.time())
+    line = line_admin.waiting_line(_ledger_path(), scope(identity), time.time())
+    return _with_hub_estimates(identity, line) if line else line
+
+
+def _with_hub_estimates(identity: Identity, line: list[Waiting]) -> list[Waiting]:
+    """On one machine the ledger says who waits; the hub, which runs the waiting spawns, says when each may start.
+
+    A hub that does not answer leaves the starts unknown: the line itself is still shown.
+    """
+    try:
+        told = _hub_line(identity, _wait_since()).line
+    except SourceUnavailableError:
+        return line
+    return line_admin.with_estimates(line, told)
 
 
 WAIT_DAYS = line_admin.WAIT_DAYS  # how many days of wait times the Overview shows

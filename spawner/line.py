@@ -277,6 +277,11 @@ class WaitingLineMixin(GpuShareMixin):
         position, holds = self._gpu_line_view
         return estimated_start(position, self._frees_at(holds, now), now)
 
+    async def gpu_holds(self) -> list[Held]:
+        """What the cluster holds now, as ledger rows (locally the ledger's; on Kubernetes pods, pending placements)."""
+        await self._refresh_view()
+        return self._line_holds(self._ledger.holdings())
+
     async def gpu_capacity_bytes(self) -> int:
         """The GPU memory of the healthy cards, as listed now: reservations together may not promise more."""
         await self._refresh_view()

@@ -10,11 +10,11 @@ the ledger's transaction. The JSON forms are what the hub's API sends and the po
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from spawner.ledger import Ledger, server_key
+from spawner.ledger import Held, Ledger, server_key
 from spawner.waitline import (
     Entry,
     Manager,
@@ -48,14 +48,19 @@ class Waiting:
     estimated_start: float | None = None  # from its waiting spawn, where the hub holds one (None: unknown)
 
 
-def waiting_line(ledger_path: Path, viewer: Viewer, now: float) -> list[Waiting]:
-    """The GPU line in its order: the places of the people the viewer sees (admins: all)."""
+def waiting_line(ledger_path: Path, viewer: Viewer, now: float, holds: Iterable[Held] | None = None) -> list[Waiting]:
+    """The GPU line in its order: the places of the people the viewer sees (admins: all).
+
+    ``holds``: what the cluster holds, where that is not the ledger's rows (on Kubernetes the
+    pods: the hub's spawner lists them); a user's running GPU servers put their next request
+    behind those of people who hold none (round-robin between users), as the spawns see it.
+    """
     if not ledger_path.exists():
         return []
     ledger = Ledger(ledger_path)
     line = ledger.line()
     held: dict[str, set[str]] = {}
-    for h in ledger.holdings():
+    for h in ledger.holdings() if holds is None else holds:
         held.setdefault(h.user, set()).add(h.key)
     places = positions(line, {user: len(keys) for user, keys in held.items()})
     rows = [
@@ -64,6 +69,15 @@ def waiting_line(ledger_path: Path, viewer: Viewer, now: float) -> list[Waiting]
         if viewer.sees(e.user)
     ]
     return sorted(rows, key=lambda w: w.position)
+
+
+def with_estimates(rows: Iterable[Waiting], told: Iterable[Waiting]) -> list[Waiting]:
+    """``rows`` with the estimated starts the hub ``told`` (it holds the waiting spawns), by user and server.
+
+    A request the hub did not tell about keeps an unknown start (None).
+    """
+    starts = {(w.user, w.server): w.estimated_start for w in told}
+    return [replace(w, estimated_start=starts.get((w.user, w.server))) for w in rows]
 
 
 def wait_times(ledger_path: Path, manager: Manager, since: float) -> list[WaitStats]:

@@ -113,12 +113,18 @@ else:
                 "group": w.group or "",
                 "since": views.local_time(w.since),
                 "waiting": views.duration_text(time.time() - w.since),
+                "estimated start": views.local_time(w.estimated_start) if w.estimated_start is not None else None,
                 "note": "spawn lost (hub restarted?): keeps its place, starts when asked again" if w.away else "",
             }
             for w in waiting
         ],
         hide_index=True,
         width="stretch",
+    )
+    st.caption(
+        "Estimated start: the hub's estimate, when as many GPU servers as are ahead will have ended"
+        " at the latest if left idle (the GPU idle timeout). Empty when unknown: the spawn is not"
+        " waiting in this hub (hub restarted), or fewer GPU servers run than are ahead."
     )
 
 manager = sources.line_manager(identity)

@@ -91,10 +91,11 @@ class KubeHub:
     def k8s_post(self, path: str, body: dict[str, Any]) -> requests.Response:
         return requests.post(f"{self.api_url}{path}", json=body, timeout=10)
 
-    def progress_until(self, user: str, text: str) -> list[str]:
-        """The spawn progress messages of user's server, read until one contains text."""
+    def progress_until(self, user: str, text: str, server: str = "") -> list[str]:
+        """The spawn progress messages of user's server (default: the unnamed one), read until one contains text."""
         messages: list[str] = []
-        url = f"{self.url}/hub/api/users/{user}/server/progress"
+        path = f"servers/{server}" if server else "server"
+        url = f"{self.url}/hub/api/users/{user}/{path}/progress"
         with requests.get(url, headers={"Authorization": f"token {self.token}"}, stream=True, timeout=60) as stream:
             for line in stream.iter_lines(decode_unicode=True):
                 if line.startswith("data:"):

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from hub.kube_line import LINE_HANDLERS
+from hub.line_api import LINE_HANDLERS
 
 root = Path(os.environ["GPUSLICE_TEST_DIR"])
 repo = Path(__file__).resolve().parents[2]
@@ -28,6 +28,7 @@ c.ConfigurableHTTPProxy.pid_file = str(root / "proxy.pid")
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {"line-admin"}  # an admin user, for the GPU line API's tests
+c.JupyterHub.allow_named_servers = True  # a student with a server who waits for a second one
 c.JupyterHub.load_groups = {"ml101": {"users": ["gina"]}}
 c.JupyterHub.services = [{"name": "test-admin", "api_token": os.environ["GPUSLICE_TEST_TOKEN"]}]
 c.JupyterHub.load_roles = [

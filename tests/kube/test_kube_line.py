@@ -200,17 +200,25 @@ def line_api(kube: KubeHub, token: str | None, method: str = "GET", body: object
 def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(one_card: RestartableHub) -> None:
     kube = one_card.hub
     two_classmates_run(one_card)
+    # s1, who runs one server, asks for a second before s3 asks for a first: s3 goes first
+    # (round-robin between users), in the Queue as in the spawns' own progress.
+    second = kube.api("POST", "/users/s1/servers/lab", json={"gpu_memory": "4GiB", "wait": True})
+    assert second.status_code in (201, 202), second.text
+    kube.progress_until("s1", "waiting in line", server="lab")
     assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
-    kube.progress_until("s3", "waiting in line")
+    kube.progress_until("s3", "position 1, 0 ahead")
     admin = portal_token(kube, "line-admin", admin=True)  # an admin user in tests/kube/jupyterhub_config.py
     student = portal_token(kube, "s4")
 
     seen = line_api(kube, admin)
     assert seen.status_code == 200, seen.text
-    [waiting] = seen.json()["line"]
+    waiting, behind = seen.json()["line"]
     assert (waiting["position"], waiting["user"], waiting["server"]) == (1, "s3", "")
+    assert (behind["position"], behind["user"], behind["server"]) == (2, "s1", "lab")  # the pods: s1 holds one
     assert waiting["asked"] == "4 GiB of one GPU"
     assert waiting["estimated_start"] > waiting["since"]  # from s3's waiting spawn: when a classmate's slice frees
+    assert behind["estimated_start"] >= waiting["estimated_start"]  # when the second classmate's slice frees
+    assert kube.api("DELETE", "/users/s1/servers/lab").status_code in (202, 204)  # leaves the line
 
     # A student of no class: not s3's name, not its place, and no say.
     assert line_api(kube, student).json() == {"line": [], "waits": [], "reservations": []}
@@ -236,7 +244,8 @@ def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(o
     assert line(one_card) == []
     after = line_api(kube, admin).json()
     assert after["line"] == []
-    assert [(w["group"], w["waits"], w["placed"]) for w in after["waits"]] == [(waiting["group"], 1, 0)]  # cancelled
+    waits = [(w["group"], w["waits"], w["placed"]) for w in after["waits"]]
+    assert waits == [(waiting["group"], 2, 0)]  # s1's second (left) and s3's (cancelled)
     assert line_api(kube, student).json()["waits"] == []  # someone else's wait
 
     # Reservations: the hub counts the cluster's one 8 GiB card; a class's teacher keeps and drops their class's.

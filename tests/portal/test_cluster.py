@@ -129,6 +129,38 @@ def test_the_queue_is_in_line_order_admins_see_everyone_users_their_own_place(tm
     assert line_admin.waiting_line(tmp_path / "missing.sqlite", Scope("cy"), now=0.0) == []
 
 
+def test_on_kubernetes_the_queue_counts_the_servers_the_pods_hold(tmp_path: Path) -> None:
+    """The ledger holds no slices there: the hub passes the pods' holds, and ann's second request goes last."""
+    from spawner.ledger import Held
+    from spawner.placement import Demand
+    from spawner.waitline import Entry
+
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    slice_ = Demand(slice_units=float(4 * 2**30))
+    for key, arrived in (("ann/lab", 100.0), ("bo/", 200.0)):
+        entry = Entry(key, key.split("/")[0], slice_, 4 * 2**30, None, arrived, seen=300.0)
+        ledger.take_turn(key, lambda holds, line, mine, reservations, e=entry: (None, e))
+    everyone = Scope("root", everyone=True)
+    assert [w.user for w in line_admin.waiting_line(path, everyone, now=310.0)] == ["ann", "bo"]  # nobody holds
+    pods = [Held("ann/", 0, "ann", "", 8 * 2**30)]
+    kube_line = line_admin.waiting_line(path, everyone, 310.0, pods)
+    assert [(w.position, w.user) for w in kube_line] == [(1, "bo"), (2, "ann")]
+
+
+def test_the_hubs_estimated_starts_join_the_rows_by_user_and_server() -> None:
+    rows = [
+        line_admin.Waiting(1, "bo", "", "4 GiB of one GPU", None, 100.0, False),
+        line_admin.Waiting(2, "ann", "lab", "4 GiB of one GPU", None, 50.0, False),
+    ]
+    told = [
+        line_admin.Waiting(2, "ann", "lab", "4 GiB of one GPU", None, 50.0, False, estimated_start=900.0),
+        line_admin.Waiting(1, "ann", "", "4 GiB of one GPU", None, 50.0, False, estimated_start=600.0),
+    ]
+    joined = line_admin.with_estimates(rows, told)
+    assert [(w.user, w.server, w.estimated_start) for w in joined] == [("bo", "", None), ("ann", "lab", 900.0)]
+
+
 def test_a_teacher_manages_only_their_class_in_the_line(tmp_path: Path) -> None:
     from spawner.placement import Demand
     from spawner.waitline import Entry
@@ -166,8 +198,9 @@ def test_reservations_from_the_portal_are_authorized_and_never_over_commit(tmp_p
         line_admin.reserve(path, root, "cv202", 16 * GiB, 50, 60, 32 * GiB)
     assert [(r.group, r.by) for r in line_admin.reservations(path, now=50)] == [("ml101", "tom")]
     assert line_admin.reservations(path, now=100) == []  # over
-    with pytest.raises(PermissionError):
-        line_admin.drop_reservation(path, line_admin.line_manager("ann", False, rules), made)
+    for tried in (made, made + 1):  # hers to drop or not there at all: refused alike
+        with pytest.raises(PermissionError):
+            line_admin.drop_reservation(path, line_admin.line_manager("ann", False, rules), tried)
     assert line_admin.drop_reservation(path, tom, made)
 
 

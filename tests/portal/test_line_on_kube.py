@@ -130,3 +130,33 @@ def test_rows_from_another_version_of_the_hub_are_refused_with_a_reason() -> Non
         line_admin.from_json(Waiting, [{**line_admin.to_json(LINE)[0], "colour": "red"}])
     with pytest.raises(ValueError, match="missing"):
         line_admin.from_json(Reservation, [{"group": "ml101"}])
+
+
+def test_on_one_machine_the_queue_is_the_ledgers_with_the_hubs_estimated_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The ledger says who waits (the hub down or not); the hub, running the waiting spawns, when each starts."""
+    from spawner.ledger import Ledger
+    from spawner.placement import Demand
+    from spawner.waitline import Entry
+
+    st.cache_data.clear()
+    path = tmp_path / "ledger.sqlite"
+    entry = Entry("bo/", "bo", Demand(slice_units=float(4 * GiB)), 4 * GiB, "ml101", 1000.0, seen=1000.0)
+    Ledger(path).take_turn("bo/", lambda holds, line, mine, reservations: (None, entry))
+    sessions = {"tina-token": LineHub()}
+    monkeypatch.setattr(sources, "_kubernetes", lambda: False)
+    monkeypatch.setattr(sources, "_ledger_path", lambda: path)
+    monkeypatch.setattr(sources, "scope", lambda identity: sources.Scope("tina", everyone=True))
+
+    def acting_client(identity: Identity) -> hub.HubClient:
+        return hub.HubClient(API, identity.hub_token, session=sessions[identity.hub_token])
+
+    monkeypatch.setattr(sources, "acting_client", acting_client)
+    [bo] = sources.waiting_line(TEACHER)
+    assert (bo.user, bo.since, bo.estimated_start) == ("bo", 1000.0, 1900.0)  # the hub's, for bo's waiting spawn
+
+    st.cache_data.clear()
+    sessions["tina-token"] = LineHub(status=503)
+    [bo] = sources.waiting_line(TEACHER)
+    assert (bo.user, bo.estimated_start) == ("bo", None)  # still listed: the start is unknown
