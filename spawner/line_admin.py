@@ -142,6 +142,7 @@ def reserve(
 
 def drop_reservation(ledger_path: Path, manager: Manager, reservation_id: int) -> bool:
     """Remove a reservation (admins; the teachers of its class)."""
+    _no_students(manager)  # whether the id exists or not: a student learns nothing by trying ids
 
     def check(found: Reservation) -> None:
         why = may_manage(manager, found.group, f"reservations for {found.group}")

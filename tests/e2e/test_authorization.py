@@ -31,6 +31,14 @@ def test_authorization_matrix(make_platform: Any) -> None:
     assert ann.api("POST", "/users/cal/server", json={}).status_code == 404
     assert ann.api("GET", "/../metrics").status_code == 403
 
+    # The GPU line's API (where the portal's Queue takes its estimates): nobody anonymous, a
+    # student sees only their own place and may not change the line.
+    assert requests.get(f"{hub}/gpuslice/line", timeout=10).status_code == 403
+    assert ann.api("GET", "/gpuslice/line").json()["line"] == []
+    for action in ({"action": "cancel", "user": "cal", "server": ""}, {"action": "drop-reservation", "id": 1}):
+        refused = ann.api("POST", "/gpuslice/line", json=action)
+        assert refused.status_code == 403, refused.text
+
     # Another class's student: the class's image is refused, on the server side.
     refused = cal.api("POST", "/users/cal/server", json={"image": "ml-lab"})
     assert refused.status_code == 403 and "only for the groups ml101" in refused.json()["message"]
@@ -43,6 +51,7 @@ def test_authorization_matrix(make_platform: Any) -> None:
     assert requests.get(f"{hub}/users", headers=as_portal, timeout=10).status_code == 200
     assert requests.post(f"{hub}/users/cal/server", json={}, headers=as_portal, timeout=10).status_code == 403
     assert requests.delete(f"{hub}/users/ann/server", headers=as_portal, timeout=10).status_code == 403
+    assert requests.get(f"{hub}/gpuslice/line", headers=as_portal, timeout=10).status_code == 403  # users only
     assert ann.api("GET", "/users/ann").json()["servers"][""]["ready"]
 
     # An admin: everything.
