@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from hub.settings import Contact, OnCall, read_oncall, validation_problems
@@ -92,6 +92,11 @@ class KubeValues(BaseModel):
     idle_timeout: int = Field(
         default=3600, gt=0, description="hub.idleTimeout: seconds before the culler stops a server."
     )
+    gpu_idle_timeout: int = Field(
+        default=900,
+        gt=0,
+        description="hub.gpuIdleTimeout: seconds idle before the gpu-reclaimer stops a GPU server while others wait.",
+    )
     open_signup: bool = Field(default=True, description="hub.openSignup: anyone may create an account at first login.")
     singleuser: dict[str, Any] = Field(default_factory=dict, description="hub.singleuser: KubeSpawner's pod settings.")
     notebook_image: str = Field(description="The notebook image (images.notebook).")
@@ -105,6 +110,16 @@ class KubeValues(BaseModel):
     alertmanager_url: str = Field(default="", description="monitoring.alertmanagerUrl: the portal's Alerts page.")
     proposals_per_hour: int = Field(default=3, gt=0, description="markets.proposalsPerHour: model proposals per user.")
     oncall: OnCall = Field(default_factory=OnCall, description="monitoring.oncall: the on-call rotation and tiers.")
+
+    @model_validator(mode="after")
+    def _reclaiming_before_culling(self) -> KubeValues:
+        if self.gpu_idle_timeout >= self.idle_timeout:
+            raise ValueError(
+                f"hub.gpuIdleTimeout ({self.gpu_idle_timeout} s) must be below hub.idleTimeout"
+                f" ({self.idle_timeout} s): the idle culler would stop the server first and nothing would be"
+                " reclaimed for the GPU line; lower gpuIdleTimeout or raise idleTimeout"
+            )
+        return self
 
     @field_validator("oncall", mode="before")
     @classmethod

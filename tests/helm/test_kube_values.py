@@ -16,7 +16,7 @@ CLASSES = {
         "prometheusUrl": "http://prometheus-operated.monitoring:9090",
         "alertmanagerUrl": "http://alertmanager-operated.monitoring:9093",
     },
-    "hub": {"idleTimeout": 1800},
+    "hub": {"idleTimeout": 1800, "gpuIdleTimeout": 600},
     "markets": {"proposalsPerHour": 5},
 }
 
@@ -47,6 +47,22 @@ def test_the_portals_values_come_from_the_chart(tmp_path: Path) -> None:
         {"name": "ml101", "members": ["alice", "bob"], "max_slice": "4GiB", "budget": "16GiB", "profiles": ["t4"]},
     )
     assert (values.admin_users, values.idle_timeout, values.proposals_per_hour) == (("teacher",), 1800, 5)
+    assert values.gpu_idle_timeout == 600
+    assert load_kube_values(rendered_values(tmp_path)).gpu_idle_timeout == 900  # the chart's default
+
+
+def test_a_gpu_idle_timeout_the_culler_would_beat_is_refused_saying_why(tmp_path: Path) -> None:
+    """The culler would stop the idle server first: reclaiming for the line could never happen."""
+    with pytest.raises(AssertionError, match=r"hub.gpuIdleTimeout \(3600 s\) must be below hub.idleTimeout \(3600 s\)"):
+        rendered_values(tmp_path, {"hub": {"gpuIdleTimeout": 3600}})
+    with pytest.raises(AssertionError, match=r"gpuIdleTimeout.*minimum"):  # the schema: a minute at least
+        rendered_values(tmp_path, {"hub": {"gpuIdleTimeout": 0}})
+    written = tmp_path / "hand.yaml"  # a values file written by hand, not rendered: the reader says the same
+    written.write_text(
+        yaml.safe_dump({"notebookImage": "i", "proxyApiUrl": "u", "idleTimeout": 600, "gpuIdleTimeout": 900})
+    )
+    with pytest.raises(KubeValuesError, match="lower gpuIdleTimeout or raise idleTimeout"):
+        load_kube_values(written)
 
 
 def test_database_urls_come_from_the_secrets_else_the_hubs_volume(

@@ -25,6 +25,7 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
         "adminUsers": ["teacher"],
         "groups": {"ml101": {"members": ["alice"], "maxSlice": "4GiB", "serversPerUser": 1, "profiles": ["t4"]}},
         "idleTimeout": 1800,
+        "gpuIdleTimeout": 600,
         "singleuser": {"cpuGuarantee": 0.5, "memoryGuarantee": "1G", "memoryLimit": "8G", "startTimeout": 300},
         "notebookImage": "ghcr.io/gpuslice/notebook-base:1.0",
         "proxyApiUrl": "http://gs-proxy-api:8001",
@@ -46,6 +47,9 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     services = {s["name"]: s for s in config.JupyterHub.services}
     assert services["portal"]["url"] == "http://gs-portal:8502" and services["portal"]["api_token"] == "p"
     assert config.Authenticator.admin_users == {"teacher"}
+    # The GPU line's reclaimer and the line's estimated starts use the chart's gpuIdleTimeout.
+    assert spawner.gpu_idle_timeout == 600
+    assert "--gpu-idle-timeout=600" in services["gpu-reclaimer"]["command"]
 
 
 def load_kube_config(values: dict[str, object], monkeypatch: pytest.MonkeyPatch, folder: Path) -> Config:

@@ -64,6 +64,7 @@ def local_values(root: Path, ports: dict[str, int], admin_token: str) -> Path:
             },
         },
         "singleuser": {"startTimeout": 60, "extraEnv": {"GPUSLICE_DOUBLE_ROOT": str(root / "pods")}},
+        "custom": {"gpuslice": {"gpuIdleTimeout": 300}},  # the reclaimer's timeout, read by the overlay
     }
     path = root / "local.yaml"
     path.write_text(yaml.safe_dump(values))
@@ -151,6 +152,7 @@ def test_z2jhs_own_config_spawns_a_gpu_server_through_kube_gpu_spawner(tmp_path:
         # warnings' page is there and asks who is looking (a login redirect, not a 404).
         assert "Loading extra config: gpuslice-line" in log
         assert logged(tmp_path / "hub.log", "Starting service 'gpu-reclaimer'"), "the gpu-reclaimer did not start"
+        assert "--gpu-idle-timeout=300" in (tmp_path / "hub.log").read_text()  # custom.gpuslice.gpuIdleTimeout
         anonymous = requests.get(f"{public}/hub/gpuslice/notice", allow_redirects=False, timeout=30)
         assert anonymous.status_code == 302 and "/hub/login" in anonymous.headers["Location"], anonymous.status_code
 
