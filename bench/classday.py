@@ -64,6 +64,7 @@ class Day:
     patience: float = 90.0
     idle_timeout: float = 60.0  # JupyterHub's idle culler
     gpu_idle_timeout: float = 15.0  # reclaiming while anyone waits
+    warn_before: float = 3.0  # the reclaimer's warning lead (spawner.waitline warning_lead: 3 min at 15)
     retry_every: float = 2.0
 
 
@@ -150,7 +151,11 @@ def simulate(regime: str, day: Day, seed: int) -> Outcome:
         if regime == "line+reclaim" and waiting:
             holders = [Holder(s.name, True, s.idle_since, s.idle_since) for s in people if s.holding is not None]
             _, stop = reclaim(
-                holders, waiting=len(waiting), now=now, gpu_idle_timeout=day.gpu_idle_timeout, warn_before=3.0
+                holders,
+                waiting=len(waiting),
+                now=now,
+                gpu_idle_timeout=day.gpu_idle_timeout,
+                warn_before=day.warn_before,
             )
             for s in [s for s in people if s.name in stop]:
                 release(s)

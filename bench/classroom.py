@@ -226,15 +226,6 @@ def run_class(hub: Hub, users: int, options: dict[str, Any], over_commit: Callab
     }
 
 
-def _over_commit(ours: Hub) -> int:
-    """Cards whose slices add up to more than their memory (from the ledger)."""
-    holds = Ledger(ours.data / "ledger.sqlite").holdings()
-    per_card: dict[int, int] = {}
-    for hold in holds:
-        per_card[hold.gpu_index] = per_card.get(hold.gpu_index, 0) + hold.memory_bytes
-    return sum(1 for used in per_card.values() if used > 16 * 2**30)
-
-
 def run(users: int, portal_sessions: int = 0) -> dict[str, Any]:
     watchers = [f"watcher-{i:02d}" for i in range(portal_sessions)]
     with hubs(admins=watchers) as (plain, ours):
@@ -243,7 +234,7 @@ def run(users: int, portal_sessions: int = 0) -> dict[str, Any]:
             set_password(passwords_path(ours.data), watcher, "bench-password")
         load = PortalLoad(ours.url.removesuffix("/hub/api"), watchers) if watchers else None
         with load or contextlib.nullcontext():
-            result = run_class(ours, users, {"gpu_memory": SLICE}, lambda: _over_commit(ours))
+            result = run_class(ours, users, {"gpu_memory": SLICE}, ours.over_committed_cards)
         leaked = len(Ledger(ours.data / "ledger.sqlite").holdings())
     result["leaked_allocations"] = leaked
     ratio = None

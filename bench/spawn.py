@@ -19,16 +19,20 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hub.platform import CONFIG, PROXY, REPO
+from hub.platform import CONFIG, PROXY, REPO, prepare_user_env
+from hub.settings import load as load_settings
 from spawner import environ
+from spawner.gpus import simulated_gpus
+from spawner.ledger import Ledger
 from spawner.ports import free_port
 
-ADMIN_SCOPES = ["admin:users", "admin:servers", "list:users", "read:users"]
+# access:servers: bench/classday_real.py's students use their servers (the contents API) as the bench service
+ADMIN_SCOPES = ["admin:users", "admin:servers", "list:users", "read:users", "access:servers"]
 
 
 def _config(kind: str, data: Path, token: str) -> str:
@@ -68,8 +72,16 @@ c.Spawner.start_timeout = 300
 
 
 class Hub:
-    def __init__(self, kind: str, root: Path, admins: Sequence[str] = ()) -> None:
-        self.kind, self.data = kind, root / kind
+    def __init__(
+        self,
+        kind: str,
+        root: Path,
+        admins: Sequence[str] = (),
+        simulate: str = "2x16GiB:T4",
+        extra_settings: Mapping[str, int] | None = None,
+    ) -> None:
+        """``simulate``: gpuslice's simulated GPUs; ``extra_settings``: more of its settings (timeouts, seconds)."""
+        self.kind, self.data, self.simulate = kind, root / kind, simulate
         self.data.mkdir(parents=True)
         self.token = secrets.token_hex(16)
         self.port = free_port()
@@ -78,9 +90,16 @@ class Hub:
         settings = self.data / "gpuslice.yaml"
         settings.write_text(
             f"port: {self.port}\nhub_port: {free_port()}\nproxy_api_port: {free_port()}\nportal_port: {free_port()}\n"
-            f"data_dir: {self.data}\ngpus: {{simulate: 2x16GiB:T4}}\nmonitoring: {{enabled: false}}\n"
+            f"data_dir: {self.data}\ngpus: {{simulate: {simulate}}}\nmonitoring: {{enabled: false}}\n"
             f"admin_users: {json.dumps(list(admins))}\n"
+            + "".join(f"{k}: {v}\n" for k, v in (extra_settings or {}).items())
         )
+        if kind == "gpuslice":
+            # As `gpuslice up` does: as root each user's servers run from the users' environment,
+            # which must exist before the first spawn (on a fresh machine no other test made it).
+            platform_settings = load_settings(settings)
+            if platform_settings.isolation == "unix-users":
+                prepare_user_env(platform_settings.user_env)
         env = {**os.environ, environ.SETTINGS.name: str(settings), environ.DATA_DIR.name: str(self.data)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
         self.log = (self.data / "hub.log").open("wb")
@@ -113,16 +132,34 @@ class Hub:
         raise RuntimeError(f"{self.kind} hub did not start; {self.data / 'hub.log'} ends:\n" + "\n".join(tail))
 
     def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Authorization": f"token {self.token}"}
-        )
+        return self._send(method, self.url + path, body, timeout_s=120)
+
+    def put(self, url: str, body: dict[str, Any]) -> int:
+        """PUT JSON with the bench's token to ``url`` (a user's server, through the proxy); the status."""
         try:
-            with urllib.request.urlopen(request, timeout=120) as response:
+            return self._send("PUT", url, body, timeout_s=60)[0]
+        except OSError:
+            return 0  # the server went away meanwhile (reclaimed): the student finds out when they pause
+
+    def _send(self, method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, Any]:
+        """The status and the JSON answer (an error's text as it came) of one request with the bench's token."""
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Authorization": f"token {self.token}", "Content-Type": "application/json"}
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 text = response.read()
                 return response.status, json.loads(text) if text else None
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+
+    def over_committed_cards(self) -> int:
+        """gpuslice's cards whose slices in its ledger add up to more than their memory, now."""
+        memory = {g.index: g.memory_bytes for g in simulated_gpus(self.simulate)}
+        per_card: dict[int, int] = {}
+        for held in Ledger(self.data / "ledger.sqlite").holdings():
+            per_card[held.gpu_index] = per_card.get(held.gpu_index, 0) + held.memory_bytes
+        return sum(1 for card, used in per_card.items() if used > memory[card])
 
     def spawn_seconds(self, user: str, options: dict[str, Any]) -> float:
         self.api("POST", f"/users/{user}")

@@ -138,6 +138,15 @@ def _parser() -> argparse.ArgumentParser:
         "--design-seeds", action="store_true", help="run the seeds the model was designed on (1-5), not 101-120"
     )
     day.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    day.add_argument(
+        "--validate",
+        action="store_true",
+        help="live a short day on the real platform (a hub, servers, the line, the reclaimer) beside the model",
+    )
+    day.add_argument("--seed", type=int, default=101, help="with --validate: the day's seed (default 101)")
+    day.add_argument(
+        "--scale", type=float, default=3.0, help="with --validate: real seconds per model minute (default 3)"
+    )
     return parser
 
 
@@ -175,6 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_alerts(
             ["--days", str(args.days), "--seed", str(args.seed), "--faults-per-kind", str(args.faults_per_kind)]
         )
+    if args.bench == "class-day" and args.validate:
+        with _bench_extra():
+            from bench.classday_real import report as report_real
+            from bench.classday_real import validate
+
+        checked = validate(args.seed, scale_s=args.scale)
+        print(json.dumps(checked, indent=2) if args.json else report_real(checked))
+        return 0
     if args.bench == "class-day":
         from bench.classday import DESIGN_SEEDS, REPORT_SEEDS, report
         from bench.classday import run as run_day
