@@ -27,6 +27,10 @@ from spawner import environ, secretenv
 from spawner.lifetime import die_with_parent
 from spawner.ports import free_port
 
+# Requests to Streamlit in flight at once. Tornado's client allows 10 by default and fails what
+# waits in its queue longer than 20 s; two browsers loading the portal together already open 12
+# (6 each), and a class opening it at 9:00 many more, so the gate must not be the bottleneck.
+UPSTREAM_REQUESTS = 256
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
 
 
@@ -37,6 +41,14 @@ def identity_of(user: dict[str, Any], hub_token: str = "") -> Identity:
 class Upstream:
     def __init__(self, port: int, secret: bytes) -> None:
         self.port, self.secret = port, secret
+        self._client: httpclient.AsyncHTTPClient | None = None
+
+    @property
+    def client(self) -> httpclient.AsyncHTTPClient:
+        """The gate's own client for Streamlit (made in the running loop, on first use)."""
+        if self._client is None:
+            self._client = httpclient.AsyncHTTPClient(force_instance=True, max_clients=UPSTREAM_REQUESTS)
+        return self._client
 
     def url(self, uri: str, scheme: str = "http") -> str:
         return f"{scheme}://127.0.0.1:{self.port}{uri}"
@@ -77,7 +89,10 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):  # type: ignore[misc]
             follow_redirects=False,
             request_timeout=60,
         )
-        response = await httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
+        try:
+            response = await self.upstream.client.fetch(request, raise_error=False)
+        except (OSError, httpclient.HTTPClientError) as exc:  # not answering, or not started yet
+            raise web.HTTPError(502, f"the portal's Streamlit did not answer ({exc}); reload in a moment") from exc
         self.set_status(response.code)
         for name, value in response.headers.get_all():
             lower = name.lower()
@@ -97,10 +112,10 @@ class HealthHandler(web.RequestHandler):
 
     async def get(self) -> None:
         try:
-            response = await httpclient.AsyncHTTPClient().fetch(
+            response = await self.upstream.client.fetch(
                 self.upstream.url(self.request.uri or "/"), raise_error=False, request_timeout=5
             )
-        except OSError:
+        except (OSError, httpclient.HTTPClientError):
             self.set_status(503)
             self.write("starting")
             return

@@ -14,10 +14,12 @@ them. A child is given its secrets the same way (``child_env``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 
 from spawner import environ
@@ -26,6 +28,9 @@ from spawner import environ
 # for a managed service) and the portal's identity key.
 SECRET_NAMES = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", environ.PORTAL_SECRET.name)
 FILE_VAR = environ.SECRETS_FILE.name
+# Streamlit runs each session's first page in its own thread: the second must wait until the
+# first has put the secrets in os.environ, not find the file's name gone and go on without them.
+_LOADING = threading.Lock()
 
 
 def child_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -47,14 +52,20 @@ def reexec_without_secrets(args: Sequence[str]) -> None:
 
 
 def load_secrets() -> None:
-    """The secrets a parent put in our file: into ``os.environ`` (not ``/proc/PID/environ``); the file goes."""
-    path = os.environ.pop(FILE_VAR, "")
-    if not path:
-        return
-    try:
-        with open(path) as file:
-            secrets = json.load(file)
-    except FileNotFoundError:
-        return  # read already (Streamlit runs the app again for each page)
-    os.unlink(path)
-    os.environ.update({name: str(value) for name, value in secrets.items() if name in SECRET_NAMES})
+    """The secrets a parent put in our file: into ``os.environ`` (not ``/proc/PID/environ``); the file goes.
+
+    Safe to call from many threads at once: each returns only once the secrets are in place.
+    """
+    with _LOADING:
+        path = os.environ.get(FILE_VAR, "")
+        if not path:
+            return  # read already (Streamlit runs the app again for each page)
+        try:
+            with open(path) as file:
+                secrets = json.load(file)
+        except FileNotFoundError:
+            secrets = {}  # gone with no one to read it: the caller says which secret it lacks
+        os.environ.update({name: str(value) for name, value in secrets.items() if name in SECRET_NAMES})
+        del os.environ[FILE_VAR]  # last: a thread that finds the name gone finds the secrets there
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -5,7 +5,12 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from spawner import secretenv
 
@@ -41,3 +46,38 @@ def test_a_childs_secrets_go_in_a_private_file(tmp_path: Path) -> None:
     assert json.loads(handover.read_text()) == {"GPUSLICE_PORTAL_SECRET": "ab" * 32, "JUPYTERHUB_API_TOKEN": "t"}
     handover.unlink()
     assert secretenv.child_env({"PATH": "/usr/bin"}) == {"PATH": "/usr/bin"}
+
+
+def test_pages_opened_at_once_all_find_the_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two people opening the portal together: Streamlit runs both first pages at once, in threads.
+
+    Without a lock the second found the file's name gone, and "the portal has no gate secret",
+    while the first was still reading the file. The read is slowed here so that the threads always
+    overlap. (CI twice saw one of two first pages never show its title; this race is one way.)
+    """
+    monkeypatch.setenv(
+        secretenv.FILE_VAR, secretenv.child_env({"GPUSLICE_PORTAL_SECRET": "cd" * 32})[secretenv.FILE_VAR]
+    )
+    monkeypatch.delenv("GPUSLICE_PORTAL_SECRET", raising=False)
+    slow_load = json.load
+
+    def read_slowly(file: Any) -> Any:
+        time.sleep(0.3)
+        return slow_load(file)
+
+    monkeypatch.setattr(secretenv.json, "load", read_slowly)
+    seen: list[str | None] = []
+    start = threading.Barrier(4)
+
+    def first_page() -> None:
+        start.wait()
+        secretenv.load_secrets()
+        seen.append(os.environ.get("GPUSLICE_PORTAL_SECRET"))
+
+    threads = [threading.Thread(target=first_page) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == ["cd" * 32] * 4
+    assert secretenv.FILE_VAR not in os.environ
