@@ -60,6 +60,12 @@ VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
     "default-rare-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-rare-ties", tolerance_per_type=True),
     # Near-ties to the candidate after which the arrivals still to come leave the least GPU demand unplaced.
     "default-lookahead": lambda w, _: DefaultPolicy(_needs(w), name="default-lookahead", lookahead=True),
+    # A type's fragment: the free GPU its tasks leave unused once the node is filled with them.
+    "default-filled": lambda w, _: DefaultPolicy(_needs(w), name="default-filled", filled_fragment=True),
+    # The same, with the GPU alone bounding how many tasks the node takes (no CPU or memory).
+    "default-filled-gpu": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-filled-gpu", filled_fragment=True, filled_host=False
+    ),
 }
 
 

@@ -121,6 +121,8 @@ def fragmentation(
     mem: FloatArray,
     *,
     cpu_tasks_fragment: bool = True,
+    filled: bool = False,
+    filled_host: bool = True,
 ) -> FloatArray:
     """Expected GPU fragmentation, in cards, of each of C node states against the workload.
 
@@ -129,18 +131,74 @@ def fragmentation(
     the free part of each GPU too small for t (for whole-card types, every GPU that is
     not wholly free). For a type that asks for no GPU the paper counts all free GPU as
     fragment; ``cpu_tasks_fragment=False`` counts it only when the task does not fit.
+
+    ``filled=True`` counts, for a GPU type, the free GPU that tasks of t cannot use when
+    the node takes as many of them as it can, one after another (``filled_fragment``),
+    rather than what one task of t cannot use.
     """
     safe_cap = np.where(cap > 0, cap, 1.0)
     frac = np.where(usable, free / safe_cap, 0.0)  # (C, G)
     total = frac.sum(axis=1)  # (C,)
     fits, full, host, gpu_fit = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
-    slice_frag = np.einsum("cg,cgt->ct", frac, ~fits)
-    whole_frag = np.einsum("cg,cgt->ct", frac, ~full)
-    frag = np.where(wl.is_slice[None, :], slice_frag, whole_frag)
+    if filled:
+        frag = filled_fragment(wl, free, cap, fits, full, cpu, mem, total, host_bound=filled_host)
+    else:
+        slice_frag = np.einsum("cg,cgt->ct", frac, ~fits)
+        whole_frag = np.einsum("cg,cgt->ct", frac, ~full)
+        frag = np.where(wl.is_slice[None, :], slice_frag, whole_frag)
     per_type = np.where(host & gpu_fit, frag, total[:, None])
     cpu_value = total[:, None] if cpu_tasks_fragment else np.where(host, 0.0, total[:, None])
     per_type = np.where(wl.is_cpu[None, :], cpu_value, per_type)
     return np.asarray(per_type @ wl.weight)
+
+
+def filled_fragment(
+    wl: WorkloadArrays,
+    free: FloatArray,
+    cap: FloatArray,
+    fits: BoolArray,
+    full: BoolArray,
+    cpu: FloatArray,
+    mem: FloatArray,
+    total: FloatArray,
+    host_bound: bool = True,
+) -> FloatArray:
+    """(C, T): the free GPU, in cards, left unused when each node takes as many tasks of type t
+    as it can, one after another.
+
+    FGD asks whether *one* task of t fits; a node with seven free cards fits a four-card task
+    and counts no fragment for it, though the next four-card task will not find the other
+    three, and a card with 0.7 free counts none for half-card slices though 0.2 of it stays
+    unused. Here those remainders count, and so do GPUs a type could use but the node's CPU
+    or memory cannot feed: a node with eight free cards and CPU for two half-card slices
+    leaves seven cards to that type. Nothing is chosen: the count follows from the node and t.
+    """
+    slots, cards_per_slot = _gpu_slots(wl, free, cap, fits, full)
+    taken = np.minimum(slots, _host_slots(wl, cpu, mem)) if host_bound else slots
+    return np.asarray(np.maximum(total[:, None] - taken * cards_per_slot, 0.0))
+
+
+def _gpu_slots(
+    wl: WorkloadArrays, free: FloatArray, cap: FloatArray, fits: BoolArray, full: BoolArray
+) -> tuple[FloatArray, FloatArray]:
+    """(C, T) each: the tasks of each GPU type the GPUs alone could take one after another
+    (slices side by side on the GPUs that hold one; free cards over the cards asked), and the
+    GPU each of those tasks takes, in cards."""
+    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]  # (C, G, T)
+    per_gpu = np.where(fits, np.floor((free[:, :, None] + EPS) / np.where(need > 0, need, 1.0)), 0.0)
+    slice_slots = per_gpu.sum(axis=1)
+    slice_cards = (per_gpu * need / np.where(cap > 0, cap, 1.0)[:, :, None]).sum(axis=1)
+    whole = np.where(wl.whole > 0, wl.whole, 1.0)[None, :]
+    slots = np.where(wl.is_slice[None, :], slice_slots, np.floor(full.sum(axis=1) / whole))
+    per_slice = np.divide(slice_cards, slice_slots, out=np.zeros_like(slice_cards), where=slice_slots > 0)
+    return np.asarray(slots), np.asarray(np.where(wl.is_slice[None, :], per_slice, whole))
+
+
+def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatArray:
+    """(C, T): the tasks of each type the node's CPU and memory alone could take."""
+    by_cpu = np.floor((cpu[:, None] + EPS) / np.where(wl.cpu > 0, wl.cpu, np.nan)[None, :])
+    by_mem = np.floor((mem[:, None] + EPS) / np.where(wl.mem > 0, wl.mem, np.nan)[None, :])
+    return np.asarray(np.fmin(np.nan_to_num(by_cpu, nan=np.inf), np.nan_to_num(by_mem, nan=np.inf)))
 
 
 def _type_fit_parts(
@@ -179,14 +237,9 @@ def type_capacity(
     GPU: the CPU and memory alone.
     """
     fits, full, _, _ = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
-    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]  # (C, G, T)
-    per_gpu = np.floor((free[:, :, None] + EPS) / np.where(need > 0, need, 1.0))
-    slices = np.where(fits, per_gpu, 0.0).sum(axis=1)  # (C, T)
-    cards = np.floor(full.sum(axis=1) / np.where(wl.whole > 0, wl.whole, 1.0)[None, :])
-    gpu = np.where(wl.is_slice[None, :], slices, np.where(wl.is_cpu[None, :], np.inf, cards))
-    by_cpu = np.floor(cpu[:, None] / np.where(wl.cpu > 0, wl.cpu, np.nan)[None, :])
-    by_mem = np.floor(mem[:, None] / np.where(wl.mem > 0, wl.mem, np.nan)[None, :])
-    host = np.fmin(np.nan_to_num(by_cpu, nan=np.inf), np.nan_to_num(by_mem, nan=np.inf))
+    slots, _ = _gpu_slots(wl, free, cap, fits, full)
+    gpu = np.where(wl.is_cpu[None, :], np.inf, slots)
+    host = _host_slots(wl, cpu, mem)
     return np.asarray(np.maximum(np.minimum(gpu, host), 0.0))
 
 

@@ -167,6 +167,9 @@ class FragmentationGradientDescent:
     workload: Workload
     name: str = "fgd"
     cpu_tasks_fragment: bool = True
+    # A type's fragment is what the node leaves unused once filled with its tasks (filled_fragment).
+    filled_fragment: bool = False
+    filled_host: bool = True  # ... and the node's CPU and memory bound how many it takes
     # The target workload scored: the most popular types of ``workload``, as many as this.
     max_types: int = 64
     remember_states: bool = True  # False: score every candidate state afresh (bench.latency's baseline)
@@ -231,6 +234,8 @@ class FragmentationGradientDescent:
                 cpu[at],
                 mem[at],
                 cpu_tasks_fragment=self.cpu_tasks_fragment,
+                filled=self.filled_fragment,
+                filled_host=self.filled_host,
             )
             if len(memo) > MEMO_STATES:
                 memo.clear()

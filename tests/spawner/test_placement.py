@@ -312,6 +312,42 @@ def test_type_capacity_counts_tasks_one_after_another() -> None:
     assert type_capacity(arrays, s.free, s.cap, s.model, s.usable, s.cpu, s.mem).tolist() == [[3.0, 1.0, 1.0]]
 
 
+def filled(s: ClusterState, wl: Workload) -> list[float]:
+    arrays = WorkloadArrays.build(wl, s.model_names)
+    return list(
+        fragmentation(arrays, s.free, s.cap, s.model, s.usable, s.cpu, s.mem, cpu_tasks_fragment=False, filled=True)
+    )
+
+
+def test_filled_fragment_counts_what_a_full_node_of_the_type_leaves_unused() -> None:
+    # 600 free takes one half slice and leaves 100: FGD counts none of it, as one slice fits.
+    assert frag(state([[1000, 300], [600, 0]]), HALVES) == pytest.approx([0.3, 0.0])
+    assert filled(state([[1000, 300], [600, 0]]), HALVES) == pytest.approx([0.3, 0.1])
+    # Seven free cards take one four-card task and strand three; eight strand none.
+    four = Workload((Demand(gpus=4),), (1.0,))
+    seven = [1000.0] * 7 + [0.0]
+    assert frag(state([seven]), four) == pytest.approx([0.0])
+    assert filled(state([seven, [1000.0] * 8]), four) == pytest.approx([3.0, 0.0])
+
+
+def test_filled_fragment_counts_gpus_the_node_has_no_cpu_to_feed() -> None:
+    # Eight free cards and 16 CPUs: two half slices of 8 CPUs, one card used, seven left.
+    hungry = Workload((slice_(0.5, cpu=8000),), (1.0,))
+    assert frag(state([[1000.0] * 8], cpu=[16000]), hungry) == pytest.approx([0.0])
+    assert filled(state([[1000.0] * 8], cpu=[16000]), hungry) == pytest.approx([7.0])
+    # A type that cannot fit at all counts all of it, as in FGD.
+    assert filled(state([[1000.0] * 8], cpu=[4000]), hungry) == pytest.approx([8.0])
+
+
+def test_filled_fragment_keeps_an_empty_node_for_the_four_card_tasks() -> None:
+    # One card for a one-card task: on the empty node (7 left, three stranded for the
+    # four-card type) or on the node with 5 free (4 left, one four-card task, none stranded).
+    s = state([[1000.0] * 8, [0, 0, 0] + [1000.0] * 5])
+    wl = Workload((Demand(gpus=4), Demand(gpus=1)), (0.5, 0.5))
+    assert FragmentationGradientDescent(wl).choose(s, Demand(gpus=1)) == Choice(0, (0,))
+    assert DefaultPolicy(wl, filled_fragment=True).choose(s, Demand(gpus=1)) == Choice(1, (3,))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     frees=st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=1, max_size=5),
