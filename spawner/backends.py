@@ -65,6 +65,38 @@ NO_ISOLATION_WARNING = (
 )
 
 
+# How a *slice* (not a whole card) is held to its memory on each backend: what the spawn
+# form tells the person choosing one.
+SLICE_ISOLATION: dict[Backend, Isolation] = {
+    Backend.GPUSHARE: Isolation.NONE,  # gpushare's device plugin only counts GiB; nothing enforces them
+    Backend.HAMI: Isolation.SOFTWARE,  # HAMi-core's CUDA layer in the container refuses allocations past the limit
+    Backend.TIMESLICING: Isolation.NONE,
+    Backend.MIG: Isolation.HARDWARE,  # a slice is a MIG instance
+    Backend.WHOLE: Isolation.HARDWARE,  # no slices: whole cards only
+    Backend.LOCAL: Isolation.NONE,
+}
+
+SLICE_NOTES: dict[Isolation, str] = {
+    Isolation.NONE: (
+        "A slice is shared without memory isolation: gpuslice caps PyTorch, TensorFlow, JAX and CuPy "
+        "in your kernels to your slice, but other CUDA code can use more."
+    ),
+    Isolation.SOFTWARE: (
+        "A slice is enforced by HAMi in your server: any CUDA code that asks for more memory than your "
+        "slice gets an out-of-memory error instead."
+    ),
+    Isolation.HARDWARE: (
+        "A slice is a MIG instance of the card: the hardware gives it its own memory and compute, so no "
+        "one else's code can take them."
+    ),
+}
+
+
+def slice_note(backend: Backend) -> str:
+    """What the spawn form says of slices on ``backend`` ("" where none are offered)."""
+    return "" if backend is Backend.WHOLE else SLICE_NOTES[SLICE_ISOLATION[backend]]
+
+
 @dataclass(frozen=True)
 class MigProfile:
     """One MIG instance shape; ``memory_mib`` is what the instance really offers."""

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import jinja2
 
+from spawner.backends import slice_note
 from spawner.inventory import Inventory
 from spawner.quotas import GroupQuota, Usage
 from spawner.shares import GpuRequest, RequestKind, format_bytes, slice_choices
@@ -216,4 +217,5 @@ def render_spawn_form(
         models=list(source.approved_models()),
         chosen_models=previous.models if previous.models is not None else source.selected_models(),
         offer=offer,
+        slice_note=slice_note(inventory.backend) if slices else "",
     )

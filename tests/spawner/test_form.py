@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from spawner.backends import Backend
 from spawner.form import (
     FormChoice,
     WaitOffer,
@@ -144,3 +145,37 @@ def test_the_refusal_buttons_become_spawn_options() -> None:
     }
     now = options_from_form({**form, "gpu_now": ["4GiB"]}, "0", "default")
     assert (now["gpu_memory"], now["image"], "wait" in now) == ("4GiB", "np", False)
+
+
+@pytest.mark.parametrize(
+    ("backend", "says", "never"),
+    [
+        (Backend.LOCAL, "shared without memory isolation", "HAMi"),
+        (Backend.GPUSHARE, "shared without memory isolation", "HAMi"),
+        (Backend.HAMI, "enforced by HAMi", "without memory isolation"),
+        (Backend.MIG, "MIG instance", "without memory isolation"),
+    ],
+)
+def test_the_form_says_how_a_slice_is_held_on_its_backend(backend: Backend, says: str, never: str) -> None:
+    inventory = build_local(MACHINE)
+    inventory.backend = backend
+    form = render_spawn_form(
+        _source(),  # type: ignore[arg-type]
+        inventory,
+        [],
+        Usage(),
+        16 * GiB,
+        2,
+        None,
+    )
+    note = re.search(r'<p class="help-block gpuslice-slice-note">(.*?)</p>', form, re.S)
+    assert note is not None, form
+    assert says in note.group(1) and never not in note.group(1)
+    assert "on this machine" not in form  # the same form serves a cluster
+
+
+def test_a_form_that_offers_no_slice_says_nothing_of_slices() -> None:
+    inventory = build_local(MACHINE)
+    inventory.backend = Backend.WHOLE
+    form = render_spawn_form(_source(), inventory, [], Usage(), 16 * GiB, 2, None)  # type: ignore[arg-type]
+    assert "gpuslice-slice-note" not in form
