@@ -66,6 +66,12 @@ VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
     "default-filled-gpu": lambda w, _: DefaultPolicy(
         _needs(w), name="default-filled-gpu", filled_fragment=True, filled_host=False
     ),
+    # The arrivals still to come that would find no place, in the gradient itself: added to the
+    # fragmentation growth, or ranked before it.
+    "default-overflow-sum": lambda w, _: DefaultPolicy(_needs(w), name="default-overflow-sum", overflow="overflow-sum"),
+    "default-overflow-first": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-overflow-first", overflow="overflow-first"
+    ),
 }
 
 

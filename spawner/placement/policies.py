@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -149,6 +150,8 @@ class DotProduct:
 
 # Node states remembered by fgd/default: about 100 bytes each, so at most ~50 MB.
 MEMO_STATES = 500_000
+# ... and their capacity per type: a row of 64 floats each, so at most ~50 MB.
+CAPACITY_STATES = 100_000
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ class FragmentationGradientDescent:
     # A node state's fragmentation depends on nothing but that state (and the workload), and
     # one commit changes one node, so the candidate states of the next decision are almost
     # all states scored before: remember them, keyed by the state's exact bytes.
-    _memo: dict[bytes, float] = field(default_factory=dict, init=False, repr=False)
+    _memo: dict[bytes, Any] = field(default_factory=dict, init=False, repr=False)
 
     def _current(self, state: ClusterState) -> FloatArray:
         """Each node's fragmentation now; recomputed only for nodes changed since last call."""
@@ -208,7 +211,40 @@ class FragmentationGradientDescent:
         cpu: FloatArray | None = None,
         mem: FloatArray | None = None,
     ) -> FloatArray:
-        assert self._arrays is not None
+        arrays = self._arrays
+        assert arrays is not None
+
+        def score(
+            free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
+        ) -> FloatArray:
+            return fragmentation(
+                arrays,
+                free,
+                cap,
+                model,
+                usable,
+                cpu,
+                mem,
+                cpu_tasks_fragment=self.cpu_tasks_fragment,
+                filled=self.filled_fragment,
+                filled_host=self.filled_host,
+            )
+
+        return self._per_state(state, nodes, free, cpu, mem, self._memo, MEMO_STATES, score)
+
+    def _per_state(
+        self,
+        state: ClusterState,
+        nodes: IntArray,
+        free: FloatArray | None,
+        cpu: FloatArray | None,
+        mem: FloatArray | None,
+        memo: dict[bytes, Any],
+        limit: int,
+        score: Callable[..., FloatArray],
+    ) -> FloatArray:
+        """``score`` of each node state (free, cap, model, usable, cpu, mem), one row per node:
+        each distinct state scored once, and remembered in ``memo`` (up to ``limit`` states)."""
         free = state.free[nodes] if free is None else free
         cpu = state.cpu[nodes] if cpu is None else cpu
         mem = state.mem[nodes] if mem is None else mem
@@ -220,27 +256,19 @@ class FragmentationGradientDescent:
         _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
         rows = np.ascontiguousarray(key[first])
         keys = [row.tobytes() for row in rows]
-        memo = self._memo if self.remember_states else {}
-        scores = np.array([memo.get(k, np.nan) for k in keys])
-        new = np.flatnonzero(np.isnan(scores))
-        if new.size:
+        if not self.remember_states:
+            memo = {}
+        found = [memo.get(k) for k in keys]
+        new = [i for i, value in enumerate(found) if value is None]
+        if new:
             at = first[new]
-            scores[new] = fragmentation(
-                self._arrays,
-                free[at],
-                cap[at],
-                model[at],
-                usable[at],
-                cpu[at],
-                mem[at],
-                cpu_tasks_fragment=self.cpu_tasks_fragment,
-                filled=self.filled_fragment,
-                filled_host=self.filled_host,
-            )
-            if len(memo) > MEMO_STATES:
+            fresh = score(free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
+            if len(memo) > limit:
                 memo.clear()
-            memo.update(zip((keys[i] for i in new), scores[new].tolist(), strict=True))
-        return np.asarray(scores[inverse.reshape(-1)])
+            for i, value in zip(new, fresh, strict=True):
+                found[i] = value
+                memo[keys[i]] = value
+        return np.asarray(found)[inverse.reshape(-1)]
 
     def choose(self, state: ClusterState, demand: Demand) -> Choice | None:
         current = self._current(state)
@@ -314,9 +342,13 @@ class DefaultPolicy(FragmentationGradientDescent):
     # Lookahead: near-ties go first to the candidate after which the arrivals still to come
     # (drawn from the target workload) leave the least GPU demand with no place.
     lookahead: bool = False
+    # The same expected failed GPU demand, added to the fragmentation growth of every candidate
+    # (both in cards) rather than breaking near-ties: "overflow-sum"; or ranked before it: "overflow-first".
+    overflow: str = ""
     _capacity: FloatArray = field(default_factory=lambda: np.zeros((0, 0)), init=False, repr=False)
     _capacity_seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
     _capacity_state: tuple[int, int] = field(default=(-1, -1), init=False, repr=False)
+    _capacity_memo: dict[bytes, FloatArray] = field(default_factory=dict, init=False, repr=False)
 
     def target(self) -> Workload:
         if self.keep_every_shape:
@@ -334,6 +366,13 @@ class DefaultPolicy(FragmentationGradientDescent):
     ) -> int:
         node_free = node_gpu_free(state)[nodes]
         tolerance = self.tie_tolerance
+        failed = (
+            self._expected_failed_gpus(state, nodes, np.ones(nodes.size, dtype=bool), after)
+            if self.overflow
+            else np.zeros(nodes.size)
+        )
+        if self.overflow == "overflow-sum":
+            delta = delta + failed
         if self.tolerance_per_type and self._arrays is not None:
             # A rare type's fragment enters the sum times its weight: 1% of a card of it is
             # the rarest weight times 1%, and a coarser tolerance would not see it.
@@ -348,6 +387,8 @@ class DefaultPolicy(FragmentationGradientDescent):
             # Expected failed GPU demand, in cards, to the same 1% of a card as the near-ties.
             failed = self._expected_failed_gpus(state, nodes, tied == tied.min(), after)
             keys.append(np.round(failed / self.tie_tolerance))
+        if self.overflow == "overflow-first":
+            return int(np.lexsort((*keys, tied, np.round(failed / self.tie_tolerance)))[0])
         return int(np.lexsort((*keys, tied))[0])
 
     def _expected_failed_gpus(self, state: ClusterState, nodes: IntArray, near: BoolArray, after: After) -> FloatArray:
@@ -365,15 +406,7 @@ class DefaultPolicy(FragmentationGradientDescent):
         cards = gpu_cards(wl)
         now = self._capacity_now(state)
         at = np.flatnonzero(near)
-        later = type_capacity(
-            wl,
-            after.free[at],
-            state.cap[nodes[at]],
-            state.model[nodes[at]],
-            state.usable[nodes[at]],
-            after.cpu[at],
-            after.mem[at],
-        )
+        later = self._capacity_of(state, nodes, after, at)
         left = now.sum(axis=0)[None, :] - now[nodes[at]] + later  # (C, T) places after each candidate
         arrivals = float(node_gpu_free(state).sum()) / max(float(wl.weight @ cards), 1e-9)
         mean = arrivals * wl.weight
@@ -388,26 +421,34 @@ class DefaultPolicy(FragmentationGradientDescent):
 
     def _capacity_now(self, state: ClusterState) -> FloatArray:
         """(N, T): the tasks of each type each node could take now; recomputed only for nodes changed since."""
-        assert self._arrays is not None
         if self._capacity_state != (id(state), id(self._arrays)):
-            self._capacity = type_capacity(
-                self._arrays, state.free, state.cap, state.model, state.usable, state.cpu, state.mem
-            )
+            self._capacity_memo.clear()
+            self._capacity = self._capacity_of(state, np.arange(len(state.names)))
             self._capacity_seen = state.version.copy()
             self._capacity_state = (id(state), id(self._arrays))
         changed = np.flatnonzero(self._capacity_seen != state.version)
         if changed.size:
-            self._capacity[changed] = type_capacity(
-                self._arrays,
-                state.free[changed],
-                state.cap[changed],
-                state.model[changed],
-                state.usable[changed],
-                state.cpu[changed],
-                state.mem[changed],
-            )
+            self._capacity[changed] = self._capacity_of(state, changed)
             self._capacity_seen[changed] = state.version[changed]
         return self._capacity
+
+    def _capacity_of(
+        self, state: ClusterState, nodes: IntArray, after: After | None = None, at: IntArray | None = None
+    ) -> FloatArray:
+        """(C, T): ``type_capacity`` of the nodes now, or of candidates ``at`` after placing (``after``)."""
+        arrays = self._arrays
+        assert arrays is not None
+
+        def score(
+            free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
+        ) -> FloatArray:
+            return type_capacity(arrays, free, cap, model, usable, cpu, mem)
+
+        if after is None or at is None:
+            return self._per_state(state, nodes, None, None, None, self._capacity_memo, CAPACITY_STATES, score)
+        return self._per_state(
+            state, nodes[at], after.free[at], after.cpu[at], after.mem[at], self._capacity_memo, CAPACITY_STATES, score
+        )
 
     def _model_pressure(self, state: ClusterState) -> FloatArray:
         """(M,): bound demand per free card of each model."""
