@@ -46,32 +46,49 @@ def _needs(workload: Workload | None) -> Workload:
 # Policies the report can run that are not in POLICIES: each of `default`'s two changes alone,
 # so that leave-one-out can choose among them on the lists it does not judge.
 VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
+    # `default` before change 3: changes 1 and 2. The variants below it are that policy with one
+    # change, as docs/placement.md measured them.
+    "default-no-overflow": lambda w, _: DefaultPolicy(_needs(w), name="default-no-overflow", overflow="off"),
     # Change 1 alone: CPU-only types fragment only where they do not fit; exact ties as FGD.
-    "default-exact-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-exact-ties", tie_tolerance=1e-9),
+    "default-exact-ties": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-exact-ties", tie_tolerance=1e-9, overflow="off"
+    ),
     # Change 2 alone: the paper's fragmentation; near-ties (1% of a card) to best-fit.
-    "default-paper-frag": lambda w, _: DefaultPolicy(_needs(w), name="default-paper-frag", cpu_tasks_fragment=True),
+    "default-paper-frag": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-paper-frag", cpu_tasks_fragment=True, overflow="off"
+    ),
     # Every task type in the target workload, not only the 64 most popular.
-    "default-all-types": lambda w, _: DefaultPolicy(_needs(w), name="default-all-types", max_types=1_000_000),
+    "default-all-types": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-all-types", max_types=1_000_000, overflow="off"
+    ),
     # Every GPU shape (cards or slice, allowed models) kept with its whole weight.
-    "default-grouped": lambda w, _: DefaultPolicy(_needs(w), name="default-grouped", keep_every_shape=True),
+    "default-grouped": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-grouped", keep_every_shape=True, overflow="off"
+    ),
     # Near-ties to the GPU model least needed by model-bound types per free card.
-    "default-spare-models": lambda w, _: DefaultPolicy(_needs(w), name="default-spare-models", spare_bound_models=True),
+    "default-spare-models": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-spare-models", spare_bound_models=True, overflow="off"
+    ),
     # Near-ties within 1% of a card of the rarest type's weight, not of the whole sum.
-    "default-rare-ties": lambda w, _: DefaultPolicy(_needs(w), name="default-rare-ties", tolerance_per_type=True),
+    "default-rare-ties": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-rare-ties", tolerance_per_type=True, overflow="off"
+    ),
     # Near-ties to the candidate after which the arrivals still to come leave the least GPU demand unplaced.
-    "default-lookahead": lambda w, _: DefaultPolicy(_needs(w), name="default-lookahead", lookahead=True),
+    "default-lookahead": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-lookahead", lookahead=True, overflow="off"
+    ),
     # A type's fragment: the free GPU its tasks leave unused once the node is filled with them.
-    "default-filled": lambda w, _: DefaultPolicy(_needs(w), name="default-filled", filled_fragment=True),
+    "default-filled": lambda w, _: DefaultPolicy(
+        _needs(w), name="default-filled", filled_fragment=True, overflow="off"
+    ),
     # The same, with the GPU alone bounding how many tasks the node takes (no CPU or memory).
     "default-filled-gpu": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-filled-gpu", filled_fragment=True, filled_host=False
+        _needs(w), name="default-filled-gpu", filled_fragment=True, filled_host=False, overflow="off"
     ),
-    # The arrivals still to come that would find no place, in the gradient itself: added to the
-    # fragmentation growth, or ranked before it.
-    "default-overflow-sum": lambda w, _: DefaultPolicy(_needs(w), name="default-overflow-sum", overflow="overflow-sum"),
-    "default-overflow-first": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-overflow-first", overflow="overflow-first"
-    ),
+    # Change 3 as designed (now `default`), and its other form: the expected failed demand added
+    # to the fragmentation growth rather than ranked before it.
+    "default-overflow-first": lambda w, _: DefaultPolicy(_needs(w), name="default-overflow-first", overflow="first"),
+    "default-overflow-sum": lambda w, _: DefaultPolicy(_needs(w), name="default-overflow-sum", overflow="sum"),
 }
 
 

@@ -297,11 +297,15 @@ _HASH_WEIGHTS: dict[int, FloatArray] = {}
 
 def distinct_gpus(state: ClusterState, cand: BoolArray) -> BoolArray:
     """Drop candidate GPUs equal (free, size, model) to an earlier candidate on the same node."""
+    rows = np.flatnonzero(cand.any(axis=1))  # only nodes with a candidate: often a few of many
+    free, cap, model, c = state.free[rows], state.cap[rows], state.model[rows], cand[rows]
     same = (
-        (state.free[:, :, None] == state.free[:, None, :])
-        & (state.cap[:, :, None] == state.cap[:, None, :])
-        & (state.model[:, :, None] == state.model[:, None, :])
-        & cand[:, None, :]
+        (free[:, :, None] == free[:, None, :])
+        & (cap[:, :, None] == cap[:, None, :])
+        & (model[:, :, None] == model[:, None, :])
+        & c[:, None, :]
     )
     earlier = np.tril(np.ones((cand.shape[1], cand.shape[1]), dtype=bool), k=-1)
-    return np.asarray(cand & ~(same & earlier).any(axis=2), dtype=bool)
+    kept = np.zeros_like(cand)
+    kept[rows] = c & ~(same & earlier).any(axis=2)
+    return np.asarray(kept, dtype=bool)

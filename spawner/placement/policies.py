@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -150,7 +150,7 @@ class DotProduct:
 
 # Node states remembered by fgd/default: about 100 bytes each, so at most ~50 MB.
 MEMO_STATES = 500_000
-# ... and their capacity per type: a row of 64 floats each, so at most ~50 MB.
+# ... or, for a policy that also counts places per type, rows of 65 floats: at most ~50 MB.
 CAPACITY_STATES = 100_000
 
 
@@ -184,6 +184,7 @@ class FragmentationGradientDescent:
     # one commit changes one node, so the candidate states of the next decision are almost
     # all states scored before: remember them, keyed by the state's exact bytes.
     _memo: dict[bytes, Any] = field(default_factory=dict, init=False, repr=False)
+    _last_asked: tuple[Any, ...] = field(default=(), init=False, repr=False)
 
     def _current(self, state: ClusterState) -> FloatArray:
         """Each node's fragmentation now; recomputed only for nodes changed since last call."""
@@ -211,26 +212,24 @@ class FragmentationGradientDescent:
         cpu: FloatArray | None = None,
         mem: FloatArray | None = None,
     ) -> FloatArray:
-        arrays = self._arrays
-        assert arrays is not None
+        return self._per_state(state, nodes, free, cpu, mem, MEMO_STATES, self._fragmentation)
 
-        def score(
-            free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
-        ) -> FloatArray:
-            return fragmentation(
-                arrays,
-                free,
-                cap,
-                model,
-                usable,
-                cpu,
-                mem,
-                cpu_tasks_fragment=self.cpu_tasks_fragment,
-                filled=self.filled_fragment,
-                filled_host=self.filled_host,
-            )
-
-        return self._per_state(state, nodes, free, cpu, mem, self._memo, MEMO_STATES, score)
+    def _fragmentation(
+        self, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
+    ) -> FloatArray:
+        assert self._arrays is not None
+        return fragmentation(
+            self._arrays,
+            free,
+            cap,
+            model,
+            usable,
+            cpu,
+            mem,
+            cpu_tasks_fragment=self.cpu_tasks_fragment,
+            filled=self.filled_fragment,
+            filled_host=self.filled_host,
+        )
 
     def _per_state(
         self,
@@ -239,12 +238,19 @@ class FragmentationGradientDescent:
         free: FloatArray | None,
         cpu: FloatArray | None,
         mem: FloatArray | None,
-        memo: dict[bytes, Any],
         limit: int,
         score: Callable[..., FloatArray],
     ) -> FloatArray:
         """``score`` of each node state (free, cap, model, usable, cpu, mem), one row per node:
-        each distinct state scored once, and remembered in ``memo`` (up to ``limit`` states)."""
+        each distinct state scored once, and remembered (up to ``limit`` states)."""
+        asked = (nodes, free, cpu, mem)
+        if (
+            free is not None
+            and self._last_asked
+            and all(a is b for a, b in zip(asked, self._last_asked[0], strict=True))
+        ):
+            again: FloatArray = self._last_asked[1]  # the same candidates again, within one decision
+            return again
         free = state.free[nodes] if free is None else free
         cpu = state.cpu[nodes] if cpu is None else cpu
         mem = state.mem[nodes] if mem is None else mem
@@ -256,8 +262,7 @@ class FragmentationGradientDescent:
         _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
         rows = np.ascontiguousarray(key[first])
         keys = [row.tobytes() for row in rows]
-        if not self.remember_states:
-            memo = {}
+        memo = self._memo if self.remember_states else {}
         found = [memo.get(k) for k in keys]
         new = [i for i, value in enumerate(found) if value is None]
         if new:
@@ -268,7 +273,9 @@ class FragmentationGradientDescent:
             for i, value in zip(new, fresh, strict=True):
                 found[i] = value
                 memo[keys[i]] = value
-        return np.asarray(found)[inverse.reshape(-1)]
+        scores = np.asarray(found)[inverse.reshape(-1)]
+        self._last_asked = (asked, scores) if asked[1] is not None else ()
+        return scores
 
     def choose(self, state: ClusterState, demand: Demand) -> Choice | None:
         current = self._current(state)
@@ -321,7 +328,7 @@ class FragmentationGradientDescent:
 
 @dataclass
 class DefaultPolicy(FragmentationGradientDescent):
-    """Ours: FGD with two changes, each measured on the Alibaba trace (docs/placement.md).
+    """Ours: FGD with three changes, each measured on the Alibaba trace (docs/placement.md).
 
     1. A task that asks for no GPU makes GPUs fragments only where it cannot fit,
        so placing a GPU task weighs the CPUs it leaves for CPU-only tasks.
@@ -329,6 +336,12 @@ class DefaultPolicy(FragmentationGradientDescent):
        of a card are ties, and ties go to best-fit (the fuller GPU, then the fuller
        node). FGD alone takes the first of exact ties, which scatters slices over
        empty nodes and strands their CPUs; packing keeps whole nodes free.
+    3. Before fragmentation, the candidate after which the arrivals still to come are
+       expected to leave the least GPU demand with no place (``overflow``). FGD looks at
+       one node at a time: filling the node whose free cards more of the workload cannot
+       use looks best even when that node is the only kind a type fits on, and the
+       cluster then has no place left for that type. Counting each type's places in the
+       whole cluster sees it.
     """
 
     name: str = "default"
@@ -342,13 +355,12 @@ class DefaultPolicy(FragmentationGradientDescent):
     # Lookahead: near-ties go first to the candidate after which the arrivals still to come
     # (drawn from the target workload) leave the least GPU demand with no place.
     lookahead: bool = False
-    # The same expected failed GPU demand, added to the fragmentation growth of every candidate
-    # (both in cards) rather than breaking near-ties: "overflow-sum"; or ranked before it: "overflow-first".
-    overflow: str = ""
+    # Change 3: the same expected failed GPU demand, for every candidate, ranked before the
+    # fragmentation growth ("first"), or added to it, both in cards ("sum"); "off": changes 1-2 only.
+    overflow: Literal["off", "first", "sum"] = "first"
     _capacity: FloatArray = field(default_factory=lambda: np.zeros((0, 0)), init=False, repr=False)
     _capacity_seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
     _capacity_state: tuple[int, int] = field(default=(-1, -1), init=False, repr=False)
-    _capacity_memo: dict[bytes, FloatArray] = field(default_factory=dict, init=False, repr=False)
 
     def target(self) -> Workload:
         if self.keep_every_shape:
@@ -368,10 +380,10 @@ class DefaultPolicy(FragmentationGradientDescent):
         tolerance = self.tie_tolerance
         failed = (
             self._expected_failed_gpus(state, nodes, np.ones(nodes.size, dtype=bool), after)
-            if self.overflow
+            if self.overflow != "off"
             else np.zeros(nodes.size)
         )
-        if self.overflow == "overflow-sum":
+        if self.overflow == "sum":
             delta = delta + failed
         if self.tolerance_per_type and self._arrays is not None:
             # A rare type's fragment enters the sum times its weight: 1% of a card of it is
@@ -387,7 +399,7 @@ class DefaultPolicy(FragmentationGradientDescent):
             # Expected failed GPU demand, in cards, to the same 1% of a card as the near-ties.
             failed = self._expected_failed_gpus(state, nodes, tied == tied.min(), after)
             keys.append(np.round(failed / self.tie_tolerance))
-        if self.overflow == "overflow-first":
+        if self.overflow == "first":
             return int(np.lexsort((*keys, tied, np.round(failed / self.tie_tolerance)))[0])
         return int(np.lexsort((*keys, tied))[0])
 
@@ -406,7 +418,10 @@ class DefaultPolicy(FragmentationGradientDescent):
         cards = gpu_cards(wl)
         now = self._capacity_now(state)
         at = np.flatnonzero(near)
-        later = self._capacity_of(state, nodes, after, at)
+        if near.all():  # the very candidates whose fragmentation was just scored
+            later = self._capacity_of(state, nodes, after.free, after.cpu, after.mem)
+        else:
+            later = self._capacity_of(state, nodes[at], after.free[at], after.cpu[at], after.mem[at])
         left = now.sum(axis=0)[None, :] - now[nodes[at]] + later  # (C, T) places after each candidate
         arrivals = float(node_gpu_free(state).sum()) / max(float(wl.weight @ cards), 1e-9)
         mean = arrivals * wl.weight
@@ -422,7 +437,6 @@ class DefaultPolicy(FragmentationGradientDescent):
     def _capacity_now(self, state: ClusterState) -> FloatArray:
         """(N, T): the tasks of each type each node could take now; recomputed only for nodes changed since."""
         if self._capacity_state != (id(state), id(self._arrays)):
-            self._capacity_memo.clear()
             self._capacity = self._capacity_of(state, np.arange(len(state.names)))
             self._capacity_seen = state.version.copy()
             self._capacity_state = (id(state), id(self._arrays))
@@ -432,23 +446,52 @@ class DefaultPolicy(FragmentationGradientDescent):
             self._capacity_seen[changed] = state.version[changed]
         return self._capacity
 
-    def _capacity_of(
-        self, state: ClusterState, nodes: IntArray, after: After | None = None, at: IntArray | None = None
+    def _counts_places(self) -> bool:
+        return self.overflow != "off" or self.lookahead
+
+    def _frag_of(
+        self,
+        state: ClusterState,
+        nodes: IntArray,
+        free: FloatArray | None = None,
+        cpu: FloatArray | None = None,
+        mem: FloatArray | None = None,
     ) -> FloatArray:
-        """(C, T): ``type_capacity`` of the nodes now, or of candidates ``at`` after placing (``after``)."""
+        if not self._counts_places():
+            return super()._frag_of(state, nodes, free, cpu, mem)
+        return self._frag_and_capacity(state, nodes, free, cpu, mem)[:, 0]
+
+    def _capacity_of(
+        self,
+        state: ClusterState,
+        nodes: IntArray,
+        free: FloatArray | None = None,
+        cpu: FloatArray | None = None,
+        mem: FloatArray | None = None,
+    ) -> FloatArray:
+        """(C, T): ``type_capacity`` of the nodes now, or in the states given (free, cpu, mem)."""
+        return self._frag_and_capacity(state, nodes, free, cpu, mem)[:, 1:]
+
+    def _frag_and_capacity(
+        self,
+        state: ClusterState,
+        nodes: IntArray,
+        free: FloatArray | None,
+        cpu: FloatArray | None,
+        mem: FloatArray | None,
+    ) -> FloatArray:
+        """(C, 1 + T): each node state's fragmentation, then its places per type, remembered together:
+        the candidates whose fragmentation a decision scores are the ones whose places it counts."""
         arrays = self._arrays
         assert arrays is not None
 
         def score(
             free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
         ) -> FloatArray:
-            return type_capacity(arrays, free, cap, model, usable, cpu, mem)
+            frag = self._fragmentation(free, cap, model, usable, cpu, mem)
+            return np.column_stack((frag, type_capacity(arrays, free, cap, model, usable, cpu, mem)))
 
-        if after is None or at is None:
-            return self._per_state(state, nodes, None, None, None, self._capacity_memo, CAPACITY_STATES, score)
-        return self._per_state(
-            state, nodes[at], after.free[at], after.cpu[at], after.mem[at], self._capacity_memo, CAPACITY_STATES, score
-        )
+        return self._per_state(state, nodes, free, cpu, mem, CAPACITY_STATES, score)
 
     def _model_pressure(self, state: ClusterState) -> FloatArray:
         """(M,): bound demand per free card of each model."""

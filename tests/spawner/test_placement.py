@@ -289,11 +289,38 @@ def test_lookahead_keeps_places_for_the_two_card_tasks_still_to_come() -> None:
     # 3 free cards, room for one two-card task instead of two; on node 1, 4 free cards still
     # take two. The cluster's 9 free cards take about 7 more arrivals, 3.6 of them two-card
     # tasks expected, against 3 places or 4: lookahead keeps the fourth.
-    assert DefaultPolicy(two_cards).choose(s, slice_(0.5)) == Choice(0, (4,))
-    assert DefaultPolicy(two_cards, lookahead=True).choose(s, slice_(0.5)) == Choice(1, (3,))
+    assert DefaultPolicy(two_cards, overflow="off").choose(s, slice_(0.5)) == Choice(0, (4,))
+    assert DefaultPolicy(two_cards, overflow="off", lookahead=True).choose(s, slice_(0.5)) == Choice(1, (3,))
+    # Change 3 ranks the same expected failed demand first, among every candidate: the same choice.
+    assert DefaultPolicy(two_cards).choose(s, slice_(0.5)) == Choice(1, (3,))
     # With no multi-card arrivals to come, the half slices have 17 places either way: best-fit.
     halves_only = Workload((slice_(0.5),), (1.0,))
-    assert DefaultPolicy(halves_only, lookahead=True).choose(s, slice_(0.5)) == Choice(0, (4,))
+    assert DefaultPolicy(halves_only, overflow="off", lookahead=True).choose(s, slice_(0.5)) == Choice(0, (4,))
+    assert DefaultPolicy(halves_only).choose(s, slice_(0.5)) == Choice(0, (4,))
+
+
+def test_overflow_keeps_the_only_node_an_eight_card_type_fits() -> None:
+    # Node 0 has the CPU an 8-card, 120-CPU type needs (its only place); node 1 the memory a
+    # one-card, 300 GiB type needs (its only place). An 8-card, 64-CPU task fits both.
+    s = ClusterState(
+        ["cpu-rich", "memory-rich"],
+        [128000, 96000],
+        [256 * GiB, 512 * GiB],
+        [[1000.0] * 8, [1000.0] * 8],
+        [["T4"] * 8, ["T4"] * 8],
+    )
+    big_cpu = Demand(cpu_milli=120000, memory_bytes=100 * GiB, gpus=8)
+    big_memory = Demand(cpu_milli=8000, memory_bytes=300 * GiB, gpus=1)
+    either = Demand(cpu_milli=64000, memory_bytes=100 * GiB, gpus=8)
+    workload = Workload((big_cpu, big_memory, either), (0.2, 0.3, 0.5))
+    # FGD fills the node whose free cards more of the workload cannot use: node 0 (the
+    # one-card type, weight 0.3, cannot use it; the 8-card type, 0.2, cannot use node 1).
+    assert FragmentationGradientDescent(workload).choose(s, either) == Choice(0, tuple(range(8)))
+    assert DefaultPolicy(workload, overflow="off").choose(s, either) == Choice(0, tuple(range(8)))
+    # Expected failed demand of the arrivals to come: losing the 8-card type's only place costs
+    # more (8 cards each) than losing the one-card type's (1 card each).
+    assert DefaultPolicy(workload).choose(s, either) == Choice(1, tuple(range(8)))  # overflow="first"
+    assert DefaultPolicy(workload, overflow="sum").choose(s, either) == Choice(1, tuple(range(8)))
 
 
 def test_expected_overflow_is_the_poisson_arrivals_beyond_the_places() -> None:
