@@ -232,17 +232,13 @@ def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
     her GPU with her slice and its readings on GPUs."""
     from playwright.sync_api import sync_playwright
 
-    from tests.e2e.browser import ARGS, CHROMIUM
+    from tests.e2e.browser import ARGS, CHROMIUM, log_in
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-            page.goto(f"{base}/hub/login")
-            page.fill("#username_input", "alice")
-            page.fill("#password_input", "alices-own-password")
-            page.click("#login_submit")
-            page.wait_for_load_state("networkidle")
+            log_in(page, base, "alice", "alices-own-password")
             page.goto(f"{base}/hub/spawn")
             page.select_option("#gpu", "4GiB")
             page.click(".feedback-container button[type=submit]")  # JupyterHub's Start

@@ -24,7 +24,7 @@ def one_card(tmp_path: Path) -> Iterator[RestartableHub]:
 def test_in_the_browser_the_third_student_waits_with_no_pod_and_lands_in_jupyterlab(one_card: RestartableHub) -> None:
     from playwright.sync_api import sync_playwright
 
-    from tests.e2e.browser import ARGS, CHROMIUM
+    from tests.e2e.browser import ARGS, CHROMIUM, log_in
 
     kube = one_card.hub
     two_classmates_run(one_card)
@@ -32,11 +32,7 @@ def test_in_the_browser_the_third_student_waits_with_no_pod_and_lands_in_jupyter
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        page.goto(f"{kube.url}/hub/login")
-        page.fill("#username_input", "s3")
-        page.fill("#password_input", "any")  # the test hub's dummy authenticator
-        page.click("#login_submit")
-        page.wait_for_load_state("networkidle")
+        log_in(page, kube.url, "s3", "any")  # the test hub's dummy authenticator
 
         page.goto(f"{kube.url}/hub/spawn")
         page.select_option("#gpu", "4GiB")
