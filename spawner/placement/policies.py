@@ -397,8 +397,8 @@ class DefaultPolicy(FragmentationGradientDescent):
             keys.append(self._model_pressure(state)[state.model[nodes, card]])
         if self.lookahead:
             # Expected failed GPU demand, in cards, to the same 1% of a card as the near-ties.
-            failed = self._expected_failed_gpus(state, nodes, tied == tied.min(), after)
-            keys.append(np.round(failed / self.tie_tolerance))
+            near_failed = self._expected_failed_gpus(state, nodes, tied == tied.min(), after)
+            keys.append(np.round(near_failed / self.tie_tolerance))
         if self.overflow == "first":
             return int(np.lexsort((*keys, tied, np.round(failed / self.tie_tolerance)))[0])
         return int(np.lexsort((*keys, tied))[0])
@@ -409,9 +409,9 @@ class DefaultPolicy(FragmentationGradientDescent):
         The arrivals still to come are as many as the cluster's free GPU can take (free cards over
         the cards an arrival asks on average), each of a type drawn by its popularity, so each
         type's arrivals are Poisson. A type's places are the tasks of it the nodes could take,
-        which placing on a candidate changes only at that node. Scored for the near-ties
-        (``near``), the only candidates it can reorder, and only over the types whose places
-        differ between them; the others score 0.
+        which placing on a candidate changes only at that node. Scored for the candidates
+        ``near`` (change 3: all of them; lookahead: the near-ties, the only ones it reorders),
+        and only over the types whose places differ between them; the others score 0.
         """
         assert self._arrays is not None
         wl = self._arrays
@@ -425,7 +425,7 @@ class DefaultPolicy(FragmentationGradientDescent):
         left = now.sum(axis=0)[None, :] - now[nodes[at]] + later  # (C, T) places after each candidate
         arrivals = float(node_gpu_free(state).sum()) / max(float(wl.weight @ cards), 1e-9)
         mean = arrivals * wl.weight
-        # Types that every near-tie leaves the same places, or more than the arrivals could
+        # Types that every candidate leaves the same places, or more than the arrivals could
         # need (the Poisson tail beyond mean + 10 sd + 10 is negligible), score alike: skip them.
         differ = (cards > 0) & (left.min(axis=0) < left.max(axis=0))
         differ &= left.min(axis=0) < mean + 10.0 * np.sqrt(mean) + 10.0
