@@ -29,7 +29,16 @@ from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, check, group_quota, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
-from spawner.waitline import Entry, Reservation, admit, estimated_start, never_fits, positions, warning_lead
+from spawner.waitline import (
+    Entry,
+    Reservation,
+    admit,
+    budget_holding_back,
+    estimated_start,
+    never_fits,
+    positions,
+    warning_lead,
+)
 
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
 
@@ -64,7 +73,7 @@ class WaitingLineMixin(GpuShareMixin):
     _gpu_stage_listeners: set[asyncio.Event] | None = None  # each progress() reader, woken by a new stage
     _gpu_base_start_timeout: float | None = None
     _gpu_request: tuple[GpuRequest, str] | None = None
-    _gpu_line_view: tuple[int, list[Held]] | None = None  # the last turn's place in line and the holds it saw
+    _gpu_line_view: LineView | None = None  # the last turn's place in line
 
     @property
     def _ledger(self) -> Ledger:
@@ -197,8 +206,7 @@ class WaitingLineMixin(GpuShareMixin):
             )
         # The place as this transaction sees it: the progress words need not read the line again.
         present = [e for e in line if not e.away(now)]
-        position = positions([*present, me], servers_by_user(holds)).get(self._key, len(present) + 1)
-        self._gpu_line_view = (position, holds)
+        self._gpu_line_view = line_view(me, present, holds, budget_holding_back(me, budgets, group_bytes_of(holds)))
         return None, me
 
     def _entry(
@@ -262,20 +270,30 @@ class WaitingLineMixin(GpuShareMixin):
     def _place_in_line(self, request: GpuRequest) -> str:
         """Position, people ahead and an estimated start, in words (from the last turn's look at the line)."""
         now = time.time()
-        position = self._gpu_line_view[0] if self._gpu_line_view else 1
+        position = self._gpu_line_view.position if self._gpu_line_view else 1
         eta = self.gpu_estimated_start(now)
         when = time.strftime("%H:%M UTC", time.gmtime(eta)) if eta is not None else "unknown"
-        return (
-            f"waiting in line for {request.describe()}: position {position}, {position - 1} ahead;"
-            f" estimated start {when}"
-        )
+        words = f"waiting in line for {request.describe()}: position {position}, {position - 1} ahead;"
+        words += f" estimated start {when}"
+        if self._gpu_line_view and self._gpu_line_view.budget_group:
+            budget = next(
+                (
+                    q.budget_bytes
+                    for q in map(group_quota, self.gpu_groups)
+                    if q.name == self._gpu_line_view.budget_group
+                ),
+                None,
+            )
+            in_all = f" of {format_bytes(budget)}" if budget else ""
+            words += f"; your class {self._gpu_line_view.budget_group} holds its whole GPU budget{in_all} now"
+        return words
 
     def gpu_estimated_start(self, now: float) -> float | None:
         """When this waiting spawn may start, from its last look at the line (None: unknown, or not waiting)."""
-        if self._gpu_line_view is None:
+        view = self._gpu_line_view
+        if view is None:
             return None
-        position, holds = self._gpu_line_view
-        return estimated_start(position, self._frees_at(holds, now), now)
+        return estimated_start(view.start_rank, self._frees_at(view.freeing, now), now)
 
     async def gpu_holds(self) -> list[Held]:
         """What the cluster holds now, as ledger rows (locally the ledger's; on Kubernetes pods, pending placements)."""
@@ -343,6 +361,31 @@ class Stage:
 def usage_of(holds: list[Held], user: str) -> Usage:
     """What ``holds`` (everyone's but the server being started) count against the rules."""
     return Usage(user_servers=len({h.key for h in holds if h.user == user}), group_bytes=group_bytes_of(holds))
+
+
+@dataclass(frozen=True)
+class LineView:
+    """A waiting spawn's place, as its last turn saw the line.
+
+    ``freeing``: the servers whose end lets it start (its class's when the class's budget holds it
+    back, else every GPU server); ``start_rank``: how many of them must end first (those ahead of
+    it that wait on the same servers, and itself).
+    """
+
+    position: int
+    freeing: list[Held]
+    start_rank: int
+    budget_group: str | None = None
+
+
+def line_view(me: Entry, present: list[Entry], holds: list[Held], budget_group: str | None) -> LineView:
+    """``me``'s place among the ``present`` entries, and which servers ending would let it start."""
+    places = positions([*present, me], servers_by_user(holds))
+    position = places.get(me.key, len(present) + 1)
+    if budget_group is None:
+        return LineView(position, holds, position)
+    classmates_ahead = sum(1 for e in present if e.group == budget_group and places.get(e.key, position) < position)
+    return LineView(position, [h for h in holds if h.group == budget_group], classmates_ahead + 1, budget_group)
 
 
 def group_bytes_of(holds: list[Held]) -> dict[str, int]:

@@ -142,6 +142,14 @@ def _within_budget(entry: Entry, budgets: Mapping[str, int | None], used: Mappin
     return budget is None or used.get(entry.group, 0) + entry.asked_bytes <= budget
 
 
+def budget_holding_back(entry: Entry, budgets: Mapping[str, int | None], group_bytes: Mapping[str, int]) -> str | None:
+    """The group whose GPU budget keeps ``entry`` waiting (its members hold too much of it), or None.
+
+    Then only those members' servers ending can let it start, whatever the GPUs have free.
+    """
+    return None if _within_budget(entry, budgets, group_bytes) else entry.group
+
+
 def never_fits(entry: Entry, inventory: Inventory, budgets: Mapping[str, int | None]) -> str | None:
     """Why ``entry`` could not be placed even on an empty machine (then it must not wait); None if it could."""
     budget = budgets.get(entry.group) if entry.group is not None else None

@@ -4,6 +4,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -345,3 +346,79 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
         browser.close()
     assert line(platform) == []
     assert sorted(key for key, _, _ in platform.ledger()) == ["s1/", "s2/"]
+
+
+# Each page presses JupyterHub's Start from a timer of its own, so the three forms go out within
+# milliseconds of each other instead of one after another's navigation.
+PRESS_START_SOON = (
+    "() => setTimeout(() => document.querySelector('.feedback-container button[type=submit]').click(), 0)"
+)
+
+
+def started_or_offered(page: Any, user: str) -> str | None:
+    """``started`` once the page follows the spawn to the user's server, ``offered`` once it shows
+    the refusal's choices; None while neither (the page may be between two documents)."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    if f"/user/{user}/" in page.url:
+        return "started"
+    try:
+        return "offered" if page.locator("text=Wait in line for 4 GiB of one GPU").count() else None
+    except PlaywrightError:
+        return None  # navigating
+
+
+def test_in_the_browser_three_students_of_a_two_slice_class_press_start_together(make_platform: object) -> None:
+    """A class with a budget of two 4 GiB slices, on two 16 GiB cards (the budget is what is short):
+    s1, s2 and s3 press Start at once. Two start; the third is offered the line, waits with a
+    position, and when a classmate stops from the hub's home page, lands in JupyterLab by itself."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.browser import ARGS, CHROMIUM, login
+
+    shots = Path(__file__).parents[2] / "test-artifacts" / "queue"
+    shots.mkdir(parents=True, exist_ok=True)
+    students = ("s1", "s2", "s3")
+    groups = {"ml101": {"members": list(students), "max_slice": "4GiB", "budget": "8GiB"}}
+    platform: Platform = make_platform(groups=groups)  # type: ignore[operator]
+    platform.start()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pages = {}
+        for user in students:
+            page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+            login(page, platform, user)
+            page.goto(f"{platform.url}/hub/spawn")
+            page.select_option("#gpu", "4GiB")
+            pages[user] = page
+        for page in pages.values():
+            page.evaluate(PRESS_START_SOON)
+        outcome: dict[str, str] = {}
+        deadline = time.monotonic() + 180
+        while len(outcome) < len(students) and time.monotonic() < deadline:
+            for user, page in pages.items():
+                if user not in outcome and (seen := started_or_offered(page, user)):
+                    outcome[user] = seen
+            time.sleep(0.5)
+        started = sorted(user for user, seen in outcome.items() if seen == "started")
+        offered = [user for user, seen in outcome.items() if seen == "offered"]
+        assert len(started) == 2 and len(offered) == 1, outcome
+        third = pages[offered[0]]
+        assert "Start CPU-only now" in third.inner_text(".gpuslice-offer")
+        held = platform.ledger()
+        assert sorted(key for key, _, _ in held) == [f"{user}/" for user in started]  # the budget held, under the race
+        third.click("text=Wait in line for 4 GiB of one GPU")
+        third.wait_for_selector("#gpuslice-place:has-text('position 1, 0 ahead')", timeout=60_000)
+        # What holds it back is the class's budget, not the GPUs (24 GiB of them are free): the page says so.
+        assert "your class ml101 holds its whole GPU budget of 8 GiB now" in third.inner_text("#gpuslice-place")
+        third.screenshot(path=str(shots / "class-budget-third-student-waits.png"), full_page=True)
+        assert [key for key, _ in line(platform)] == [f"{offered[0]}/"]
+
+        classmate = pages[started[0]]
+        classmate.goto(f"{platform.url}/hub/home")
+        classmate.click("#stop")  # the hub home page's Stop My Server
+        third.wait_for_url(f"**/user/{offered[0]}/lab**", timeout=120_000)  # nobody pressed anything there
+        third.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+        browser.close()
+    assert sorted(key for key, _, _ in platform.ledger()) == sorted([f"{started[1]}/", f"{offered[0]}/"])
+    assert line(platform) == []

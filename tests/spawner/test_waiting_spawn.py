@@ -171,3 +171,40 @@ def test_a_waiting_spawns_words_come_from_its_turns_look_at_the_line_not_another
 
     asyncio.run(scenario())
     assert reads == []  # each look is the turn's one transaction
+
+
+def classmate(ledger: Path, user: str, **options: Any) -> Spawner:
+    """A member of class ml101, whose GPU budget is two 4 GiB slices."""
+    spawner = Spawner(ledger, user, **options)
+    spawner.user.groups = [SimpleNamespace(name="ml101")]
+    spawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB", "budget": "8GiB"}]
+    return spawner
+
+
+def test_a_spawn_held_back_by_its_class_budget_says_so_and_waits_for_its_classmates_only(tmp_path: Path) -> None:
+    """Both cards have room (24 GiB free), the class's budget has none: the words say it is the
+    class's budget, and the estimated start comes from the classmates' servers, not the outsider's."""
+    ledger = tmp_path / "ledger.sqlite"
+    for user in ("s1", "s2"):
+        classmate(ledger, user, gpu_memory="4GiB").allocate()
+    Spawner(ledger, "outsider", gpu_memory="4GiB").allocate()
+    third = classmate(ledger, "s3", gpu_memory="4GiB", wait=True)
+    activity = {"s1/": 1000.0, "s2/": 2000.0, "outsider/": 10.0}  # the outsider went idle long ago
+    third._last_activity = lambda: activity  # type: ignore[method-assign]
+
+    async def scenario() -> str:
+        request, holds = third.allocate()
+        assert holds is None
+        waiting = asyncio.ensure_future(third._wait_in_line(request, "default"))
+        words = await wait_for_stage(third, "position")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return words
+
+    words = asyncio.run(scenario())
+    assert "position 1, 0 ahead" in words
+    assert words.endswith("; your class ml101 holds its whole GPU budget of 8 GiB now")
+    view = third._gpu_line_view
+    assert view is not None and sorted(h.key for h in view.freeing) == ["s1/", "s2/"]
+    assert third.gpu_estimated_start(0.0) == 1000.0 + third.gpu_idle_timeout  # s1's end, not the outsider's

@@ -17,6 +17,7 @@ from spawner.waitline import (
     WaitStats,
     activity_report_interval,
     admit,
+    budget_holding_back,
     busy_alone,
     busy_processes,
     estimated_start,
@@ -334,3 +335,10 @@ def test_a_slice_stopped_for_the_line_counts_as_on_its_way_until_the_hub_is_done
     assert still_freeing(stopped, {"ann/"}, now=160.0, grace_s=20) == {"ann/": 160.0}  # the pod is still going
     assert still_freeing({"ann/": 160.0}, set(), now=175.0, grace_s=20) == {"ann/": 160.0}  # gone: the spawn looks
     assert still_freeing({"ann/": 160.0}, set(), now=181.0, grace_s=20) == {}  # the line had its chance
+
+
+def test_a_class_over_its_budget_is_named_and_a_class_within_it_is_not() -> None:
+    assert budget_holding_back(entry("amy/", 1, group="a"), {"a": 8 * GiB}, {"a": 8 * GiB}) == "a"
+    assert budget_holding_back(entry("amy/", 1, group="a"), {"a": 8 * GiB}, {"a": 4 * GiB}) is None
+    assert budget_holding_back(entry("bob/", 1), {"a": 8 * GiB}, {"a": 8 * GiB}) is None  # no class
+    assert budget_holding_back(entry("cy/", 1, group="c"), {"a": 8 * GiB}, {}) is None  # no budget
