@@ -143,6 +143,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="live a short day on the real platform (a hub, servers, the line, the reclaimer) beside the model",
     )
+    day.add_argument(
+        "--sweep",
+        metavar="FIELD=V1,V2,...",
+        help="line+reclaim against retry with one number of the day varied, e.g. gpu_idle_timeout=15,10,5 (minutes)",
+    )
     day.add_argument("--seed", type=int, default=101, help="with --validate: the day's seed (default 101)")
     day.add_argument(
         "--scale", type=float, default=3.0, help="with --validate: real seconds per model minute (default 3)"
@@ -193,13 +198,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(checked, indent=2) if args.json else report_real(checked))
         return 0
     if args.bench == "class-day":
-        from bench.classday import DESIGN_SEEDS, REPORT_SEEDS, report
+        from bench.classday import DESIGN_SEEDS, REPORT_SEEDS, report, report_sweep, sweep
         from bench.classday import run as run_day
 
-        result = run_day(DESIGN_SEEDS if args.design_seeds else REPORT_SEEDS)
+        seeds = DESIGN_SEEDS if args.design_seeds else REPORT_SEEDS
+        if args.sweep:
+            name, values = _sweep_argument(args.sweep)
+            try:
+                result = sweep(name, values, seeds)
+            except ValueError as exc:
+                raise SystemExit(f"gpuslice bench class-day --sweep: {exc}") from None
+            print(json.dumps(result, indent=2) if args.json else report_sweep(result))
+            return 0
+        result = run_day(seeds)
         print(json.dumps(result, indent=2) if args.json else report(result))
         return 0
     return _bench_placement(args)
+
+
+def _sweep_argument(text: str) -> tuple[str, list[float]]:
+    """``FIELD=V1,V2,...`` as a name and its numbers, or exit saying how to write it."""
+    name, _, listed = text.partition("=")
+    try:
+        values = [float(v) for v in listed.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not name.strip() or not values:
+        raise SystemExit(
+            f"gpuslice bench class-day --sweep {text!r}: write FIELD=V1,V2,..., e.g. gpu_idle_timeout=15,10,5"
+        )
+    return name.strip(), values
 
 
 BENCH_EXTRA = "pip install -e '.[bench]'"

@@ -1,8 +1,23 @@
 """`gpuslice bench class-day`, the model on a short day (the full figures: `gpuslice bench class-day`)."""
 
+import re
+from dataclasses import replace as replace_day
+
 import pytest
 
-from bench.classday import DESIGN_SEEDS, ORACLE, REGIMES, Day, report, run, simulate
+from bench.classday import (
+    DESIGN_SEEDS,
+    ORACLE,
+    REGIMES,
+    Day,
+    report,
+    report_sweep,
+    run,
+    simulate,
+    sweep,
+    what_if,
+)
+from hub.cli import main
 
 SHORT = Day(students=16, labs=(9 * 60.0,), lab_minutes=60.0)
 
@@ -50,3 +65,75 @@ def test_the_report_names_the_seeds_every_regime_and_the_bound() -> None:
 def test_an_unknown_regime_is_named() -> None:
     with pytest.raises(ValueError, match="use one of retry, line, line\\+reclaim, oracle"):
         simulate("fifo", SHORT, 1)
+
+
+# Long gaps between bursts and a reclaim timeout shorter than most of them: reclaiming stops
+# students who still have work, and they wait again.
+LONG_GAPS = Day(students=16, labs=(9 * 60.0,), lab_minutes=60.0, gap_mean=20.0, gpu_idle_timeout=3.0, warn_before=1.0)
+
+
+def test_a_student_stopped_in_a_gap_of_their_work_is_counted_as_interrupted_and_waits_again() -> None:
+    reclaim = simulate("line+reclaim", LONG_GAPS, DESIGN_SEEDS[0])
+    retry = simulate("retry", LONG_GAPS, DESIGN_SEEDS[0])
+    # The retry baseline never reclaims; only JupyterHub's culler stops it in a gap of an hour or more.
+    assert retry.reclaimed == 0 and reclaim.interrupted > 5 * max(retry.interrupted, 1)
+    assert reclaim.interrupted <= reclaim.reclaimed
+    assert len(reclaim.waits) >= reclaim.served + reclaim.interrupted  # each interruption is another wait
+    # Each student's waits added up: the same minutes as the waits, one figure a student.
+    assert len(reclaim.student_waits) == reclaim.students
+    assert sum(reclaim.student_waits) == pytest.approx(sum(reclaim.waits))
+
+
+def test_nobody_is_interrupted_when_nobody_pauses_longer_than_the_reclaim_timeout() -> None:
+    short_gaps = Day(students=16, labs=(9 * 60.0,), lab_minutes=60.0, gap_mean=0.1)
+    assert simulate("line+reclaim", short_gaps, DESIGN_SEEDS[0]).interrupted == 0
+
+
+def test_a_what_if_changes_one_number_and_the_warning_follows_the_reclaim_timeout() -> None:
+    day = Day()
+    shorter = what_if(day, "gpu_idle_timeout", 6)
+    assert shorter.gpu_idle_timeout == 6.0 and shorter.warn_before == 2.0  # warning_lead: a third below 9 min
+    assert what_if(day, "gpu_idle_timeout", 30).warn_before == 3.0
+    assert what_if(day, "students", 30).students == 30 and isinstance(what_if(day, "students", 30).students, int)
+    assert what_if(day, "gap_mean", 2).__dict__ == {**day.__dict__, "gap_mean": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("cards", 1, "no number 'cards' to vary: use one of students, "),
+        ("forget_share", 1.5, "forget_share=1.5 is out of range: a share from 0 to 1"),
+        ("patience", -1, "no negative numbers"),
+        ("students", 2.5, "students is a whole number, not 2.5"),
+        ("gpu_idle_timeout", 0, "gpu_idle_timeout must be above 0 minutes"),
+    ],
+)
+def test_a_what_if_outside_the_day_is_refused_saying_why(name: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", "\\(")):
+        what_if(Day(), name, value)
+
+
+def test_a_sweep_compares_each_value_with_retry_on_the_same_day() -> None:
+    result = sweep("gpu_idle_timeout", [15, 3], (DESIGN_SEEDS[0],), replace_day(LONG_GAPS, gpu_idle_timeout=15.0))
+    long, short = result["rows"]
+    assert (long["value"], short["value"]) == (15, 3)
+    assert long["retry"] is short["retry"]  # the baseline never reclaims: one run serves both rows
+    assert short["line+reclaim"]["interrupted_per_day"] > long["line+reclaim"]["interrupted_per_day"]
+    text = report_sweep(result)
+    assert text.startswith("gpuslice bench class-day --sweep gpu_idle_timeout: seeds 1-1;")
+    assert "(the day's gpu_idle_timeout: 15)" in text and "interrupted" in text
+    assert [line.split()[0] for line in text.splitlines()[2:4]] == ["15", "3"]
+
+
+def test_a_sweep_of_a_number_the_baseline_reads_runs_the_baseline_for_each_value() -> None:
+    result = sweep("forget_share", [0.0, 1.0], (DESIGN_SEEDS[0],), SHORT)
+    nobody, everyone = result["rows"]
+    assert nobody["retry"] is not everyone["retry"]
+    assert nobody["retry"]["idle_gpu_hours_per_day"] < everyone["retry"]["idle_gpu_hours_per_day"]
+
+
+def test_the_command_says_how_to_write_a_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match=re.escape("write FIELD=V1,V2,..., e.g. gpu_idle_timeout=15,10,5")):
+        main(["bench", "class-day", "--sweep", "gpu_idle_timeout"])
+    with pytest.raises(SystemExit, match="--sweep: the day has no number 'labs' to vary"):
+        main(["bench", "class-day", "--sweep", "labs=1,2"])
