@@ -11,7 +11,8 @@ The scheduler places a pod on a node with enough of every extended resource it a
 (``aliyun.com/gpu-mem``, ``nvidia.com/gpu``, ...) or leaves it Pending with a
 ``FailedScheduling`` event worded as kube-scheduler words it. The kubelet runs the pod's
 first container command as a local process bound to the pod's own loopback address
-(127.0.0.N), with the pod's environment, and reports it Running and Ready with that IP.
+(127.A.B.N, A.B from the double's process id: ``pod_addresses``), with the pod's
+environment, and reports it Running and Ready with that IP.
 
 A pod whose ``spec.schedulerName`` is the configured extender scheduler's (``--extender URL``)
 and that asks for one of the extender's managed resources is scheduled as kube-scheduler
@@ -50,7 +51,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,18 @@ def matches_fields(obj: Obj, selector: str) -> bool:
     return True
 
 
+def pod_addresses(pid: int) -> Iterator[str]:
+    """Loopback addresses for one API double's pods, apart from every other double's.
+
+    Each pod's server listens on its own address at the image's port (8888): two doubles
+    running at once (pytest's workers) that both counted from 127.0.0.2 gave their first pods
+    the same address, and the second server could not bind ("port 8888 is already in use").
+    Process ids of running processes differ, so each double counts in a /24 of its own.
+    """
+    high, low = (pid >> 8) & 0xFF, pid & 0xFF
+    return (f"127.{high}.{low}.{n}" for n in range(2, 255))
+
+
 class Store:
     """Objects by (resource, namespace, name), one resourceVersion counter, a watch log."""
 
@@ -236,7 +249,7 @@ class ApiServer:
         self.rbac = rbac
         self.schedulers = schedulers or frozenset({"default-scheduler"})
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.addresses = (f"127.0.0.{n}" for n in itertools.count(2))
+        self.addresses = pod_addresses(os.getpid())
         # With a podman network, the kubelet runs each pod as a container of its image there.
         self.podman = PodmanKubelet(podman_network) if podman_network else None
 
