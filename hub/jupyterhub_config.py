@@ -71,6 +71,11 @@ if settings.isolation == "unix-users":
     c.LocalGpuSpawner.gpu_kernel_hook_dir = str(userenv.hook_dir(settings.user_env))
     c.LocalGpuSpawner.gpu_lab_dir = str(userenv.lab_dir(settings.user_env))
 c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
+# Activity is what each server reports (running code, saving, terminals: spawner/lab/
+# jupyter_server_config.py), not the proxy's traffic: an open JupyterLab page polls its server
+# every few seconds, so a server left open on a screen would never look idle to the reclaimer
+# or the culler.
+c.JupyterHub.last_activity_interval = 0
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.gpu_culler_timeout = settings.idle_timeout  # the culler's: its stops are named
 c.LocalGpuSpawner.default_url = "/lab"

@@ -58,6 +58,9 @@ def add_gpu_line(c: Any, ledger_path: str, namespace: str, idle_timeout_s: int =
     """
     c.KubeGpuSpawner.gpu_ledger_path = ledger_path
     c.KubeGpuSpawner.gpu_idle_timeout = idle_timeout_s
+    # Activity is what each server reports, not the proxy's traffic: an open JupyterLab page polls
+    # its server every few seconds (spawner/lab/jupyter_server_config.py, in the notebook images).
+    c.JupyterHub.last_activity_interval = 0
     c.JupyterHub.template_paths = [str(TEMPLATES), *_listed(c.JupyterHub, "template_paths")]
     c.JupyterHub.extra_handlers = [*_listed(c.JupyterHub, "extra_handlers"), *LINE_HANDLERS]
     c.JupyterHub.services = [

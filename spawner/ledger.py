@@ -163,8 +163,12 @@ def reclaim_notice(latest: ServerEvent | None, now: float, lead_s: float) -> str
     if latest is None or latest.kind != "warned" or not 0 <= now - latest.created < lead_s:
         return None
     at = time.strftime("%H:%M:%S UTC", time.gmtime(latest.created + lead_s))
-    # Short enough for JupyterLab's notification, which cuts messages after 140 characters.
-    return f"Idle while others wait for a GPU: this server will be stopped at {at} unless used. Save your work now."
+    # Short enough for JupyterLab's notification, which cuts messages after 140 characters. What
+    # counts as use: spawner/lab/jupyter_server_config.py (an open page alone does not).
+    return (
+        f"Idle while others wait for a GPU: this server will be stopped at {at} unless you run a cell or save."
+        " Save your work now."
+    )
 
 
 def server_key(user: str, server: str) -> str:

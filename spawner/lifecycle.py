@@ -88,7 +88,8 @@ class LedgerGpuMixin(WaitingLineMixin):
     ).tag(config=True)
     gpu_lab_dir = Unicode(
         str(LAB_DIR),
-        help="The folder on notebooks' JUPYTER_PATH: JupyterLab's reclaim notice (under isolation unix-users, "
+        help="The folder on notebooks' JUPYTER_PATH and JUPYTER_CONFIG_PATH: JupyterLab's reclaim notice and "
+        "the server config that counts only use as activity (under isolation unix-users, "
         "a copy every account can read: hub/userenv.py).",
     ).tag(config=True)
 
@@ -267,8 +268,10 @@ class LedgerGpuMixin(WaitingLineMixin):
         # Only the kernel hook: the hub's own PYTHONPATH (the platform's source tree) would let
         # our hub, portal and spawner packages shadow a user's packages of the same names.
         env["PYTHONPATH"] = self.gpu_kernel_hook_dir
-        # JupyterLab finds the reclaim notice's prebuilt extension there (and the user's own dirs after it).
+        # JupyterLab finds the reclaim notice's prebuilt extension there (and the user's own dirs after it),
+        # and jupyter_server the config that counts only use as activity, not an open page's polls.
         env["JUPYTER_PATH"] = self.gpu_lab_dir
+        env["JUPYTER_CONFIG_PATH"] = self.gpu_lab_dir
         # JupyterHub's single-user server reports its activity this often (300 s by default, longer
         # than the reclaim warning): a use during the warning reaches the hub before the stop.
         env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(activity_report_interval(self.gpu_warning_lead))

@@ -50,6 +50,8 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     # The GPU line's reclaimer and the line's estimated starts use the chart's gpuIdleTimeout.
     assert spawner.gpu_idle_timeout == 600
     assert "--gpu-idle-timeout=600" in services["gpu-reclaimer"]["command"]
+    # Activity is what the servers report, not the proxy's traffic (an open page's polls).
+    assert config.JupyterHub.last_activity_interval == 0
 
 
 def load_kube_config(values: dict[str, object], monkeypatch: pytest.MonkeyPatch, folder: Path) -> Config:

@@ -19,7 +19,8 @@ def warned(at: float = WARNED_AT) -> ServerEvent:
 def test_a_warning_stands_from_the_warned_event_until_its_lead_is_over() -> None:
     said = reclaim_notice(warned(), WARNED_AT + 10, lead_s=180)
     assert said == (
-        "Idle while others wait for a GPU: this server will be stopped at 12:16:20 UTC unless used. Save your work now."
+        "Idle while others wait for a GPU: this server will be stopped at 12:16:20 UTC unless you run a cell or save."
+        " Save your work now."
     )
     assert len(said) <= 140  # JupyterLab's notification shows no more
     assert reclaim_notice(warned(), WARNED_AT + 180, lead_s=180) is None  # stopped by now, or used again

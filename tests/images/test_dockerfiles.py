@@ -58,6 +58,11 @@ def test_notebook_images_carry_the_limits_hook() -> None:
     base = (IMAGES / "notebook-base" / "Dockerfile").read_text()
     assert "COPY spawner/kernel_hook/ /opt/gpuslice/kernel_hook/" in base
     assert "PYTHONPATH=/opt/gpuslice/kernel_hook" in base
+    # The reclaim notice and the config that counts only use as activity (spawner/lab), where
+    # JupyterLab and jupyter_server look for them.
+    env = DockerfileParser(str(IMAGES / "notebook-base" / "Dockerfile")).envs
+    assert "COPY spawner/lab/ /opt/gpuslice/lab/" in base
+    assert (env["JUPYTER_PATH"], env["JUPYTER_CONFIG_PATH"]) == ("/opt/gpuslice/lab", "/opt/gpuslice/lab")
     catalog = load_images(IMAGES / "catalog.yaml")
     for entry in catalog.images:
         if entry.dockerfile and entry.dockerfile != "notebook-base/Dockerfile":

@@ -176,6 +176,9 @@ def test_the_rendered_chart_spawns_a_slice_survives_a_hub_restart_and_an_upgrade
     assert notebook_env(cluster, "jupyter-alice")["GPUSLICE_GPU_MEMORY_BYTES"] == str(4 * GiB)
     # Her JupyterLab carries the GPU line's notice, and the hub serves it the warnings (none now).
     assert "@gpuslice/reclaim-notice" in notebook_labextensions(cluster, "jupyter-alice")
+    # And its jupyter_server counts only use as activity: the config is where it looks and takes hold.
+    assert notebook_env(cluster, "jupyter-alice")["JUPYTER_CONFIG_PATH"] == "/opt/gpuslice/lab"
+    assert notebook_counts_only_use(cluster, "jupyter-alice")
     notices = admin.get(f"{base}/hub/gpuslice/notice", timeout=30)
     assert notices.status_code == 200 and notices.json()["notices"] == [], notices.text
     assert_rules_loaded(cluster.url(PROMETHEUS, 9090), rule_groups(cluster.docs))
@@ -334,6 +337,15 @@ def notebook_labextensions(cluster: Cluster, pod: str) -> str:
 
     listed = podman("exec", f"{cluster.network}-pod-jupyter-{pod}", "jupyter", "labextension", "list")
     return listed.stdout + listed.stderr
+
+
+def notebook_counts_only_use(cluster: Cluster, pod: str) -> bool:
+    """Whether the notebook container's jupyter_server takes spawner/lab/jupyter_server_config.py's hook."""
+    from tests.kube.images import podman
+
+    check = "import runpy; print(runpy.run_path('/opt/gpuslice/lab/jupyter_server_config.py')['count_only_changes']())"
+    ran = podman("exec", f"{cluster.network}-pod-jupyter-{pod}", "python3", "-c", check)
+    return ran.stdout.strip() == "True"
 
 
 def notebook_env(cluster: Cluster, pod: str) -> dict[str, str]:

@@ -1,0 +1,57 @@
+"""Loaded by every gpuslice notebook server (JUPYTER_CONFIG_PATH): an open page is not use.
+
+jupyter_server counts every API request as activity, and JupyterLab, while its tab is open
+and visible, asks for the kernels, sessions, terminals and files every few seconds. So a
+server whose owner left the room with the page on the screen looked busy forever: neither
+the GPU line's reclaimer nor the idle culler could ever take its slice. Here only requests
+that change something count (saving, starting or interrupting a kernel, opening a
+terminal); kernels and terminals keep counting their own activity as before, so running a
+cell, typing in a terminal and JupyterLab's autosave of an edited notebook are all use. One
+write is not: JupyterLab saves its own layout (the workspace) every ten seconds or so while a
+notebook is open, whether or not anyone is there.
+
+The hub no longer reads the proxy's traffic as activity either (``last_activity_interval``
+0 in hub/jupyterhub_config.py and hub/kube_line.py): what the server reports is what counts.
+A user can run their own server without this file; they gain nothing they could not have
+by running a cell now and then, which any user may do.
+
+Only jupyter_server is imported: this runs in the users' environment, not the platform's.
+"""
+
+READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
+# Writes an open page makes by itself (seen in JupyterLab 4 with a notebook open: a PUT of the
+# workspace every ten seconds).
+PAGE_STATE = ("/lab/api/workspaces",)
+
+
+def is_use(method: str, path: str) -> bool:
+    """Whether an API request is someone using the server, not an open page keeping itself current."""
+    return method not in READ_ONLY and not any(part in path for part in PAGE_STATE)
+
+
+def count_only_changes() -> bool:
+    """Make jupyter_server count an API request as activity only if it may change something.
+
+    Returns whether it is in place (False where jupyter_server has no such hook: it then
+    counts every request, as before).
+    """
+    try:
+        from jupyter_server.base.handlers import APIHandler
+    except ImportError:
+        return False
+    counted = getattr(APIHandler, "update_api_activity", None)
+    if counted is None:
+        return False
+    if getattr(counted, "gpuslice_counts_changes_only", False):
+        return True  # loaded twice (two config dirs name this file): already in place
+
+    def update_api_activity(self: APIHandler) -> None:
+        if is_use(self.request.method or "GET", self.request.path):
+            counted(self)
+
+    update_api_activity.gpuslice_counts_changes_only = True  # type: ignore[attr-defined]
+    APIHandler.update_api_activity = update_api_activity  # type: ignore[method-assign]
+    return True
+
+
+count_only_changes()

@@ -1,0 +1,97 @@
+"""spawner/lab/jupyter_server_config.py on a real jupyter_server: an open page's polls are not use."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+from spawner.lifecycle import LAB_DIR
+
+TOKEN = "test-token-for-a-local-server"
+# What an open, visible JupyterLab asks its server for every few seconds.
+POLLS = ("/api/kernels", "/api/sessions", "/api/terminals", "/api/kernelspecs", "/api/contents?content=1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def jupyter_server(tmp_path: Path, config_path: str | None) -> Iterator[str]:
+    """A real jupyter_server on loopback, with JUPYTER_CONFIG_PATH as the spawner sets it (or none)."""
+    port = free_port()
+    home = tmp_path / f"home-{port}"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
+    env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "run"))
+    if config_path is not None:
+        env["JUPYTER_CONFIG_PATH"] = config_path
+    command = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--ip=127.0.0.1", "--no-browser"]
+    command += [f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={home}", "--allow-root"]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"{url}/api/status", headers=auth(), timeout=5).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr and server.stderr.read()
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"token {TOKEN}"}
+
+
+def last_activity(url: str) -> str:
+    """What the server reports to the hub (its web app's last_activity; /api/status itself is not counted)."""
+    return str(requests.get(f"{url}/api/status", headers=auth(), timeout=10).json()["last_activity"])
+
+
+def poll_like_an_open_page(url: str) -> None:
+    for path in POLLS:
+        assert requests.get(f"{url}{path}", headers=auth(), timeout=10).ok, path
+    # JupyterLab saves its layout every ten seconds or so while a notebook is open.
+    layout = {"data": {"layout-restorer:data": {}}, "metadata": {"id": "default"}}
+    saved = requests.put(f"{url}/lab/api/workspaces/default", headers=auth(), json=layout, timeout=10)
+    assert saved.status_code == 204, saved.text
+
+
+def test_with_the_platforms_config_an_open_pages_polls_are_not_use_and_a_save_is(tmp_path: Path) -> None:
+    with jupyter_server(tmp_path, str(LAB_DIR)) as url:
+        before = last_activity(url)
+        time.sleep(1.1)  # timestamps differ by more than their resolution
+        poll_like_an_open_page(url)
+        assert last_activity(url) == before
+        saved = requests.put(
+            f"{url}/api/contents/notes.txt",
+            headers=auth(),
+            json={"type": "file", "format": "text", "content": "still here"},
+            timeout=10,
+        )
+        assert saved.status_code == 201, saved.text
+        assert last_activity(url) > before
+
+
+def test_without_it_jupyter_server_counts_every_poll_as_use(tmp_path: Path) -> None:
+    """The control: what made a server left open on a screen look busy forever."""
+    with jupyter_server(tmp_path, None) as url:
+        before = last_activity(url)
+        time.sleep(1.1)
+        poll_like_an_open_page(url)
+        assert last_activity(url) > before
