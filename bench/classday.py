@@ -277,6 +277,7 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
         "finished_fraction": sum(o.finished for o in outcomes) / total,
         "gave_up": sum(o.gave_up for o in outcomes),
         "wait_min": {"p50": percentile(waits, 50), "p95": percentile(waits, 95)},
+        "waits_per_day": len(waits) / days,
         # A student stopped in a gap waits again: each wait counts above, so many short second
         # waits can lower the p95 of waits while the same students wait longer in all.
         "student_wait_min": {"p50": percentile(per_student, 50), "p95": percentile(per_student, 95)},
@@ -355,6 +356,8 @@ def what_if(day: Day, name: str, value: float) -> Day:
     the platform (spawner.waitline ``warning_lead``)."""
     if name not in VARIABLE:
         raise ValueError(f"the day has no number {name!r} to vary: use one of {', '.join(VARIABLE)}")
+    if name == "gpu_idle_timeout" and value <= 0:
+        raise ValueError("gpu_idle_timeout must be above 0 minutes")
     if value < 0 or (name == "forget_share" and value > 1):
         raise ValueError(
             f"{name}={value:g} is out of range: "
@@ -364,8 +367,6 @@ def what_if(day: Day, name: str, value: float) -> Day:
         raise ValueError(f"{name} is a whole number, not {value:g}")
     changed = replace(day, **{name: type(getattr(day, name))(value)})
     if name == "gpu_idle_timeout":
-        if value <= 0:
-            raise ValueError("gpu_idle_timeout must be above 0 minutes")
         changed = replace(changed, warn_before=warning_lead(value * 60) / 60)
     return changed
 

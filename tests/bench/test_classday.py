@@ -137,3 +137,10 @@ def test_the_command_says_how_to_write_a_sweep(capsys: pytest.CaptureFixture[str
         main(["bench", "class-day", "--sweep", "gpu_idle_timeout"])
     with pytest.raises(SystemExit, match="--sweep: the day has no number 'labs' to vary"):
         main(["bench", "class-day", "--sweep", "labs=1,2"])
+
+
+def test_each_interruption_adds_a_wait_to_the_days_count() -> None:
+    result = sweep("gpu_idle_timeout", [15, 3], (DESIGN_SEEDS[0],), replace_day(LONG_GAPS, gpu_idle_timeout=15.0))
+    long, short = (row["line+reclaim"] for row in result["rows"])
+    assert short["waits_per_day"] - long["waits_per_day"] >= short["interrupted_per_day"] - long["interrupted_per_day"]
+    assert short["waits_per_day"] > long["waits_per_day"]

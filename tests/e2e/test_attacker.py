@@ -31,7 +31,14 @@ from tests.e2e.platform import Platform, free_port
 STUDENTS = ("bob", "carol")
 ATTACK = """
 import json, os, urllib.request, base64
-found = {"uid": os.getuid(), "read": [], "listed": [], "answered": []}
+found = {"uid": os.getuid(), "read": [], "listed": [], "answered": [], "wrote": []}
+for path in WRITES:
+    try:
+        with open(path, "a") as f:
+            f.write("# bob was here")
+        found["wrote"].append(path)
+    except OSError:
+        pass
 for path in PATHS:
     try:
         with open(path, "rb") as f:
@@ -158,13 +165,15 @@ def test_a_student_under_the_defaults_as_root_reads_no_secret_and_reaches_nothin
         ]
         for _, url, _ in urls:  # they listen (as root we see the refusal): bob's refusals are not silence
             assert requests.get(url, timeout=10).status_code == 401, url
-        code = f"PATHS = {targets!r}\nFOLDERS = {folders!r}\nURLS = {urls!r}\n{ATTACK}"
+        writes = _code_every_classmates_server_runs("carol")
+        code = f"PATHS = {targets!r}\nFOLDERS = {folders!r}\nURLS = {urls!r}\nWRITES = {writes!r}\n{ATTACK}"
         output = run_in_kernel(platform, "bob", tokens["bob"], code)
         found = json.loads(output.split("ATTACK", 1)[1])
         assert found["uid"] == bob.pw_uid != 0
         assert found["read"] == [], "bob's notebook read these"
         assert found["listed"] == [], "bob's notebook listed these"
         assert found["answered"] == [], "these answered bob's notebook without credentials"
+        assert found["wrote"] == [], "bob's notebook changed code that carol's server runs"
         assert platform.data_dir.stat().st_mode & 0o777 == 0o700
     finally:
         platform.stop()
@@ -180,6 +189,25 @@ _SILENCE = json.dumps(
         "comment": "quiet",
     }
 )
+
+
+def _code_every_classmates_server_runs(name: str) -> list[str]:
+    """What ``name``'s server runs from the shared users' environment, as its environment names it:
+    the server config that decides what counts as use (JUPYTER_CONFIG_PATH, executed by every
+    server), a new config file beside it, and the kernel hook (PYTHONPATH)."""
+    account = pwd.getpwnam(f"jupyter-{name}")
+    server = next(
+        pid
+        for pid in (int(p.name) for p in Path("/proc").glob("[0-9]*"))
+        if _owner(pid) == account.pw_uid and b"jupyterhub-singleuser" in _cmdline(pid)
+    )
+    pairs = (item.split(b"=", 1) for item in Path(f"/proc/{server}/environ").read_bytes().split(b"\0"))
+    environ = {k.decode(): v.decode() for k, v in (pair for pair in pairs if len(pair) == 2)}
+    config = Path(environ["JUPYTER_CONFIG_PATH"]) / "jupyter_server_config.py"
+    hook = Path(environ["PYTHONPATH"]) / "sitecustomize.py"
+    assert config.is_file() and hook.is_file(), (config, hook)
+    assert not str(config).startswith(str(Path(__file__).parents[2])), config  # the users' copy, not the source
+    return [str(config), str(config.with_suffix(".json")), str(hook)]
 
 
 def _servers_run_as_their_own_accounts(platform: Platform) -> None:

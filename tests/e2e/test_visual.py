@@ -54,7 +54,7 @@ def _shoot(page: Page, name: str, settle_ms: int = 1500) -> dict[str, list[str]]
 
 def _shoot_progress(page: Page, name: str) -> dict[str, list[str]]:
     """The spawn's progress page, shot at once: it moves on to JupyterLab by itself when the server
-    is ready (in CI once, during the 1.5 s a portal page is given, and the check found no page).
+    is ready (once in a full run, during the 1.5 s a portal page is given, and the check found no page).
     A spawn that is done before the shot is said so, not passed over."""
     try:
         if "spawn-pending" in page.url:

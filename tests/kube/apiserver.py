@@ -176,7 +176,9 @@ def pod_addresses(pid: int) -> Iterator[str]:
     Each pod's server listens on its own address at the image's port (8888): two doubles
     running at once (pytest's workers) that both counted from 127.0.0.2 gave their first pods
     the same address, and the second server could not bind ("port 8888 is already in use").
-    Process ids of running processes differ, so each double counts in a /24 of its own.
+    Each double counts in a /24 named by its process id's low 16 bits: two doubles running at
+    once differ there unless their ids are 65,536 apart. 253 pods a double, more than any test
+    starts.
     """
     high, low = (pid >> 8) & 0xFF, pid & 0xFF
     return (f"127.{high}.{low}.{n}" for n in range(2, 255))
