@@ -12,6 +12,7 @@ from typing import Any
 from hub import settings as settings_mod
 from spawner import environ
 from spawner.placement import POLICIES
+from spawner.quotas import GroupRules
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -181,15 +182,15 @@ def _class_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[dict[str, Any], ...]]:
+def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[GroupRules, ...]]:
     """The data folder holding the passwords and invite codes, and the classes: from the chart's values
     (--kube-values, or environ.KUBE_VALUES in the hub's pod) or from the single-machine settings."""
     from hub.kube_values import load_kube_values
 
-    kube_values = args.kube_values or (None if args.config else environ.KUBE_VALUES.get() or None)
+    kube_values = args.kube_values or (None if args.config else environ.read().get(environ.KUBE_VALUES) or None)
     if kube_values:
         values = load_kube_values(Path(kube_values))
-        return values.data_dir, values.group_list()
+        return values.data_dir, values.groups
     settings = settings_mod.load(args.config)
     return settings.data_dir, settings.groups
 
@@ -326,7 +327,7 @@ def _usage(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    url = args.prometheus or f"http://127.0.0.1:{settings.monitoring['prometheus_port']}"
+    url = args.prometheus or f"http://127.0.0.1:{settings.monitoring.prometheus_port}"
     end = datetime.now(UTC)
     try:
         query = PrometheusConnect(url, auth=_monitoring_auth(settings)).custom_query_range

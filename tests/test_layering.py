@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "spawner.inventory": CORE,
     "spawner.placement": CORE,  # and its split modules (spawner.placement_*, spawner.placement.*)
     "spawner.quotas": CORE,
+    "spawner.checked": CORE,  # pydantic models of what people write: unknown keys and values refused clearly
     "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
     "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
