@@ -20,9 +20,12 @@ from pydantic.alias_generators import to_camel
 
 from hub.settings import Contact, Market, OnCall, Platform, read_oncall
 from spawner import environ
-from spawner.checked import PositiveInt, problems
+from spawner.backends import Backend
+from spawner.checked import PositiveInt, UrlOrEmpty, one_of, problems
+from spawner.placement import POLICIES
 
 DATA_DIR = "/srv/gpuslice/data"  # the hub's PersistentVolumeClaim, mounted by the chart
+KUBE_BACKENDS = tuple(b.value for b in Backend if b is not Backend.LOCAL)  # the cluster's ways to share GPUs
 
 
 # monitoring.oncall.existingSecret is mounted here (0440) in the pod that runs `gpuslice oncall-config`.
@@ -87,9 +90,15 @@ class KubeValues(Platform):
     # The file's keys are the chart's camelCase (gpushareMemoryUnit); the fields are snake_case.
     model_config = ConfigDict(alias_generator=to_camel)
 
-    backend: str = Field(default="gpushare", description="gpuSharing.backend: how the cluster shares GPUs.")
-    policy: str = Field(default="default", description="gpuSharing.policy: the placement policy.")
-    gpushare_memory_unit: str = Field(default="GiB", description="gpuSharing.gpushareMemoryUnit (GiB or MiB).")
+    backend: one_of(*KUBE_BACKENDS) = Field(  # type: ignore[valid-type]
+        default="gpushare", description="How the cluster shares GPUs (docs/kubernetes.md)."
+    )
+    policy: one_of(*POLICIES) = Field(  # type: ignore[valid-type]
+        default="default", description="The placement policy the hub checks a request with (docs/placement.md)."
+    )
+    gpushare_memory_unit: one_of("GiB", "MiB") = Field(  # type: ignore[valid-type]
+        default="GiB", description="gpushare's device plugin --memory-unit: the unit of aliyun.com/gpu-mem."
+    )
     singleuser: dict[str, Any] = Field(default_factory=dict, description="hub.singleuser: KubeSpawner's pod settings.")
     notebook_image: str = Field(description="The notebook image (images.notebook).")
     proxy_api_url: str = Field(description="The proxy's REST API, as the hub reaches it.")
@@ -98,11 +107,15 @@ class KubeValues(Platform):
     models_claim: str = Field(default="", description="markets.models.existingClaim: the model files' volume.")
     scheduler_name: str = Field(default="", description="The gpuslice scheduler (schedulerExtender.enabled), or ''.")
     data_dir: Path = Field(default=Path(DATA_DIR), description="The hub's volume: SQLite, the passwords.")
-    prometheus_url: str = Field(default="", description="monitoring.prometheusUrl: the Prometheus the portal queries.")
-    alertmanager_url: str = Field(default="", description="monitoring.alertmanagerUrl: the portal's Alerts page.")
+    prometheus_url: UrlOrEmpty = Field(
+        default="", description="The Prometheus the portal queries, as its pod reaches it ('': none)."
+    )
+    alertmanager_url: UrlOrEmpty = Field(
+        default="", description="The Alertmanager of the portal's Alerts page, as its pod reaches it ('': none)."
+    )
     proposals_per_hour: PositiveInt = Field(
         default=Market.model_fields["proposals_per_hour"].default,
-        description="markets.proposalsPerHour: model proposals per user.",
+        description="Model proposals one user may make per hour in the portal.",
     )
     oncall: OnCall = Field(default_factory=OnCall, description="monitoring.oncall: the on-call rotation and tiers.")
 

@@ -19,14 +19,14 @@ import os
 import re
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from sizes import quantity_text
 from spawner import environ
-from spawner.checked import Amount, Checked, Flag, Port, PositiveInt, Seconds, Text, UserNames, problems
+from spawner.checked import Amount, Checked, Flag, Port, PositiveInt, Seconds, Text, UserNames, one_of, problems
 from spawner.gpus import DEFAULT_SIMULATE, parse_gpu_spec
 from spawner.quotas import GroupRules, GroupRulesError, classes, read_groups
 from spawner.shares import DEFAULT_SMALLEST_SLICE
@@ -62,9 +62,9 @@ class Platform(Checked):
     )
     gpu_idle_timeout: Seconds = Field(
         default=GPU_IDLE_TIMEOUT_S,
-        description="While anyone waits for a GPU: seconds idle before a slice is reclaimed (below idle_timeout).",
+        description="While anyone waits for a GPU: seconds idle before a slice is reclaimed (below the idle timeout).",
     )
-    open_signup: Flag = Field(
+    open_signup: Annotated[Flag, WithJsonSchema({"type": ["boolean", "null"]})] = Field(
         default=True,
         description="Anyone may create an account at first login; unset: only where no class is configured.",
     )
@@ -361,7 +361,7 @@ class Settings(Platform):
     simulate: str = Field(default=DEFAULT_SIMULATE, description="gpus.simulate: GPUs to simulate when NVML finds none.")
     source: str = Field(default="built-in defaults", description="Where these settings came from (a file path).")
     images: dict[str, ImageEnv] = Field(default_factory=dict, description="Image id -> {path, description}.")
-    isolation: str = Field(
+    isolation: one_of("none", "unix-users") = Field(  # type: ignore[valid-type]
         default_factory=_default_isolation,
         description="unix-users (an account per user; the default as root) or none (every notebook runs as "
         "gpuslice's own account; the default otherwise).",
@@ -434,13 +434,6 @@ class Settings(Platform):
             raise ValueError("must map image ids to {path, description}")
         return {str(name): spec for name, spec in raw.items()}
 
-    @field_validator("isolation", mode="before")
-    @classmethod
-    def _isolation(cls, value: Any) -> Any:
-        if value not in ISOLATIONS:
-            raise ValueError(f"must be one of {', '.join(ISOLATIONS)}, not {value!r}")
-        return value
-
     @field_validator("user_env", mode="before")
     @classmethod
     def _absolute(cls, value: Any) -> Any:
@@ -465,7 +458,6 @@ class Settings(Platform):
         return value
 
 
-ISOLATIONS = ("none", "unix-users")
 _SECTION_KEYS = {
     "monitoring": ("enabled", "webhook_url", "ports", "oncall"),
     "market": tuple(sorted(Market.keys())),

@@ -10,12 +10,13 @@ port?") instead of pydantic's "Extra inputs are not permitted"; the annotated ty
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, WithJsonSchema, model_validator
 
-from sizes import SizeError, parse_quantity
+from sizes import QUANTITY, SizeError, parse_quantity
 
 
 def unknown_keys_message(unknown: Sequence[str], known: Sequence[str]) -> str:
@@ -140,13 +141,45 @@ def _limit(value: Any) -> Any:
     return str(value)
 
 
-Port = Annotated[int, BeforeValidator(_port)]
-Seconds = Annotated[int, BeforeValidator(_seconds)]
-Count = Annotated[int | None, BeforeValidator(_count)]
-PositiveInt = Annotated[int, BeforeValidator(_positive)]
-Flag = Annotated[bool, BeforeValidator(_flag)]
-Text = Annotated[str, BeforeValidator(_text)]
-UserNames = Annotated[tuple[str, ...], BeforeValidator(_names)]
-Names = Annotated[tuple[str, ...], BeforeValidator(_list_of_names)]
-Amount = Annotated[str, BeforeValidator(_amount)]
-Limit = Annotated[str | None, BeforeValidator(_limit)]
+def one_of(*allowed: str) -> Any:
+    """Text that must be one of ``allowed`` (an enum in JSON schema)."""
+
+    def check(value: Any) -> Any:
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, not {value!r}")
+        return value
+
+    return Annotated[str, BeforeValidator(check), WithJsonSchema({"enum": list(allowed)})]
+
+
+def _url_or_empty(value: Any) -> Any:
+    if not isinstance(value, str) or (value and not value.startswith(("http://", "https://"))):
+        raise ValueError(f"must be an http(s) URL or empty, not {value!r}")
+    return value
+
+
+UrlOrEmpty = Annotated[
+    str, BeforeValidator(_url_or_empty), WithJsonSchema({"type": "string", "pattern": "^(https?://.+)?$"})
+]
+
+
+# An amount of memory as JSON schema (the chart's values.schema.json): sizes.QUANTITY without its group names.
+AMOUNT_PATTERN = re.sub(r"\?P<\w+>", "", QUANTITY.pattern)
+
+# Each type with the JSON schema that says the same (helm checks the chart's values with it).
+Port = Annotated[int, BeforeValidator(_port), WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 65535})]
+Seconds = Annotated[int, BeforeValidator(_seconds), WithJsonSchema({"type": "integer", "minimum": 1})]
+Count = Annotated[int | None, BeforeValidator(_count), WithJsonSchema({"type": "integer", "minimum": 0})]
+PositiveInt = Annotated[int, BeforeValidator(_positive), WithJsonSchema({"type": "integer", "minimum": 1})]
+Flag = Annotated[bool, BeforeValidator(_flag), WithJsonSchema({"type": "boolean"})]
+Text = Annotated[str, BeforeValidator(_text), WithJsonSchema({"type": "string"})]
+UserNames = Annotated[
+    tuple[str, ...],
+    BeforeValidator(_names),
+    WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1}}),
+]
+Names = Annotated[
+    tuple[str, ...], BeforeValidator(_list_of_names), WithJsonSchema({"type": "array", "items": {"type": "string"}})
+]
+Amount = Annotated[str, BeforeValidator(_amount), WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN})]
+Limit = Annotated[str | None, BeforeValidator(_limit), WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN})]
