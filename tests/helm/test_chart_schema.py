@@ -38,6 +38,7 @@ def test_values_yaml_has_the_models_defaults() -> None:
     ]
 
 
+@pytest.mark.process  # helm renders the chart
 @pytest.mark.parametrize(("idle", "gpu_idle"), [(3600, 900), (1800, 1799), (1800, 1800), (600, 900)])
 def test_the_charts_own_timeout_check_agrees_with_the_model(tmp_path: Path, idle: int, gpu_idle: int) -> None:
     """JSON schema cannot compare two values: the ConfigMap's template checks the rule at render time,
@@ -57,6 +58,7 @@ def test_the_charts_own_timeout_check_agrees_with_the_model(tmp_path: Path, idle
         assert f"({gpu_idle} s) must be below" in rendered.stderr
 
 
+@pytest.mark.process  # helm renders the chart
 @pytest.mark.parametrize(
     ("groups", "signup"),
     [({}, True), ({"ml101": {"members": ["ann"], "maxSlice": "4GiB"}}, False)],
