@@ -191,6 +191,6 @@ async def _act(action: Action, spawner: WaitingLineMixin, path: Path, manager: M
     return {"id": made}
 
 
-# The hub pages of the GPU line, on both backends (hub/jupyterhub_config.py, hub/kube_line.py):
+# The hub pages of the GPU line, on every hub (hub/wiring.py configure_hub):
 # the reclaim warnings for JupyterLab and the home page, and the line for the portal's Queue.
 LINE_HANDLERS = [(r"/gpuslice/notice", NoticeHandler), (r"/api/gpuslice/line", LineHandler)]

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from hub import roles
 from hub.accounts import passwords_path
 from hub.line_api import LINE_HANDLERS
-from hub.settings import Platform, SettingsError
+from hub.settings import CULLER_TIMEOUT_S, Platform, SettingsError
 from spawner import environ
 from spawner.checked import problems
 from spawner.quotas import classes
@@ -188,7 +188,7 @@ def configure_z2jh_hub(c: Any, get_config: Callable[..., Any]) -> None:
     culling = bool(get_config("cull.enabled", False))
     custom = dict(get_config("custom.gpuslice", {}) or {})
     if culling:  # the rule "reclaim before the culler stops it" against z2jh's own culler
-        custom["idleTimeout"] = get_config("cull.timeout", 3600)
+        custom["idleTimeout"] = get_config("cull.timeout", CULLER_TIMEOUT_S)
     groups = c.KubeGpuSpawner.get("gpu_groups") if hasattr(c.KubeGpuSpawner, "get") else None
     try:
         platform = Z2jhValues.model_validate({**custom, "groups": list(groups or [])})
