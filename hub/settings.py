@@ -26,13 +26,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 
 from sizes import quantity_text
 from spawner import environ
-from spawner.checked import Amount, Checked, Flag, Port, PositiveInt, Seconds, Text, UserNames, one_of, problems
-from spawner.gpus import DEFAULT_SIMULATE, parse_gpu_spec
+from spawner.checked import (
+    Amount,
+    Checked,
+    Flag,
+    Port,
+    PortOrZero,
+    PositiveInt,
+    Seconds,
+    Text,
+    UserNames,
+    one_of,
+    problems,
+    unknown_keys_message,
+)
+from spawner.gpus import DEFAULT_SIMULATE as DEFAULT_SIMULATE
+from spawner.gpus import parse_gpu_spec
 from spawner.quotas import GroupRules, GroupRulesError, classes, read_groups
 from spawner.shares import DEFAULT_SMALLEST_SLICE
 from spawner.waitline import GPU_IDLE_TIMEOUT_S, LINE_MAX_WAIT_S
-
-__all__ = ["DEFAULT_SIMULATE", "Settings", "SettingsError", "load"]
 
 CULLER_TIMEOUT_S = 3600  # the idle culler stops a server idle this long (every deployment's default)
 
@@ -356,7 +368,9 @@ class Settings(Platform):
     portal_port: Port = Field(
         default=8502, description="The portal gate's port (behind the proxy at /services/portal/)."
     )
-    streamlit_port: int = Field(default=0, description="The Streamlit server behind the gate (0: any free port).")
+    streamlit_port: PortOrZero = Field(
+        default=0, description="The Streamlit server behind the gate (0: any free port)."
+    )
     data_dir: Path = Field(default=Path("gpuslice-data"), description="Hub database, allocation ledger, users' homes.")
     simulate: str = Field(default=DEFAULT_SIMULATE, description="gpus.simulate: GPUs to simulate when NVML finds none.")
     source: str = Field(default="built-in defaults", description="Where these settings came from (a file path).")
@@ -415,11 +429,6 @@ class Settings(Platform):
             raise ValueError(f"gpus.simulate: {exc}") from None
         return spec
 
-    @field_validator("streamlit_port", mode="before")
-    @classmethod
-    def _any_port(cls, value: Any) -> Any:
-        return value if value == 0 and not isinstance(value, bool) else _port_or_error(value)
-
     @field_validator("data_dir", mode="before")
     @classmethod
     def _folder(cls, value: Any) -> Any:
@@ -465,12 +474,6 @@ _SECTION_KEYS = {
 }
 
 
-def _port_or_error(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise ValueError(f"must be a number from 1 to 65535, not {value!r}")
-    return value
-
-
 # The keys a settings file may have: the fields, with the GPU spec under gpus.simulate.
 TOP_LEVEL_KEYS = Settings.keys()
 
@@ -506,6 +509,9 @@ def load(path: Path | None) -> Settings:
 
 def from_mapping(raw: dict[str, Any], source: str) -> Settings:
     """The settings in ``raw`` (a settings file's mapping), checked; SettingsError names ``source`` and the key."""
+    internal = sorted(str(k) for k in raw if k in Settings.not_keys)  # fields the reader sets, not keys
+    if internal:
+        raise SettingsError(f"{source}: {unknown_keys_message(internal, Settings.keys())}")
     try:
         return Settings.model_validate({**raw, "source": source})
     except ValidationError as exc:

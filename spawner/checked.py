@@ -76,6 +76,10 @@ def _port(value: Any) -> Any:
     return value
 
 
+def _port_or_zero(value: Any) -> Any:
+    return value if value == 0 and not isinstance(value, bool) else _port(value)
+
+
 def _seconds(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"must be a whole number of seconds above 0, not {value!r}")
@@ -168,6 +172,9 @@ AMOUNT_PATTERN = re.sub(r"\?P<\w+>", "", QUANTITY.pattern)
 
 # Each type with the JSON schema that says the same (helm checks the chart's values with it).
 Port = Annotated[int, BeforeValidator(_port), WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 65535})]
+PortOrZero = Annotated[
+    int, BeforeValidator(_port_or_zero), WithJsonSchema({"type": "integer", "minimum": 0, "maximum": 65535})
+]
 Seconds = Annotated[int, BeforeValidator(_seconds), WithJsonSchema({"type": "integer", "minimum": 1})]
 Count = Annotated[int | None, BeforeValidator(_count), WithJsonSchema({"type": "integer", "minimum": 0})]
 PositiveInt = Annotated[int, BeforeValidator(_positive), WithJsonSchema({"type": "integer", "minimum": 1})]

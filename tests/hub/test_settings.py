@@ -57,6 +57,7 @@ def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: 
         ("market: {model_root: /m}\n", "market: unknown key(s) model_root (did you mean models_root?)"),
         ("groups: {ml101: {max_slices: 4GiB}}\n", "groups.ml101: unknown key(s) max_slices (did you mean max_slice?)"),
         ("colour: red\n", "unknown key(s) colour; use"),  # nothing close: no guess
+        ("simulate: 1x16GiB\n", "unknown key(s) simulate; use"),  # a field the reader sets, not a key
     ],
 )
 def test_unknown_keys_are_refused_with_a_suggestion(tmp_path: Path, text: str, message: str) -> None:
