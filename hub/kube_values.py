@@ -138,7 +138,10 @@ class Z2jhValues(Platform):
     """Zero to JupyterHub's hub: ``custom.gpuslice`` (camelCase), with z2jh's own ``cull.timeout`` as the
     idle timeout and ``KubeGpuSpawner.gpu_groups`` as the groups (helm/z2jh-values.yaml)."""
 
-    model_config = ConfigDict(alias_generator=to_camel)
+    # The idle timeout is z2jh's culler's: its errors name that key.
+    model_config = ConfigDict(alias_generator=lambda name: "cull.timeout" if name == "idle_timeout" else to_camel(name))
+    # z2jh has its own keys for these (cull.timeout, its authenticator's): not custom.gpuslice's.
+    not_keys = ("admin_users", "groups", "idle_timeout", "open_signup")
 
 
 def load_kube_values(path: Path | None = None) -> KubeValues:

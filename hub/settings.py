@@ -98,7 +98,10 @@ class Platform(Checked):
                     has_class = bool(classes(_groups(groups)))
                 except ValueError:
                     return data  # the groups' own validator says what is wrong with them
-                data = {**{k: v for k, v in data.items() if k not in (key, "open_signup")}, key: not has_class}
+                data = {
+                    **{k: v for k, v in data.items() if k not in (key, "open_signup")},
+                    "open_signup": not has_class,
+                }
         return data
 
     @model_validator(mode="after")

@@ -188,7 +188,7 @@ def configure_z2jh_hub(c: Any, get_config: Callable[..., Any]) -> None:
     culling = bool(get_config("cull.enabled", False))
     custom = dict(get_config("custom.gpuslice", {}) or {})
     if culling:  # the rule "reclaim before the culler stops it" against z2jh's own culler
-        custom["idleTimeout"] = get_config("cull.timeout", CULLER_TIMEOUT_S)
+        custom["idle_timeout"] = get_config("cull.timeout", CULLER_TIMEOUT_S)
     groups = c.KubeGpuSpawner.get("gpu_groups") if hasattr(c.KubeGpuSpawner, "get") else None
     try:
         platform = Z2jhValues.model_validate({**custom, "groups": list(groups or [])})

@@ -116,9 +116,18 @@ def test_z2jh_keeps_its_culler_and_tokens_and_gets_the_same_wiring(monkeypatch: 
 def test_z2jh_refuses_a_reclaimer_its_culler_would_beat() -> None:
     """The rule the chart checked alone now holds for z2jh's cull.timeout too."""
     values = {"cull": {"enabled": True, "timeout": 600}, "custom": {"gpuslice": {"gpuIdleTimeout": 900}}}
-    with pytest.raises(SettingsError, match=r"gpuIdleTimeout \(900 s\) must be below idleTimeout \(600 s\)"):
+    with pytest.raises(SettingsError, match=r"gpuIdleTimeout \(900 s\) must be below cull.timeout \(600 s\)"):
         configure_z2jh_hub(z2jh_hub(), z2jh_config(values))
     bad_rules = z2jh_hub()
     bad_rules.KubeGpuSpawner.gpu_groups = [{"name": "ml101", "max_slise": "4GiB"}]
     with pytest.raises(SettingsError, match=r"max_slise \(did you mean max_slice\?\)"):
         configure_z2jh_hub(bad_rules, z2jh_config({}))
+
+
+def test_z2jh_refuses_custom_keys_that_are_z2jhs_own() -> None:
+    """Sign-up and admins are z2jh's authenticator's, the culler's timeout cull.timeout: not custom.gpuslice's."""
+    values = {"custom": {"gpuslice": {"openSignup": False, "gpuIdleTimout": 300}}}
+    with pytest.raises(
+        SettingsError, match=r"unknown key\(s\) gpuIdleTimout \(did you mean gpuIdleTimeout\?\), openSignup"
+    ):
+        configure_z2jh_hub(z2jh_hub(), z2jh_config(values))
