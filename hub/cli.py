@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import settings as settings_mod
+from hub import state_cli
 from spawner import environ
 from spawner.placement import POLICIES
 
@@ -107,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--policy", choices=POLICIES, default="default", help="placement policy (default: default)")
     ext.add_argument("--api-server", help="Kubernetes API URL (default: in-cluster, with the service account)")
 
+    state_cli.add_commands(commands)  # backup, restore, upgrade
+
     bench_parser = commands.add_parser("bench", help="benchmarks")
     benches = bench_parser.add_subparsers(dest="bench", required=True)
     placement = benches.add_parser("placement", help="replay a cluster trace through placement policies")
@@ -171,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _scheduler_extender(args)
     if args.command == "oncall-config":
         return _oncall_config(args)
+    if args.command in state_cli.COMMANDS:
+        return state_cli.run(args)
     if args.bench == "spawn":
         with _bench_extra():
             from bench.spawn import run
