@@ -20,7 +20,7 @@ from types import FrameType
 
 import yaml
 
-from hub import monitoring, recovery, userenv
+from hub import monitoring, recovery, state, userenv
 from hub.accounts import AccountsError, ensure_admin_passwords, service_token_file, signup_words, write_private
 from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
@@ -62,6 +62,8 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     # The hub's database, cookie secret, passwords, tokens, ledger and markets live here: only
     # the platform's account may enter, whoever made the folder and whatever the umask was.
     data_dir.chmod(0o700)
+    if (data_dir / "jupyterhub.sqlite").exists():  # a platform that ran before, maybe under an older release
+        state.upgrade(data_dir, config_path, market_url(settings.model_copy(update={"data_dir": data_dir})))
     dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
