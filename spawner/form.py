@@ -10,10 +10,10 @@ from typing import Protocol
 
 import jinja2
 
-from spawner.backends import slice_note
 from spawner.inventory import Inventory
 from spawner.quotas import GroupQuota, Usage
 from spawner.shares import GpuRequest, RequestKind, format_bytes, slice_choices
+from spawner.sharing import slice_note
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("spawner", "templates"),

@@ -34,8 +34,7 @@ from tornado import web
 from traitlets import Dict, Float, Instance, Unicode, default, validate
 
 from market.catalog import check_relative
-from spawner import environ
-from spawner.backends import Backend, gpushare_unit_bytes, mig_table, render
+from spawner import environ, sharing
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import (
@@ -45,7 +44,6 @@ from spawner.inventory import (
     Inventory,
     Pending,
     add_pending,
-    build_kube,
     holds_resources,
 )
 from spawner.ledger import Held, server_key, stop_message
@@ -56,6 +54,8 @@ from spawner.placement import Choice, ClusterState, Demand, explain, held_demand
 from spawner.quotas import Usage
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind
+from spawner.sharing.base import SharingBackend, Target
+from spawner.sharing.gpushare import unit_bytes
 from spawner.stop_events import STOPPED, pod_event, stop_request
 from spawner.waitline import activity_report_interval
 
@@ -216,9 +216,14 @@ class RetryingPodCreate:
 
 
 class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
-    gpu_backend = Unicode("gpushare", help="How the cluster shares GPUs: gpushare, hami, timeslicing, mig, whole.").tag(
-        config=True
-    )
+    gpu_backend = Unicode(
+        "gpushare",
+        help="How the cluster shares GPUs: a backend of spawner/sharing/ (gpushare, hami, timeslicing, ...).",
+    ).tag(config=True)
+    gpu_backend_settings = Dict(
+        help="""The sharing backend's own settings, by the names of its fields in spawner/sharing/<backend>.py
+        (for example {"cores_percent": 30} for hami)."""
+    ).tag(config=True)
     gpushare_memory_unit = Unicode(
         "GiB",
         help="""gpushare's device plugin --memory-unit (GiB or MiB): the unit of aliyun.com/gpu-mem
@@ -252,7 +257,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     @validate("gpu_backend")
     def _check_backend(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
-        allowed = [b.value for b in Backend if b is not Backend.LOCAL]
+        allowed = sharing.names(kubernetes=True)
         if value not in allowed:
             raise ValueError(f"gpu_backend must be one of {', '.join(allowed)}, not {value!r}")
         return value
@@ -260,7 +265,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     @validate("gpushare_memory_unit")
     def _check_gpushare_unit(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
-        gpushare_unit_bytes(value)  # raises with the allowed units
+        unit_bytes(value)  # raises with the allowed units
         return value
 
     @default("options_form")
@@ -268,6 +273,11 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         return _render_form_async
 
     # -- the cluster ---------------------------------------------------------------------
+
+    def sharing_backend(self) -> SharingBackend:
+        """The sharing backend with its settings (gpushare's memory unit from its own trait)."""
+        settings = {"memory_unit": self.gpushare_memory_unit} if self.gpu_backend == "gpushare" else {}
+        return sharing.backend(self.gpu_backend, **{**settings, **self.gpu_backend_settings})
 
     async def cluster(self) -> tuple[Inventory, list[dict[str, Any]]]:
         cache = CACHES.setdefault(self.namespace, ClusterCache())
@@ -281,13 +291,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
                 "started. Its ServiceAccount needs get, list and watch on nodes: helm/gpuslice grants them (with "
                 "Zero to JupyterHub, install it beside in companion mode, docs/kubernetes.md). Tell an admin."
             ) from exc
-        inventory = build_kube(
-            snapshot.nodes,
-            snapshot.pods,
-            Backend(self.gpu_backend),
-            gpushare_memory_unit=self.gpushare_memory_unit,
-            now=datetime.now(UTC),
-        )
+        inventory = sharing.build_kube(snapshot.nodes, snapshot.pods, self.sharing_backend(), now=datetime.now(UTC))
         for warning in inventory.warnings:
             self.log.warning("gpuslice inventory: %s", warning)
         pending = PENDING.setdefault(self.namespace, {})
@@ -302,7 +306,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         return Machine(gpus, f"Kubernetes ({self.gpu_backend})")
 
     def form_state(self) -> tuple[Inventory, Usage]:
-        inventory = self._gpu_cluster or Inventory([], Backend(self.gpu_backend))
+        inventory = self._gpu_cluster or Inventory([], self.gpu_backend)
         return inventory, Usage()
 
     # -- images and models ---------------------------------------------------------------
@@ -524,14 +528,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         """
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
         holds_gpu = request.kind is not RequestKind.CPU
-        mig = Backend(self.gpu_backend) is Backend.MIG and holds_gpu
-        spec = render(
-            request,
-            Backend(self.gpu_backend),
-            card_bytes=card or None,
-            gpushare_memory_unit=self.gpushare_memory_unit,
-            mig_profiles=mig_table(product) if mig else (),  # the chosen card's own profiles
-        )
+        spec = self.sharing_backend().render(request, Target(card_bytes=card or None, product=product))
         env = {**spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         if mounts:
             env[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)

@@ -15,7 +15,6 @@ from typing import Any
 
 from traitlets import Dict, Integer, List, Unicode, default
 
-from spawner.backends import ServerGpuSpec
 from spawner.form import FormChoice, WaitOffer, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import Machine, machine
 from spawner.images import ImagesMixin
@@ -33,6 +32,7 @@ from spawner.shares import (
     parse_request,
     quantity_text,
 )
+from spawner.sharing.base import ServerGpuSpec
 
 
 def asked_bytes(request: GpuRequest, inventory: Inventory) -> int:

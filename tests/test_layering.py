@@ -25,7 +25,7 @@ LAYER_NAMES[BENCH] = "bench"
 LAYERS: dict[str, int] = {
     # 1. pure core: no I/O, imports nothing of ours but each other.
     "spawner.shares": CORE,
-    "spawner.backends": CORE,
+    "spawner.sharing": CORE,  # one module per sharing backend (pods, inventory, extender, form words)
     "spawner.inventory": CORE,
     "spawner.placement": CORE,  # and its split modules (spawner.placement_*, spawner.placement.*)
     "spawner.quotas": CORE,

@@ -13,9 +13,9 @@ import requests
 from portal.data import access
 from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
-from spawner.backends import Backend
+from spawner import sharing
 from spawner.gpus import machine
-from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, Inventory, build_kube, build_local
+from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, Inventory, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
 from spawner.stop_events import (
     STOP_REQUESTED,
@@ -109,9 +109,8 @@ def kube_inventory(
 ) -> tuple[Inventory, list[Held]]:
     """Nodes and the namespace's pods as the core's inventory; holds from the pods' annotations."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods")
-    inventory = build_kube(
-        client.items("/api/v1/nodes"), pods, Backend(backend), gpushare_memory_unit=gpushare_memory_unit
-    )
+    settings = {"memory_unit": gpushare_memory_unit} if backend == "gpushare" else {}
+    inventory = sharing.build_kube(client.items("/api/v1/nodes"), pods, sharing.backend(backend, **settings))
     groups = {
         str(p["metadata"].get("name")): (p["metadata"].get("annotations") or {}).get(GROUP_ANNOTATION) for p in pods
     }

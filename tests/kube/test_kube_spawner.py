@@ -10,10 +10,11 @@ import pytest
 from jupyterhub.objects import Hub
 from kubernetes_asyncio.client import ApiClient
 
-from spawner.inventory import build_kube
 from spawner.kube import KubeGpuSpawner, scheduling_message, usage_from_pods
 from spawner.request import GpuRefused
 from spawner.shares import parse_request
+from spawner.sharing import build_kube
+from spawner.sharing.gpushare import Gpushare
 from tests.kube.conftest import gpushare_node
 
 GiB = 2**30
@@ -176,12 +177,7 @@ def test_scheduling_explanations() -> None:
     nodes = [gpushare_node("gpu-a", 1, 15)]
 
     async def cluster(pods: list[dict[str, Any]]) -> Any:
-        return build_kube(nodes, pods, spawner_backend()), pods
-
-    def spawner_backend() -> Any:
-        from spawner.backends import Backend
-
-        return Backend.GPUSHARE
+        return build_kube(nodes, pods, Gpushare()), pods
 
     spawner.cluster = lambda: cluster([full])  # type: ignore[method-assign]
     text = LOOP.run_until_complete(
