@@ -84,7 +84,9 @@ class KubeValues(BaseModel):
 
     backend: str = Field(default="gpushare", description="gpuSharing.backend: how the cluster shares GPUs.")
     policy: str = Field(default="default", description="gpuSharing.policy: the placement policy.")
-    gpushare_memory_unit: str = Field(default="GiB", description="gpuSharing.gpushareMemoryUnit (GiB or MiB).")
+    gpushare_memory_unit: str = Field(
+        default="", description="gpuSharing.gpushareMemoryUnit (GiB or MiB; empty: inferred from the nodes)."
+    )
     admin_users: tuple[str, ...] = Field(default=(), description="Users who may see and stop every server.")
     groups: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Classes: members, GPU rules (maxSlice, budget, ...), profiles."

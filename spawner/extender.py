@@ -24,8 +24,8 @@ import numpy.typing as npt
 
 from spawner.inventory import Inventory, cpu_milli, holds_resources, memory_bytes
 from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
-from spawner.sharing import SharingBackend, build_kube
-from spawner.sharing.base import GFD_PRODUCT, containers
+from spawner.sharing import SharingBackend, read
+from spawner.sharing.base import GFD_PRODUCT, Listing, containers
 
 Obj = Mapping[str, Any]
 MAX_PRIORITY = 10  # extender/v1 MaxExtenderPriority
@@ -63,13 +63,15 @@ class Cluster:
     state: ClusterState
     workload: Workload
     demand: Demand
+    sharing: SharingBackend  # fitted to the cluster (gpushare's unit inferred from its nodes)
 
     @classmethod
     def build(cls, pod: Obj, nodes: Sequence[Obj], pods: Iterable[Obj], sharing: SharingBackend) -> Cluster:
         others = [p for p in pods if _key(p) != _key(pod)]
-        inventory = build_kube(nodes, others, sharing)
-        demand = pod_demand(pod, sharing)
-        return cls(inventory, ClusterState.from_inventory(inventory), seen_workload(others, sharing, demand), demand)
+        fitted, inventory = read(sharing, Listing(nodes, others))
+        demand = pod_demand(pod, fitted)
+        workload = seen_workload(others, fitted, demand)
+        return cls(inventory, ClusterState.from_inventory(inventory), workload, demand, fitted)
 
     def only(self, names: Iterable[str]) -> ClusterState:
         """The state with every node outside ``names`` taking nothing."""
@@ -158,7 +160,7 @@ def bind_annotations(
     chosen = [gpus[g] for g in choice.gpus]
     taken = [float(t) for t in cluster.state.taken(choice, cluster.demand)] if choice.gpus else []
     node_obj = next(n for n in nodes if n["metadata"]["name"] == node)
-    return sharing.bind_annotations(pod, node_obj, chosen, taken, now_ns)
+    return cluster.sharing.bind_annotations(pod, node_obj, chosen, taken, now_ns)
 
 
 def binding(pod_name: str, pod_uid: str, node: str) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from spawner.placement import Choice, ClusterState, Demand, explain, held_demand
 from spawner.quotas import Usage
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind
-from spawner.sharing.base import SharingBackend, Target
+from spawner.sharing.base import Listing, SharingBackend, Target
 from spawner.sharing.gpushare import unit_bytes
 from spawner.stop_events import STOPPED, pod_event, stop_request
 from spawner.waitline import activity_report_interval
@@ -225,9 +225,11 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         (for example {"cores_percent": 30} for hami)."""
     ).tag(config=True)
     gpushare_memory_unit = Unicode(
-        "GiB",
+        "",
         help="""gpushare's device plugin --memory-unit (GiB or MiB): the unit of aliyun.com/gpu-mem
-        in node capacity, pod limits and ALIYUN_COM_GPU_MEM_POD.""",
+        in node capacity, pod limits and ALIYUN_COM_GPU_MEM_POD. Empty: inferred from the nodes as
+        gpushare's inspect tool does (more than 100 units per card is MiB); a unit set wins, with a
+        warning in the log when the nodes read otherwise.""",
     ).tag(config=True)
     gpu_inventory_ttl = Float(5.0, help="Seconds a listing of nodes and pods is reused across spawns.").tag(config=True)
     gpu_profile_groups = Dict(
@@ -248,6 +250,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     gpu_option_keys = OPTION_KEYS | {"profile", "wait"}
     _gpu_cluster: Inventory | None = None
     _gpu_pods: list[dict[str, Any]] | None = None  # the listing _gpu_cluster was built from
+    _gpu_sharing: SharingBackend | None = None  # the sharing backend fitted to that listing
     _gpu_placement: tuple[str | None, Choice | None] | None = None  # the group charged and where, once placed
     _gpu_api_error = ""
     _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
@@ -291,7 +294,8 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
                 "started. Its ServiceAccount needs get, list and watch on nodes: helm/gpuslice grants them (with "
                 "Zero to JupyterHub, install it beside in companion mode, docs/kubernetes.md). Tell an admin."
             ) from exc
-        inventory = sharing.build_kube(snapshot.nodes, snapshot.pods, self.sharing_backend(), now=datetime.now(UTC))
+        listing = Listing(snapshot.nodes, snapshot.pods, now=datetime.now(UTC))
+        self._gpu_sharing, inventory = sharing.read(self.sharing_backend(), listing)
         for warning in inventory.warnings:
             self.log.warning("gpuslice inventory: %s", warning)
         pending = PENDING.setdefault(self.namespace, {})
@@ -528,7 +532,8 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         """
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
         holds_gpu = request.kind is not RequestKind.CPU
-        spec = self.sharing_backend().render(request, Target(card_bytes=card or None, product=product))
+        backend = self._gpu_sharing or self.sharing_backend()  # fitted to the cluster as last listed
+        spec = backend.render(request, Target(card_bytes=card or None, product=product))
         env = {**spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         if mounts:
             env[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)

@@ -105,7 +105,7 @@ def note_kube_stop(client: KubeClient, namespace: str, scope: Scope, user: str, 
 
 
 def kube_inventory(
-    client: KubeClient, namespace: str, backend: str, *, gpushare_memory_unit: str = "GiB"
+    client: KubeClient, namespace: str, backend: str, *, gpushare_memory_unit: str = ""
 ) -> tuple[Inventory, list[Held]]:
     """Nodes and the namespace's pods as the core's inventory; holds from the pods' annotations."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods")

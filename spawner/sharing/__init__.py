@@ -67,6 +67,15 @@ def slice_note(name: str) -> str:
     return BACKENDS[name].slice_note
 
 
+def read(sharing: SharingBackend, listing: Listing) -> tuple[SharingBackend, Inventory]:
+    """``sharing`` fitted to the cluster (``SharingBackend.fit``), and the inventory it reads from ``listing``;
+    where the settings disagree with the cluster, the first lines of ``Inventory.warnings`` say so."""
+    fitted, notes = sharing.fit(listing)
+    inventory = fitted.read_cluster(listing)
+    inventory.warnings[:0] = notes
+    return fitted, inventory
+
+
 def build_kube(
     nodes: Iterable[Obj],
     pods: Iterable[Obj],
@@ -81,7 +90,7 @@ def build_kube(
     takes its ``unhealthy-gpu-<node>`` ConfigMaps as "configmaps"); ``now`` lets state that
     expires (HAMi's node handshake) expire. What cannot be read is in ``Inventory.warnings``.
     """
-    return sharing.read_cluster(Listing(list(nodes), list(pods), dict(objects or {}), now))
+    return read(sharing, Listing(list(nodes), list(pods), dict(objects or {}), now))[1]
 
 
-__all__ = ["BACKENDS", "Listing", "SharingBackend", "backend", "build_kube", "names", "register", "slice_note"]
+__all__ = ["BACKENDS", "Listing", "SharingBackend", "backend", "build_kube", "names", "read", "register", "slice_note"]

@@ -286,6 +286,11 @@ class SharingBackend:
 
     # -- the inventory ------------------------------------------------------------------
 
+    def fit(self, listing: Listing) -> tuple[SharingBackend, list[str]]:
+        """This backend with the settings the cluster itself shows (gpushare's memory unit), and what
+        disagrees with the settings given. Render and read with the backend it returns."""
+        return self, []
+
     def read_cluster(self, listing: Listing) -> Inventory:
         """The cluster's nodes, cards and allocations. A pod or node that cannot be read is
         skipped with a line in ``Inventory.warnings``; the rest is still read."""

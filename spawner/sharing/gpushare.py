@@ -1,7 +1,8 @@
 """gpushare (AliyunContainerService/gpushare-scheduler-extender and gpushare-device-plugin; ACK cGPU).
 
 A slice is ``aliyun.com/gpu-mem`` units (GiB by default; the device plugin's
-``--memory-unit=MiB`` makes them MiB). gpushare's extender writes the card it chose in
+``--memory-unit=MiB`` makes them MiB; with no unit set it is inferred from the nodes as
+gpushare's own ``kubectl inspect gpushare`` does). gpushare's extender writes the card it chose in
 ``ALIYUN_COM_GPU_MEM_IDX`` and the units in ``ALIYUN_COM_GPU_MEM_POD`` before binding (its
 pkg/utils/const.go and pod.go); a node's cards are ``aliyun.com/gpu-count`` of its capacity,
 each ``aliyun.com/gpu-mem / count`` units. Nothing in open source enforces the memory.
@@ -31,6 +32,7 @@ from spawner.sharing.base import (
     annotations_of,
     attach_whole_cards,
     needs_card,
+    node_allocatable,
     node_model,
     pod_key,
     pod_limit,
@@ -48,18 +50,36 @@ ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
 ALLOCATION = "scheduler.framework.gpushare.allocation"
 # gpushare's scheduler extender reads the cards it must skip from this ConfigMap in kube-system.
 UNHEALTHY_CONFIGMAP = "unhealthy-gpu-{node}"
-# The device plugin's --memory-unit: what one aliyun.com/gpu-mem is.
+# The device plugin's --memory-unit: what one aliyun.com/gpu-mem is ("": inferred from the nodes).
 UNITS = {"GiB": GiB, "MiB": MiB}
+DEFAULT_UNIT = "GiB"  # the device plugin's default, where no node says otherwise
+# kubectl-inspect-gpushare (gpushare-device-plugin, cmd/inspect/nodeinfo.go setUnit): a card
+# counting more than this many units is counted in MiB, otherwise in GiB.
+MIB_ABOVE_UNITS_PER_CARD = 100
 
 
 def unit_bytes(memory_unit: str) -> int:
-    """Bytes in one aliyun.com/gpu-mem unit for gpushare's device plugin ``--memory-unit``."""
-    if memory_unit not in UNITS:
+    """Bytes in one aliyun.com/gpu-mem unit for gpushare's device plugin ``--memory-unit`` ("": the default)."""
+    if memory_unit and memory_unit not in UNITS:
         raise ValueError(
             f"gpushare memory unit must be one of {', '.join(UNITS)} (the device plugin's "
-            f"--memory-unit), not {memory_unit!r}"
+            f"--memory-unit), or empty to infer it from the nodes, not {memory_unit!r}"
         )
-    return UNITS[memory_unit]
+    return UNITS[memory_unit or DEFAULT_UNIT]
+
+
+def inferred_unit(nodes: Sequence[Obj]) -> tuple[str, str]:
+    """The unit the nodes' aliyun.com/gpu-mem is counted in, and the node it was read from ("", "": none
+    offers it), as ``kubectl inspect gpushare`` infers it: the first node with cards, its allocatable
+    units per card, more than 100 is MiB (a 16 GB card is 15 GiB or 15109 MiB)."""
+    for node in nodes:
+        allocatable = node_allocatable(node)
+        count = int(allocatable.get(COUNT, 0) or 0)
+        total = int(allocatable.get(RESOURCE, 0) or 0)
+        if count and total:
+            unit = "MiB" if total // count > MIB_ABOVE_UNITS_PER_CARD else "GiB"
+            return unit, str(node["metadata"]["name"])
+    return "", ""
 
 
 def card_units(card_bytes: int, memory_unit: str = "GiB") -> int:
@@ -73,7 +93,7 @@ class Gpushare(SharingBackend):
     slice_isolation = Isolation.NONE  # the device plugin only counts units; nothing enforces them
     extender = True
 
-    memory_unit: str = "GiB"
+    memory_unit: str = ""  # the device plugin's --memory-unit; "": inferred from the nodes (fit)
 
     def __post_init__(self) -> None:
         unit_bytes(self.memory_unit)  # refuses an unknown unit with the allowed ones
@@ -81,6 +101,22 @@ class Gpushare(SharingBackend):
     @property
     def unit(self) -> int:
         return unit_bytes(self.memory_unit)
+
+    def fit(self, listing: Listing) -> tuple[SharingBackend, list[str]]:
+        """The unit inferred from the nodes where none is set; a unit set overrides it, with a warning
+        when the nodes read otherwise (pods would ask for 1024 times too much or too little)."""
+        inferred, node = inferred_unit(listing.nodes)
+        if not self.memory_unit:
+            return replace(self, memory_unit=inferred or DEFAULT_UNIT), []
+        if inferred and inferred != self.memory_unit:
+            per_card = per_card_units(next(n for n in listing.nodes if n["metadata"]["name"] == node), allocatable=True)
+            return self, [
+                f"gpushare's memory unit is set to {self.memory_unit} (gpuSharing.gpushareMemoryUnit), but node "
+                f"{node} offers {per_card} aliyun.com/gpu-mem per card, which gpushare's own inspect tool reads "
+                f"as {inferred}; {self.memory_unit} is used as set: check the device plugin's --memory-unit, or "
+                "leave the setting empty to infer it"
+            ]
+        return self, []
 
     # -- the pod ------------------------------------------------------------------------
 
@@ -150,11 +186,13 @@ class Gpushare(SharingBackend):
         }
 
 
-def per_card_units(node: Obj) -> int:
+def per_card_units(node: Obj, allocatable: bool = False) -> int:
     """Memory per card in the device plugin's own unit, as gpushare's extender computes it
-    (total / count of the node's capacity), so the unit (GiB or MiB) is whatever it reports."""
+    (total / count of the node's capacity; ``allocatable``: of what it offers now, as its inspect
+    tool reads it), so the unit (GiB or MiB) is whatever it reports."""
     status = node.get("status", {})
-    capacity = status.get("capacity") or status.get("allocatable") or {}
+    counted = status.get("capacity") or status.get("allocatable") or {}
+    capacity = node_allocatable(node) if allocatable else counted
     cards = int(capacity.get(COUNT, 0) or 0)
     return int(capacity.get(RESOURCE, 0) or 0) // cards if cards else 0
 

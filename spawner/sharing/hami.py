@@ -187,10 +187,14 @@ def parse_register(text: str) -> list[dict[str, Any]]:
         return [{"index": 0, "health": False, **d} for d in devices]
     if ":" not in text:
         raise ValueError(f"bad {REGISTER}: no device separator ':'")
-    return [_register_entry(entry) for entry in text.split(":") if entry]
+    return [_register_entry(entry, position) for position, entry in enumerate(e for e in text.split(":") if e)]
 
 
-def _register_entry(entry: str) -> dict[str, Any]:
+def _register_entry(entry: str, position: int) -> dict[str, Any]:
+    """One card of the text register. The seven-field entries of HAMi before v2.5 carry no index
+    (pkg/util/util.go EncodeNodeDevices before commit 68d9037): the device plugin wrote the cards
+    in NVML's order, so an entry's position is its card index (HAMi's own decoder says 0 for every
+    one; it finds cards by UUID, but here two cards at index 0 would be one card)."""
     fields = entry.split(",")
     if len(fields) not in (7, 9):
         raise ValueError(f"bad {REGISTER} entry {entry!r}: HAMi expects 7 or 9 fields, not {len(fields)}")
@@ -203,7 +207,7 @@ def _register_entry(entry: str) -> dict[str, Any]:
             "type": fields[4],
             "numa": int(fields[5]),
             "health": _go_bool(fields[6]),
-            "index": int(fields[7]) if len(fields) == 9 else 0,
+            "index": int(fields[7]) if len(fields) == 9 else position,
             "mode": fields[8] if len(fields) == 9 else "hami-core",
         }
     except ValueError as exc:

@@ -13,7 +13,7 @@ import yaml
 
 from spawner.inventory import Allocation, Inventory
 from spawner.shares import GiB, GpuRequest, MiB, ShareError
-from spawner.sharing import build_kube
+from spawner.sharing import Listing, build_kube, read
 from spawner.sharing.base import NO_ISOLATION_WARNING, Target
 from spawner.sharing.gpushare import Gpushare
 from spawner.sharing.gpushare import card_units as gpushare_card_units
@@ -55,6 +55,28 @@ def test_unhealthy_configmap_marks_the_card() -> None:
     assert [g.healthy for g in inventory.gpus()] == [True, False]
 
 
+def test_the_unit_is_inferred_from_the_nodes_as_gpushares_inspect_tool_does() -> None:
+    """kubectl-inspect-gpushare (gpushare-device-plugin cmd/inspect/nodeinfo.go setUnit): more than 100
+    units per card of the first node with cards is MiB, else GiB; nothing set here."""
+    mib = build_kube(nodes("a10-mib"), pods("jupyter-dave"), Gpushare())
+    assert [g.memory_bytes for g in mib.gpus()] == [23028 * MiB, 23028 * MiB]
+    assert held(mib, 1) == [("jupyter-dave", 8192 * MiB)] and mib.warnings == []
+    gib = build_kube(nodes("t4-gib"), pods("jupyter-alice"), Gpushare())
+    assert [g.memory_bytes for g in gib.gpus()] == [15 * GiB, 15 * GiB]
+    fitted, _ = read(Gpushare(), Listing(nodes("a10-mib"), []))
+    assert fitted.render(FOUR_GIB).limits == {"aliyun.com/gpu-mem": "4096"}  # pods ask in the nodes' unit
+    assert read(Gpushare(), Listing([], []))[0] == Gpushare(memory_unit="GiB")  # no node: the plugin's default
+
+
+def test_a_unit_set_wins_over_the_nodes_with_a_warning_when_they_disagree() -> None:
+    inventory = build_kube(nodes("a10-mib"), [], Gpushare(memory_unit="GiB"))
+    assert [g.memory_bytes for g in inventory.gpus()] == [23028 * GiB, 23028 * GiB]  # as set, however wrong
+    (warning,) = inventory.warnings
+    assert "set to GiB" in warning and "node a10-mib offers 23028 aliyun.com/gpu-mem per card" in warning
+    assert "reads as MiB" in warning
+    assert build_kube(nodes("a10-mib"), [], Gpushare(memory_unit="MiB")).warnings == []
+
+
 def test_memory_unit_mib() -> None:
     """--memory-unit=MiB: capacity and ALIYUN_COM_GPU_MEM_POD are MiB, not GiB."""
     inventory = build_kube(nodes("a10-mib"), pods("jupyter-dave"), Gpushare(memory_unit="MiB"))
@@ -65,7 +87,7 @@ def test_memory_unit_mib() -> None:
 
 def test_unknown_memory_unit_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="--memory-unit"):
-        build_kube(nodes("a10-mib"), [], Gpushare(memory_unit="GB"))
+        Gpushare(memory_unit="GB")
 
 
 def test_assumed_but_not_assigned_pod_counts() -> None:

@@ -151,7 +151,7 @@ def test_legacy_register_format_is_read_strictly() -> None:
     )
     assert [(d["id"], d["health"], d["index"]) for d in parse_register(legacy)] == [
         (CARD_A, True, 0),
-        (CARD_B, False, 0),
+        (CARD_B, False, 1),  # seven fields: no index, so its place in the list
     ]
     with pytest.raises(ValueError, match="7 or 9 fields"):
         parse_register(f"{CARD_A},10,32768,100,NVIDIA-Tesla V100:")
@@ -223,3 +223,18 @@ def test_hami_allocations_by_uuid() -> None:
 def test_hami_bad_annotation_is_reported() -> None:
     with pytest.raises(ValueError, match=r"bad hami\.io/vgpu-devices-allocated entry"):
         parse_pod_devices("GPU-aaa,NVIDIA:;")
+
+
+def test_seven_field_register_entries_take_the_card_index_from_their_place() -> None:
+    """HAMi before v2.5 wrote no index: a two-card node is two cards, the pod's card the second."""
+    objects = yaml.safe_load((FIXTURES / "hami_node_v2.4.yaml").read_text())["items"]
+    nodes = [o for o in objects if o["kind"] == "Node"]
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    inventory = build_kube(nodes, pods, Hami())
+    assert [(g.index, g.uuid[:12], g.memory_bytes) for g in inventory.gpus()] == [
+        (0, "GPU-00552014", 32768 * MiB),
+        (1, "GPU-0fc3eda5", 32768 * MiB),
+    ]
+    second = inventory.nodes[0].gpus[1]
+    assert second.allocations == [Allocation("olga", "", 8000 * MiB, "jupyter-olga")]
+    assert inventory.warnings == []
