@@ -217,5 +217,5 @@ def render_spawn_form(
         models=list(source.approved_models()),
         chosen_models=previous.models if previous.models is not None else source.selected_models(),
         offer=offer,
-        slice_note=slice_note(inventory.backend) if slices else "",
+        slice_note=(inventory.slice_note or slice_note(inventory.backend)) if slices else "",
     )

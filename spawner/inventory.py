@@ -82,6 +82,7 @@ class Node:
 class Inventory:
     nodes: list[Node]
     backend: str = "local"  # the sharing backend's name (spawner/sharing/)
+    slice_note: str | None = None  # what the form says of slices, where the backend's settings change it
     # What could not be read (a malformed annotation, a pod on a node that is gone):
     # the rest of the inventory is still built; callers log these.
     warnings: list[str] = field(default_factory=list)

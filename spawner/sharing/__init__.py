@@ -16,14 +16,18 @@ from typing import Any
 
 from spawner.inventory import Inventory
 from spawner.sharing.base import Listing, Obj, SharingBackend
+from spawner.sharing.dra import Dra
 from spawner.sharing.gpushare import Gpushare
 from spawner.sharing.hami import Hami
+from spawner.sharing.kai import Kai
 from spawner.sharing.local import Local
 from spawner.sharing.mig import Mig
 from spawner.sharing.timeslicing import Timeslicing
 from spawner.sharing.whole import Whole
 
-BACKENDS: dict[str, type[SharingBackend]] = {cls.name: cls for cls in (Gpushare, Hami, Timeslicing, Mig, Whole, Local)}
+BACKENDS: dict[str, type[SharingBackend]] = {
+    cls.name: cls for cls in (Gpushare, Hami, Timeslicing, Mig, Whole, Dra, Kai, Local)
+}
 
 
 class UnknownBackendError(ValueError):

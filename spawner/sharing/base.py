@@ -85,6 +85,11 @@ class ServerGpuSpec:
     env: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     isolation: Isolation = Isolation.HARDWARE
+    labels: dict[str, str] = field(default_factory=dict)  # the pod's (KAI's queue)
+    scheduler_name: str = ""  # the scheduler the backend needs for GPU pods ("": the spawner's setting)
+    # A ResourceClaimTemplate's ``spec`` (DRA): the spawner creates the template before the pod,
+    # names it after the pod and gives the pod's container the claim made from it.
+    claim: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ class Target:
     card_bytes: int | None = None  # the memory of the card the slice goes to
     product: str = ""  # that card's GPU product label (MIG's profiles depend on it)
     devices: tuple[str, ...] = ()  # one machine: the CUDA ids of the chosen cards
+    uuid: str = ""  # the chosen card's UUID where the cluster publishes it (DRA pins the claim to it)
+    group: str | None = None  # the class the slice is charged to (KAI's queue)
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ class ApiList:
     """A list of API objects a backend reads besides nodes and pods (``key`` names it in ``Listing``)."""
 
     key: str
-    path: str  # the REST path of the cluster-wide list, e.g. /apis/resource.k8s.io/v1/resourceslices
+    path: str  # the REST path of the list, e.g. /apis/resource.k8s.io/v1/resourceslices
 
 
 @dataclass(frozen=True)
