@@ -15,7 +15,7 @@ from hub.accounts import passwords_path, read_admin_password, roster_names, set_
 from hub.kube_line import add_gpu_line
 from hub.kube_values import load_kube_values
 from market.store import Store
-from spawner import environ
+from spawner import environ, sharing
 
 values = load_kube_values()
 data = values.data_dir  # the hub's PVC
@@ -52,6 +52,7 @@ c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = os.environ.get("POD_NAMESPACE", "default")
 c.KubeGpuSpawner.gpu_backend = values.backend
 c.KubeGpuSpawner.gpushare_memory_unit = values.gpushare_memory_unit
+c.KubeGpuSpawner.gpu_backend_settings = sharing.settings_from_values(values.backend, values.backend_settings)
 c.KubeGpuSpawner.gpu_policy = values.policy
 c.KubeGpuSpawner.gpu_culler_timeout = values.idle_timeout  # the culler's: its stops are named
 c.KubeGpuSpawner.gpu_groups = [

@@ -84,6 +84,9 @@ class KubeValues(BaseModel):
 
     backend: str = Field(default="gpushare", description="gpuSharing.backend: how the cluster shares GPUs.")
     policy: str = Field(default="default", description="gpuSharing.policy: the placement policy.")
+    backend_settings: dict[str, Any] = Field(
+        default_factory=dict, description="gpuSharing.<backend>: the backend's own settings (dra, kai)."
+    )
     gpushare_memory_unit: str = Field(
         default="", description="gpuSharing.gpushareMemoryUnit (GiB or MiB; empty: inferred from the nodes)."
     )

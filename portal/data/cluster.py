@@ -110,7 +110,11 @@ def kube_inventory(
     """Nodes and the namespace's pods as the core's inventory; holds from the pods' annotations."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods")
     settings = {"memory_unit": gpushare_memory_unit} if backend == "gpushare" else {}
-    inventory = sharing.build_kube(client.items("/api/v1/nodes"), pods, sharing.backend(backend, **settings))
+    reader = sharing.backend(backend, **settings)
+    objects = {
+        read.key: client.items(read.path) for read in reader.reads
+    }  # DRA's slices and claims, KAI's reservations
+    inventory = sharing.build_kube(client.items("/api/v1/nodes"), pods, reader, objects=objects)
     groups = {
         str(p["metadata"].get("name")): (p["metadata"].get("annotations") or {}).get(GROUP_ANNOTATION) for p in pods
     }

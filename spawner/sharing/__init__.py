@@ -9,6 +9,7 @@ is a module with a ``SharingBackend`` subclass and one line in ``BACKENDS`` (or 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from datetime import datetime
@@ -64,6 +65,15 @@ def backend(name: str, **settings: Any) -> SharingBackend:
             f"its settings: {', '.join(sorted(known)) or 'none'}"
         )
     return cls(**settings)
+
+
+def settings_from_values(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of backend ``name`` among the chart's camelCase ``gpuSharing.<name>`` values (the chart's
+    own keys, such as kai's createQueues, left out)."""
+    cls = BACKENDS.get(name)
+    known = {f.name for f in fields(cls)} if cls else set()
+    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower(): value for key, value in values.items()}
+    return {key: value for key, value in snake.items() if key in known}
 
 
 def slice_note(name: str) -> str:

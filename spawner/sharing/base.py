@@ -274,6 +274,7 @@ class SharingBackend:
     kubernetes: ClassVar[bool] = True  # a choice for KubeGpuSpawner.gpu_backend
     extender: ClassVar[bool] = False  # gpuslice's scheduler extender can place and bind for it
     reads: ClassVar[tuple[ApiList, ...]] = ()  # lists the inventory needs besides nodes and pods
+    claims: ClassVar[bool] = False  # its pods claim their GPU from a ResourceClaimTemplate the spawner writes
 
     # -- the pod ------------------------------------------------------------------------
 

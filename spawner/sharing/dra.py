@@ -74,6 +74,7 @@ class Dra(SharingBackend):
     slice_isolation = Isolation.SOFTWARE
     slice_note = NOTES["mps"]
     reads = (SLICES, CLAIMS)
+    claims = True
 
     driver: str = "gpu.nvidia.com"
     device_class: str = "gpu.nvidia.com"  # the driver's chart: DeviceClass gpu.nvidia.com (type gpu)
