@@ -12,7 +12,7 @@ plain device plugin (whole cards asked for as ``nvidia.com/gpu``) as its default
 - **the extender**: ``gpu_demand`` (what a pod asks for, as placement counts it) and
   ``bind_annotations`` (the card written where the device plugin reads it).
 
-And the words the spawn form shows for its slices (``slice_isolation``, ``slice_note``).
+And the words the spawn form shows for its slices (``slice_note``).
 Pure code: no I/O, the objects come in as plain dicts (camelCase keys).
 """
 
@@ -269,7 +269,6 @@ class SharingBackend:
     """One way a cluster (or this machine) shares GPUs. Subclasses override what differs."""
 
     name: ClassVar[str]
-    slice_isolation: ClassVar[Isolation] = Isolation.NONE
     slice_note: ClassVar[str] = NO_ISOLATION_NOTE  # what the spawn form says of slices ("": none offered)
     kubernetes: ClassVar[bool] = True  # a choice for KubeGpuSpawner.gpu_backend
     extender: ClassVar[bool] = False  # gpuslice's scheduler extender can place and bind for it

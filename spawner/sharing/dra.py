@@ -71,7 +71,6 @@ NOTES = {
 @dataclass(frozen=True)
 class Dra(SharingBackend):
     name = "dra"
-    slice_isolation = Isolation.SOFTWARE
     slice_note = NOTES["mps"]
     reads = (SLICES, CLAIMS)
     claims = True

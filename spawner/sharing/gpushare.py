@@ -90,7 +90,6 @@ def card_units(card_bytes: int, memory_unit: str = "GiB") -> int:
 @dataclass(frozen=True)
 class Gpushare(SharingBackend):
     name = "gpushare"
-    slice_isolation = Isolation.NONE  # the device plugin only counts units; nothing enforces them
     extender = True
 
     memory_unit: str = ""  # the device plugin's --memory-unit; "": inferred from the nodes (fit)

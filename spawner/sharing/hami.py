@@ -65,7 +65,6 @@ NOTE = (
 @dataclass(frozen=True)
 class Hami(SharingBackend):
     name = "hami"
-    slice_isolation = Isolation.SOFTWARE  # HAMi-core's CUDA layer refuses allocations past the limit
     slice_note = NOTE
     extender = True
 

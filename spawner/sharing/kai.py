@@ -62,7 +62,6 @@ NOTE = (
 @dataclass(frozen=True)
 class Kai(SharingBackend):
     name = "kai"
-    slice_isolation = Isolation.NONE
     slice_note = NOTE
     reads = (RESERVATIONS,)
 

@@ -25,7 +25,6 @@ from spawner.sharing.base import (
 @dataclass(frozen=True)
 class Local(SharingBackend):
     name = "local"
-    slice_isolation = Isolation.NONE
     kubernetes = False
 
     def render_whole(self, request: GpuRequest, target: Target) -> ServerGpuSpec:

@@ -157,7 +157,6 @@ def smallest_profile(asked: int, profiles: tuple[MigProfile, ...]) -> MigProfile
 @dataclass(frozen=True)
 class Mig(SharingBackend):
     name = "mig"
-    slice_isolation = Isolation.HARDWARE
     slice_note = NOTE
 
     tables: Mapping[str, tuple[MigProfile, ...]] = field(default_factory=lambda: dict(PROFILES))

@@ -38,7 +38,6 @@ RESOURCE = "nvidia.com/gpu.shared"
 @dataclass(frozen=True)
 class Timeslicing(SharingBackend):
     name = "timeslicing"
-    slice_isolation = Isolation.NONE
 
     resource: str = RESOURCE  # the replicas' resource name
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spawner.sharing.base import Isolation, SharingBackend
+from spawner.sharing.base import SharingBackend
 
 
 @dataclass(frozen=True)
 class Whole(SharingBackend):
     name = "whole"
-    slice_isolation = Isolation.HARDWARE  # no slices: whole cards only
     slice_note = ""
     extender = True

@@ -41,7 +41,6 @@ CARD = "acme.example/card"
 @dataclass(frozen=True)
 class Acme(SharingBackend):
     name = "acme"
-    slice_isolation = Isolation.SOFTWARE
     slice_note = "A slice is held to its memory by Acme's driver."
 
     def render_slice(self, request: GpuRequest, target: Target) -> ServerGpuSpec:
