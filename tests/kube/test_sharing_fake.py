@@ -12,6 +12,7 @@ import pytest
 
 from spawner import sharing
 from spawner.kube import CACHES, PENDING, ClusterCache, KubeGpuSpawner, Snapshot
+from spawner.quotas import GroupRules
 from spawner.request import GpuRefused
 from tests.kube.test_kube_spawner import LOOP, make, pod_of
 from tests.spawner.sharing import fake
@@ -40,6 +41,8 @@ def acme_pod(name: str, card: int, mib: int) -> dict[str, Any]:
 
 def spawner_on(pods: list[dict[str, Any]], ledger: Path) -> KubeGpuSpawner:
     spawner = make("acme", gpu_memory="8GiB")
+    # A user in no class has the finite default rules (4 GiB at most): this one may ask for 8.
+    spawner.gpu_groups = [GroupRules(name="default", max_slice="16GiB")]
     spawner.gpu_ledger_path = str(ledger)
     spawner.gpu_inventory_ttl = 3600.0
     cache = CACHES.setdefault(spawner.namespace, ClusterCache())
