@@ -3,7 +3,9 @@
 Starts JupyterHub (which starts configurable-http-proxy, the idle culler and the
 notebook servers) with hub/jupyterhub_config.py and the monitoring processes (kept
 running by hub/supervise.py), prints the URLs once the hub answers, and on
-SIGINT/SIGTERM stops it, and with it every child.
+SIGINT/SIGTERM stops it, and with it every child and every notebook server, those a
+restarted hub adopted and any it lost track of included (hub/recovery.py). Before the
+hub starts, servers left by a hub that is gone and that no hub claims are stopped.
 """
 
 from __future__ import annotations
@@ -234,8 +236,11 @@ def up(settings: Settings, config_path: Path | None) -> int:
     supervisor = Supervisor(monitoring_children(settings, data_dir, env))
     supervisor.start_all()
     proc = subprocess.Popen(hub_command(), cwd=data_dir, env=env)
+    asked_to_stop = False
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal asked_to_stop
+        asked_to_stop = True
         supervisor.terminate_all()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -263,6 +268,11 @@ def up(settings: Settings, config_path: Path | None) -> int:
         time.sleep(1)
     supervisor.terminate_all()
     supervisor.wait_all()
+    if asked_to_stop:
+        # A full stop ends every server, those the hub lost track of included. A hub that
+        # merely died (killed, crashed) leaves them for the next start to adopt or stop.
+        for hold in recovery.stop_servers(Ledger(data_dir / "ledger.sqlite")):
+            print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (stopped)")
     return proc.returncode
 
 

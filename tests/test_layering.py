@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "spawner.lifetime": LOWER,
     "spawner.secretenv": LOWER,
     "spawner.ports": LOWER,
+    "spawner.processes": LOWER,  # servers' processes by pid and start time (psutil)
     # 3. the spawner runtime: everything else in spawner/ (mixin and its parts, local, kube, mounts).
     "spawner": RUNTIME,
     "hub": HUB,

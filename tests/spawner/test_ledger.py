@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spawner.ledger import Held, Ledger, LedgerError, server_key
+from spawner.ledger import Held, Ledger, LedgerError, ServerProcess, server_key
 
 GiB = 2**30
 CARD = 16 * GiB
@@ -34,6 +34,19 @@ def test_allocate_release_and_read_back(tmp_path: Path) -> None:
     assert ledger.release("a/") == 1
     assert ledger.release("a/") == 0
     assert ledger.holdings() == []
+
+
+def test_server_processes_are_recorded_by_pid_and_start_time(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.allocate("a/", first_fit("a/", "a", 4 * GiB))
+    first = ServerProcess("a/", 1234, 100.5, "http://127.0.0.1:5000")
+    reused = ServerProcess("b/", 1234, 900.25, "http://127.0.0.1:6000", unit="gpuslice-b")  # the pid, later
+    ledger.add_process(first)
+    ledger.add_process(reused)
+    assert ledger.processes() == [first, reused]
+    assert ledger.holdings() == [Held("a/", 0, "a", "", 4 * GiB, pid=1234)]  # the hold names its process
+    ledger.forget_process(first)
+    assert ledger.processes() == [reused]
 
 
 def test_a_refusal_writes_nothing_and_an_exception_rolls_back(tmp_path: Path) -> None:
