@@ -64,6 +64,7 @@ c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)
 c.LocalGpuSpawner.gpu_groups = [dict(g) for g in settings.groups]
 c.LocalGpuSpawner.isolation = settings.isolation
+c.LocalGpuSpawner.gpu_limits = dict(settings.limits)  # as root: each server in its own cgroup (spawner/confinement.py)
 if settings.isolation == "unix-users":
     # Servers run as each user's own account, from an environment every account can read
     # (gpuslice up builds it: hub/userenv.py), with the hook copied there too.

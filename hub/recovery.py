@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from spawner.confinement import Confinement
 from spawner.ledger import Held, Ledger, ServerProcess, server_key
 from spawner.processes import Proc, running, stop_trees
 
@@ -89,8 +90,14 @@ def plan(
     return Plan(live, orphans, ended)
 
 
-def reconcile(ledger: Ledger, hub_db: Path, say: Callable[[str], None] = print) -> list[Held]:
-    """Stop orphan servers, forget ended ones, release every hold no live server owns; return the released holds."""
+def reconcile(
+    ledger: Ledger, hub_db: Path, say: Callable[[str], None] = print, confinement: Confinement | None = None
+) -> list[Held]:
+    """Stop orphan servers, forget ended ones, release every hold no live server owns; return the released holds.
+
+    With ``confinement``, every server cgroup (or scope) no kept server runs in is emptied and
+    removed too: a server that never made it into the ledger is found there.
+    """
     recorded = running_servers(hub_db)
     processes = ledger.processes()
     still_running = {p for p in processes if running(Proc(p.pid, p.started))}
@@ -98,15 +105,20 @@ def reconcile(ledger: Ledger, hub_db: Path, say: Callable[[str], None] = print) 
     _stop(ledger, decided.orphans, "no hub claims it (its hub was killed, or stopped without stopping it)", say)
     for process in decided.ended:
         ledger.forget_process(process)
+    kept = {p.unit for p in still_running - set(decided.orphans) if p.unit}
+    _remove_units(confinement, kept, "no hub claims it", say)
     return ledger.reconcile(decided.live)
 
 
-def stop_servers(ledger: Ledger, say: Callable[[str], None] = print) -> list[Held]:
+def stop_servers(
+    ledger: Ledger, say: Callable[[str], None] = print, confinement: Confinement | None = None
+) -> list[Held]:
     """At a full stop, after the hub has stopped what it knew of: end every server process left
     and release its slice (a hub stops the servers it adopted after a restart too; this is for
-    one it lost track of). Returns the released holds."""
+    one it lost track of), and remove every server cgroup. Returns the released holds."""
     processes = ledger.processes()
     _stop(ledger, [p for p in processes if running(Proc(p.pid, p.started))], "the hub left it running", say)
+    _remove_units(confinement, set(), "the hub left it", say)
     keys = {p.key for p in processes}
     released = [h for h in ledger.holdings() if h.key in keys]
     for key in keys:
@@ -121,3 +133,13 @@ def _stop(ledger: Ledger, processes: list[ServerProcess], why: str, say: Callabl
     for process in processes:
         say(f"gpuslice: stopped the server of {process.key} (pid {process.pid}): {why}")
         ledger.forget_process(process)
+
+
+def _remove_units(confinement: Confinement | None, kept: set[str], why: str, say: Callable[[str], None]) -> None:
+    """Empty and remove every server cgroup or scope but ``kept``; say which held processes."""
+    if confinement is None:
+        return
+    for name in sorted(confinement.names() - kept):
+        ended = confinement.remove(name)
+        if ended:
+            say(f"gpuslice: ended {len(ended)} process(es) in {name} ({confinement.kind}): {why}")

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from spawner.cgroups import LimitsError, parse_limits
 from spawner.gpus import parse_gpu_spec
 from spawner.quotas import GroupRulesError, group_rules, unknown_keys_message
 from spawner.shares import ShareError, parse_quantity
@@ -116,6 +117,11 @@ class Settings(BaseModel):
     notice_mail: NoticeMail | None = Field(
         default=None, description="Mail the weekly idle notice (gpuslice usage --send); none: files only."
     )
+    limits: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Each local server's limits as root: memory, processes, cpu_weight, tmp, shm "
+        "(spawner/cgroups.py has the defaults; a class's own limits go over them).",
+    )
 
 
 # The keys a settings file may have: the fields, with the GPU spec under gpus.simulate.
@@ -192,7 +198,18 @@ def from_mapping(raw: dict[str, Any], source: str) -> Settings:
         monitoring=_monitoring(raw.get("monitoring") or {}, source),
         market=_market(raw.get("market") or {}, source),
         notice_mail=_notice_mail(raw.get("notice_mail"), source),
+        limits=_limits(raw.get("limits") or {}, source),
     )
+
+
+def _limits(raw: Any, source: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: limits must be a mapping (for example limits: {{memory: 4GiB}})")
+    try:
+        parse_limits(raw)
+    except LimitsError as exc:
+        raise SettingsError(f"{source}: {exc}") from None
+    return dict(raw)
 
 
 def _notice_mail(raw: Any, source: str) -> NoticeMail | None:

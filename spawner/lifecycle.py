@@ -83,6 +83,7 @@ class LedgerGpuMixin(WaitingLineMixin):
     _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
     _gpu_process: ServerProcess | None = None  # the server's process as the ledger records it
     _gpu_adopted = False  # its process came from the ledger: the hub was killed before it recorded it
+    _gpu_unit = ""  # the cgroup or systemd scope the server runs in ("" for none: spawner/confinement.py)
 
     gpu_kernel_hook_dir = Unicode(
         str(HOOK_DIR),
@@ -211,7 +212,8 @@ class LedgerGpuMixin(WaitingLineMixin):
         pid = getattr(self, "pid", 0)
         proc = identify(pid) if pid else None
         if proc is not None:
-            self._gpu_process = ServerProcess(self._key, proc.pid, proc.started, _address(started, self.server))  # type: ignore[attr-defined]
+            address = _address(started, self.server)  # type: ignore[attr-defined]
+            self._gpu_process = ServerProcess(self._key, proc.pid, proc.started, address, self._gpu_unit)
             self._ledger.add_process(self._gpu_process)
 
     async def _first_answer(self, started: Any) -> None:
@@ -265,7 +267,7 @@ class LedgerGpuMixin(WaitingLineMixin):
         if not ours:
             return
         self._gpu_process, self._gpu_adopted = ours[-1], True
-        self.pid = ours[-1].pid
+        self.pid, self._gpu_unit = ours[-1].pid, ours[-1].unit
         self._gpu_holds = self._gpu_holds or [h for h in self._ledger.holdings() if h.key == self._key] or None
         self.log.info(  # type: ignore[attr-defined]
             "gpuslice: %s: its server (pid %s) started while the hub was killed; checking it", self._key, self.pid
@@ -325,11 +327,14 @@ class LedgerGpuMixin(WaitingLineMixin):
         state: dict[str, Any] = super().get_state()  # type: ignore[misc]
         if self._gpu_holds:
             state["gpuslice_holds"] = [h.__dict__ for h in self._gpu_holds]
+        if self._gpu_unit:
+            state["gpuslice_unit"] = self._gpu_unit
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)  # type: ignore[misc]
         self._gpu_holds = [Held(**h) for h in state.get("gpuslice_holds", [])] or None
+        self._gpu_unit = str(state.get("gpuslice_unit", ""))
 
     def clear_state(self) -> None:
         # Every way a server ends passes here: stopped, died (JupyterHub skips stop()

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spawner.cgroups import LimitsError, parse_limits
 from spawner.shares import GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity
 
 
@@ -134,7 +135,9 @@ def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -
 
 # A group's rules as written in settings and in the chart's values (camelCase there, as
 # Helm values are: maxSlice); ``members`` and ``profiles`` say who is in the group.
-GROUP_RULE_KEYS = ("members", "teachers", "profiles", "max_slice", "max_gpus", "budget", "servers_per_user", "images")
+GROUP_RULE_KEYS: tuple[str, ...] = ("members", "teachers", "profiles", "max_slice", "max_gpus", "budget")
+# "limits": the class's servers' own limits (spawner/cgroups.py), over the settings' limits.
+GROUP_RULE_KEYS += ("servers_per_user", "images", "limits")
 
 
 class GroupRulesError(ValueError):
@@ -161,6 +164,13 @@ def group_rules(name: str, raw: Mapping[str, Any] | None) -> dict[str, Any]:
     unknown = sorted(set(rules) - set(GROUP_RULE_KEYS))
     if unknown:
         raise GroupRulesError(f"{where}: {unknown_keys_message(unknown, GROUP_RULE_KEYS)}")
+    if rules.get("limits") is not None:
+        if not isinstance(rules["limits"], Mapping):
+            raise GroupRulesError(f"{where}.limits must be a mapping (for example limits: {{memory: 2GiB}})")
+        try:
+            parse_limits(rules["limits"], where=f"{where}.limits")
+        except LimitsError as exc:
+            raise GroupRulesError(str(exc)) from None
     for key in ("max_slice", "budget"):
         if rules.get(key) is not None:
             try:
