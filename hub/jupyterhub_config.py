@@ -9,11 +9,12 @@ import os
 import sys
 from pathlib import Path
 
-from hub import metrics, roles, userenv
+from hub import homes, metrics, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
 from hub.line_api import LINE_HANDLERS
 from hub.settings import load
 from spawner import environ
+from spawner.cgroups import limits_for, parse_limits
 from spawner.gpus import machine
 from spawner.ledger import Ledger
 from spawner.waitline import warning_lead
@@ -164,3 +165,15 @@ _machine = machine(settings.simulate)
 metrics.register_allocations(
     metrics.AllocationCollector("localhost", lambda: _machine.gpus, lambda: Ledger(ledger_path).holdings())
 )
+# Home folders' sizes against limits.home (no filesystem quotas here: hub/homes.py), for HomeOverSize.
+_home_sizes = homes.HomeSizes(lambda: homes.homes(settings.isolation, data_dir / "homes"))
+_home_sizes.start()
+_machine_limits = parse_limits(settings.limits)
+_class_limits = {m: g.get("limits") for g in reversed(settings.groups) for m in g["members"] if g.get("limits")}
+
+
+def _home_limit(user: str) -> int:
+    return limits_for(_machine_limits, _class_limits.get(user), "a class").home_bytes
+
+
+metrics.register_allocations(metrics.HomeCollector(lambda: _home_sizes.sizes, _home_limit))

@@ -39,21 +39,23 @@ class Limits:
     cpu_weight: int = 100  # 1-10000, systemd's CPUWeight scale (100: an equal share)
     tmp_bytes: int = GiB
     shm_bytes: int = GiB
+    home_bytes: int = 10 * GiB  # not a cgroup's: the HomeOverSize alert's line (docs/security.md)
 
     def describe(self) -> str:
         return (
             f"memory {format_bytes(self.memory_bytes)}, {self.processes} processes, CPU weight {self.cpu_weight}, "
-            f"/tmp {format_bytes(self.tmp_bytes)}, /dev/shm {format_bytes(self.shm_bytes)}"
+            f"/tmp {format_bytes(self.tmp_bytes)}, /dev/shm {format_bytes(self.shm_bytes)}, "
+            f"home {format_bytes(self.home_bytes)} (alerted)"
         )
 
 
 DEFAULT_LIMITS = Limits()
 # Settings spelling -> field; sizes are quantities ("4GiB"), the others plain integers.
 LIMIT_KEYS = {"memory": "memory_bytes", "processes": "processes", "cpu_weight": "cpu_weight", "tmp": "tmp_bytes"}
-LIMIT_KEYS["shm"] = "shm_bytes"
-_SIZES = {"memory", "tmp", "shm"}
+LIMIT_KEYS |= {"shm": "shm_bytes", "home": "home_bytes"}
+_SIZES = {"memory", "tmp", "shm", "home"}
 _RANGES = {"processes": (16, 1_000_000), "cpu_weight": (1, 10_000)}
-_SMALLEST = {"memory": 256 * 2**20, "tmp": 2**20, "shm": 2**20}
+_SMALLEST = {"memory": 256 * 2**20, "tmp": 2**20, "shm": 2**20, "home": 2**20}
 
 
 class LimitsError(ValueError):

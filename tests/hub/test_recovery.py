@@ -3,9 +3,15 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+
 from hub.recovery import Plan, alive, plan, reconcile, running_servers, stop_servers
+from spawner.cgroupfs import detect
+from spawner.cgroups import Limits
+from spawner.confinement import CgroupFiles, Server, unit_name
 from spawner.ledger import Held, Ledger, ServerProcess
 from spawner.processes import identify
 from tests.e2e.platform import process_alive
@@ -129,3 +135,43 @@ def test_the_plan() -> None:
 def test_alive() -> None:
     assert alive(os.getpid())
     assert not alive(0) and not alive(999_999_999)
+
+
+def test_a_server_cgroup_no_hub_claims_is_emptied_and_removed(tmp_path: Path) -> None:
+    """A server whose process the ledger never recorded (the hub died in between) is still found: in its cgroup."""
+    hierarchy = detect()
+    if hierarchy is None or hierarchy.version != 1:
+        pytest.skip("needs root and the cgroup v1 controllers (as CI runs)")
+    confinement = CgroupFiles(hierarchy, f"test-{os.getpid()}")
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    kept_name, lost_name = unit_name("t", "kept/", 1.0), unit_name("t", "lost/", 2.0)
+    kept = subprocess.Popen(confinement.command(Server(kept_name, Limits(), set()), [], sleep), start_new_session=True)
+    lost = subprocess.Popen(confinement.command(Server(lost_name, Limits(), set()), [], sleep), start_new_session=True)
+    said: list[str] = []
+    try:
+        _wait_for(lambda: confinement.pids(kept_name) and confinement.pids(lost_name))
+        found = identify(kept.pid)
+        assert found is not None
+        ledger.add_process(ServerProcess("kept/", kept.pid, found.started, "http://127.0.0.1:1", kept_name))
+        reconcile(ledger, hub_db(tmp_path / "hub.sqlite", [("kept", "", kept.pid, True)]), said.append, confinement)
+        assert confinement.names() == {kept_name} and kept.poll() is None
+        assert lost.wait(timeout=30) == -9
+        assert said == [f"gpuslice: ended 1 process(es) in {lost_name} (cgroup v1): no hub claims it"]
+        stop_servers(ledger, said.append, confinement)  # a full stop: none left
+        assert confinement.names() == set() and not process_alive(kept.pid)
+    finally:
+        for proc in (kept, lost):
+            proc.kill()
+            proc.wait()
+        for name in confinement.names():
+            confinement.remove(name)
+        for mount in hierarchy.mounts.values():
+            (mount / confinement.cgroups.parent).rmdir()
+
+
+def _wait_for(check: object, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.05)
+    assert check(), "timed out"  # type: ignore[operator]

@@ -29,9 +29,9 @@ NODES = [
 
 
 def test_the_defaults_and_the_settings_spelling() -> None:
-    assert DEFAULT_LIMITS == Limits(4 * GiB, 512, 100, GiB, GiB)
-    parsed = parse_limits({"memory": "2GiB", "processes": 256, "cpu_weight": 50, "tmp": "512MiB", "shm": "64MiB"})
-    assert parsed == Limits(2 * GiB, 256, 50, 512 * MiB, 64 * MiB)
+    assert Limits(4 * GiB, 512, 100, GiB, GiB, 10 * GiB) == DEFAULT_LIMITS
+    raw = {"memory": "2GiB", "processes": 256, "cpu_weight": 50, "tmp": "512MiB", "shm": "64MiB", "home": "5GiB"}
+    assert parse_limits(raw) == Limits(2 * GiB, 256, 50, 512 * MiB, 64 * MiB, 5 * GiB)
     assert parse_limits({"memory": "8GiB"}) == Limits(memory_bytes=8 * GiB)
 
 
