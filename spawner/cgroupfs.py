@@ -142,14 +142,16 @@ class Cgroups:
             time.sleep(0.05)
         for folder in self.directories(name):
             _rmdir(folder)
+            _rmdir(folder.parent, quietly=True)  # the platform's folder, once its last server is gone
         return killed
 
 
-def _rmdir(folder: Path) -> None:
+def _rmdir(folder: Path, quietly: bool = False) -> None:
     try:
         folder.rmdir()
     except FileNotFoundError:
         pass
     except OSError as exc:
-        if exc.errno != errno.EBUSY:  # busy: a process is still exiting; the next start removes it
+        # busy: a process is still exiting (the next start removes it); not empty: other servers
+        if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or (not quietly and exc.errno != errno.EBUSY):
             raise

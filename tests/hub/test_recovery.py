@@ -166,8 +166,6 @@ def test_a_server_cgroup_no_hub_claims_is_emptied_and_removed(tmp_path: Path) ->
             proc.wait()
         for name in confinement.names():
             confinement.remove(name)
-        for mount in hierarchy.mounts.values():
-            (mount / confinement.cgroups.parent).rmdir()
 
 
 def _wait_for(check: object, timeout_s: float = 30) -> None:
