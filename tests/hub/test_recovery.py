@@ -53,6 +53,7 @@ def _recorded(ledger: Ledger, key: str, proc: subprocess.Popen[bytes]) -> Server
     return process
 
 
+@pytest.mark.process
 def test_reconcile_keeps_claimed_servers_and_stops_orphans(tmp_path: Path) -> None:
     live, adopted, orphan, stale = _sleeper(), _sleeper(), _sleeper(), _sleeper()
     said: list[str] = []
@@ -88,6 +89,7 @@ def test_reconcile_keeps_claimed_servers_and_stops_orphans(tmp_path: Path) -> No
             p.wait()
 
 
+@pytest.mark.process
 def test_a_recorded_pid_that_now_names_another_process_is_left_alone(tmp_path: Path) -> None:
     stranger = _sleeper()
     try:
@@ -103,6 +105,7 @@ def test_a_recorded_pid_that_now_names_another_process_is_left_alone(tmp_path: P
         stranger.wait()
 
 
+@pytest.mark.process
 def test_a_full_stop_ends_every_server_left_and_releases_its_slice(tmp_path: Path) -> None:
     left = _sleeper()
     said: list[str] = []
@@ -137,6 +140,7 @@ def test_alive() -> None:
     assert not alive(0) and not alive(999_999_999)
 
 
+@pytest.mark.process
 def test_a_server_cgroup_no_hub_claims_is_emptied_and_removed(tmp_path: Path) -> None:
     """A server whose process the ledger never recorded (the hub died in between) is still found: in its cgroup."""
     hierarchy = detect()

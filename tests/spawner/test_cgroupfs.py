@@ -108,6 +108,7 @@ def _run(
 ALLOCATE = "b = bytearray(600 * 2**20); print('allocated')"
 
 
+@pytest.mark.process
 def test_a_process_past_its_memory_limit_is_killed(confinement: CgroupFiles) -> None:
     assert _run(confinement, ALLOCATE, Limits(memory_bytes=300 * MiB)) == "exit -9"  # the OOM killer
     assert _run(None, ALLOCATE, Limits()) == "allocated\nexit 0"  # the control: nothing stops it
@@ -131,6 +132,7 @@ for pid in children:
 """
 
 
+@pytest.mark.process
 def test_a_fork_bomb_stops_at_the_process_limit(confinement: CgroupFiles) -> None:
     assert _run(confinement, FORK_BOMB, Limits(processes=64)) == "stopped True\nTrue\nexit 0"
     assert _run(None, FORK_BOMB, Limits()) == "False\nexit 0"  # the control: 300 processes
@@ -147,6 +149,7 @@ for path in sys.argv[1:]:
 """
 
 
+@pytest.mark.process
 def test_a_server_opens_its_own_card_and_not_another(confinement: CgroupFiles, tmp_path: Path) -> None:
     """Nodes made with mknod as NVIDIA's (major 195): with no driver, opening one the cgroup allows
     fails with ENXIO (no such device), one it refuses with EPERM."""
@@ -159,6 +162,7 @@ def test_a_server_opens_its_own_card_and_not_another(confinement: CgroupFiles, t
     assert _run(None, code, Limits()) == "ENXIO\nENXIO\nENXIO\nopened\nexit 0"  # the control: every card
 
 
+@pytest.mark.process
 def test_what_a_server_leaves_in_its_cgroup_is_ended_with_it(confinement: CgroupFiles) -> None:
     server = Server(unit_name("t", "ann/", time.time()), Limits(), set())
     kernel = "import time; time.sleep(300)"

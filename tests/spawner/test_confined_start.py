@@ -56,6 +56,7 @@ def _server(name: str, user: str = "", confined: bool = True) -> list[str]:
 
 
 @needs_root
+@pytest.mark.process
 def test_tmp_and_dev_shm_are_the_servers_own_and_bounded(tmp_path: Path) -> None:
     first = subprocess.run(_server("mine-ann"), capture_output=True, text=True, check=True).stdout
     second = subprocess.run(_server("mine-bob", "nobody"), capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,5 @@
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spawner.ledger import Held, Ledger, LedgerError, ServerProcess, server_key
+from spawner.ledger import SCHEMA_STEPS, Held, Ledger, LedgerError, ServerProcess, server_key
+from spawner.sqlite_schema import migrate
 
 GiB = 2**30
 CARD = 16 * GiB
@@ -108,6 +110,7 @@ ledger.allocate(key, decide)
 """
 
 
+@pytest.mark.process
 def test_separate_processes_never_overcommit(tmp_path: Path) -> None:
     path, go = str(tmp_path / "ledger.sqlite"), tmp_path / "go"
     Ledger(path)
@@ -178,3 +181,17 @@ def test_server_events_keep_the_latest_few_and_the_latest_per_server(tmp_path: P
 def test_an_unknown_event_kind_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown server event kind 'exploded'"):
         Ledger(tmp_path / "ledger.sqlite").record("ann/", "exploded", 0, "")
+
+
+def test_a_ledger_from_before_server_processes_were_recorded_gains_their_table(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    migrate(db, SCHEMA_STEPS[:1], "old")  # as the release before this one left it
+    db.execute(
+        "INSERT INTO allocation (key, gpu_index, user, server, memory_bytes, created) VALUES ('a/', 0, 'a', '', 1, 0)"
+    )
+    db.close()
+    ledger = Ledger(path)
+    assert [h.key for h in ledger.holdings()] == ["a/"] and ledger.processes() == []
+    ledger.add_process(ServerProcess("a/", 7, 1.0, "http://127.0.0.1:1"))
+    assert ledger.processes() == [ServerProcess("a/", 7, 1.0, "http://127.0.0.1:1")]

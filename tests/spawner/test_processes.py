@@ -4,8 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from spawner.processes import Proc, identify, running, stop_tree, stop_trees
 from tests.e2e.platform import process_alive
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
 # A stand-in server: starts a "kernel" in a session of its own (as jupyter_client does), says
 # the kernel's pid, and lives on. With IGNORE it also ignores SIGTERM (a server stuck in shutdown).

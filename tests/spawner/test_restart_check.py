@@ -9,10 +9,14 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from spawner.ledger import Held, Ledger, ServerProcess
 from spawner.local import LocalGpuSpawner
 from spawner.processes import identify
 from tests.e2e.platform import free_port
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
 
 class LoadedSpawner(LocalGpuSpawner):
