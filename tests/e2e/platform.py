@@ -18,6 +18,7 @@ import requests
 import yaml
 
 from hub.accounts import has_password, passwords_path, set_password, write_private
+from spawner.confinement import for_machine
 from spawner.ledger import Ledger
 from spawner.ports import free_port
 from spawner.processes import Proc, running, stop_trees
@@ -131,8 +132,14 @@ class Platform:
         left = self.processes_left()
         named = "\n".join(f"  pid {p.pid}: {' '.join(_command(p.pid) or ['?'])[:160]}" for p in left)
         stop_trees(left, grace_s=5)
+        confinement = for_machine(self.data_dir.absolute())
+        cgroups = sorted(confinement.names()) if confinement is not None else []
+        for name in cgroups:
+            confinement.remove(name)  # type: ignore[union-attr]
         if graceful and left:
             raise AssertionError(f"gpuslice up stopped but left {len(left)} process(es) running (now ended):\n{named}")
+        if graceful and cgroups:
+            raise AssertionError(f"gpuslice up stopped but left these server cgroups (now removed): {cgroups}")
 
     def processes_left(self, wait_s: float = 30) -> list[Proc]:
         """This platform's processes still running once `gpuslice up` has ended: its process group,
