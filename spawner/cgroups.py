@@ -1,7 +1,7 @@
 """What a local notebook server is confined to, as data: its limits, its devices, its cgroup's files.
 
-Pure: no I/O. The limits of a server come from the settings (``limits``) and its class's
-``limits`` over them (``limits_for``); ``device_rules`` says which device nodes its
+Pure: no I/O. The limits of a server come from the settings' ``limits``, its class's
+(``limits.classes``) over them (``limits_for``); ``device_rules`` says which device nodes its
 processes may open (the usual pseudo-devices, terminals, and the NVIDIA nodes of its own
 cards, nothing of the other cards); ``v1_files``, ``v2_files`` and ``systemd_properties``
 say the same to each of the three ways a machine can confine a process group: the cgroup
@@ -62,23 +62,46 @@ class LimitsError(ValueError):
     """A limit in the settings is malformed; the message names it and says what to write."""
 
 
-def parse_limits(raw: Mapping[str, Any], base: Limits = DEFAULT_LIMITS, where: str = "limits") -> Limits:
-    """``base`` with the keys of ``raw`` (settings spelling: memory, processes, cpu_weight, tmp, shm) applied."""
-    unknown = sorted(set(raw) - set(LIMIT_KEYS))
+def parse_limits(
+    raw: Mapping[str, Any], base: Limits = DEFAULT_LIMITS, where: str = "limits", others: tuple[str, ...] = ()
+) -> Limits:
+    """``base`` with the keys of ``raw`` (settings spelling: memory, processes, cpu_weight, tmp, shm, home)
+    applied; ``others``: keys the caller reads itself, skipped here."""
+    known = (*LIMIT_KEYS, *others)
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        guesses = [f"{k} (did you mean {c[0]}?)" if (c := get_close_matches(k, LIMIT_KEYS, 1)) else k for k in unknown]
-        raise LimitsError(f"{where}: unknown key(s) {', '.join(guesses)}; use {', '.join(LIMIT_KEYS)}")
+        guesses = [f"{k} (did you mean {c[0]}?)" if (c := get_close_matches(k, known, 1)) else k for k in unknown]
+        raise LimitsError(f"{where}: unknown key(s) {', '.join(guesses)}; use {', '.join(known)}")
     changes: dict[str, int] = {}
     for key, value in raw.items():
+        if key in others:
+            continue
         changes[LIMIT_KEYS[key]] = _size(key, value, where) if key in _SIZES else _count(key, value, where)
     return replace(base, **changes)
 
 
-def limits_for(machine_wide: Limits, group_limits: Mapping[str, Any] | None, group: str | None) -> Limits:
-    """A server's limits: the settings' ``limits``, with its class's ``limits`` over them."""
-    if not group_limits:
-        return machine_wide
-    return parse_limits(group_limits, machine_wide, f"groups.{group}.limits")
+def parse_settings_limits(raw: Mapping[str, Any]) -> tuple[Limits, dict[str, Limits]]:
+    """The settings' ``limits``: the machine's, and under ``classes`` each class's over them.
+
+    ``{memory: 4GiB, classes: {ml101: {memory: 2GiB}}}`` gives every server 4 GiB but ml101's 2 GiB.
+    """
+    machine = parse_limits(raw, others=("classes",))
+    classes = raw.get("classes") or {}
+    if not isinstance(classes, Mapping):
+        raise LimitsError("limits.classes must map class names to their limits (for example ml101: {memory: 2GiB})")
+    own = {}
+    for name, rules in classes.items():
+        if not isinstance(rules, Mapping):
+            raise LimitsError(f"limits.classes.{name} must be a mapping of limits (for example memory: 2GiB)")
+        own[str(name)] = parse_limits(rules, machine, f"limits.classes.{name}")
+    return machine, own
+
+
+def limits_for(raw: Mapping[str, Any], classes: list[str]) -> Limits:
+    """A server's limits from the settings' ``limits``: those of the first of ``classes`` that has
+    its own (the class charged for the slice first), else the machine's."""
+    machine, own = parse_settings_limits(raw)
+    return next((own[c] for c in classes if c in own), machine)
 
 
 def _size(key: str, value: Any, where: str) -> int:

@@ -30,7 +30,7 @@ from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Dict, Unicode, validate
 
 from spawner import environ, mounts
-from spawner.cgroups import DEFAULT_LIMITS, Limits, limits_for, parse_limits
+from spawner.cgroups import Limits, limits_for
 from spawner.confinement import Confinement, Server, for_machine, nvidia_nodes, platform_id, unit_name
 from spawner.lifecycle import LedgerGpuMixin
 
@@ -55,6 +55,9 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
     ).tag(config=True)
     gpu_limits = Dict(
         help="The settings' limits (memory, processes, cpu_weight, tmp, shm); a class's own limits go over them."
+    ).tag(config=True)
+    gpu_device_dir = Unicode(
+        "/dev", help="Where the GPUs' device nodes are, for each server's device rules (a test's mknod folder)."
     ).tag(config=True)
 
     @validate("isolation")
@@ -146,7 +149,7 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
                 keep=self._paths_to_keep(),
                 models={str(models_dir / name): str(source) for name, source in models.items()},
             )
-            self.cmd = confinement.command(server, nvidia_nodes(Path(environ.DEVICE_DIR.get())), list(self.cmd))
+            self.cmd = confinement.command(server, nvidia_nodes(Path(self.gpu_device_dir)), list(self.cmd))
         elif os.geteuid() == 0 and self.isolation == "none":
             mounts.prepare_mountpoints(models_dir, models)
             if models:
@@ -169,21 +172,17 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
         return machine_confinement(self._data_dir) if self.gpu_confine else None
 
     def server_limits(self) -> Limits:
-        """The settings' limits, with those of the class charged for the slice (or the user's first class) over them."""
-        machine_wide = parse_limits(self.gpu_limits) if self.gpu_limits else DEFAULT_LIMITS
+        """The settings' limits, or those of the user's class (the one charged for the slice first)."""
         mine = {g.name for g in self.user.groups}
-        classes = [g for g in self.gpu_groups if g.get("name") in mine and g.get("limits")]
-        charged = {h.group for h in self._gpu_holds or []}
-        chosen = next((g for g in classes if g["name"] in charged), classes[0] if classes else None)
-        if chosen is None:
-            return machine_wide
-        return limits_for(machine_wide, chosen["limits"], str(chosen["name"]))
+        classes = [g.name for g in self.gpu_group_rules if g.name in mine]
+        charged = [h.group for h in self._gpu_holds or [] if h.group in classes]
+        return limits_for(self.gpu_limits, [*charged, *classes])
 
     def _paths_to_keep(self) -> list[str]:
         """What the server needs from the machine's /tmp once its own is mounted there: its home,
         the environment it runs from, the kernel hook, the device nodes (in tests all may be under /tmp)."""
         paths = [self.home_dir, Path(self.cmd[0]).parent.parent, Path(self.gpu_kernel_hook_dir), Path(self.gpu_lab_dir)]
-        paths.append(Path(environ.DEVICE_DIR.get()))
+        paths.append(Path(self.gpu_device_dir))
         return sorted({str(p.absolute()) for p in paths if p.absolute().is_relative_to("/tmp")})
 
     def clear_state(self) -> None:

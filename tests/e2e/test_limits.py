@@ -1,6 +1,6 @@
 """A student's notebook against the limits of its server's cgroup, on a real platform as root.
 
-The settings a teacher writes for a class, with the class's own ``limits`` and nothing about
+The settings a teacher writes for a class, with the class's own limits (``limits.classes``) and nothing about
 isolation (the defaults as root: an account per user, each server in a cgroup of its own).
 Two students start servers with slices through the real hub and run code in their kernels,
 as notebook cells do: one allocates past its memory, forks without end, opens the other
@@ -57,7 +57,8 @@ def devices() -> Iterator[Path]:
 def school(devices: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Platform]:
     monkeypatch.setenv("GPUSLICE_DEVICE_DIR", str(devices))  # gpuslice up and its hub inherit it
     root = Path(tempfile.mkdtemp(prefix="gpuslice-limits-"))
-    settings = {"groups": {"ml101": {"members": list(STUDENTS), "limits": LIMITS}}, "isolation": None}
+    settings = {"groups": {"ml101": {"members": list(STUDENTS)}}, "limits": {"classes": {"ml101": LIMITS}}}
+    settings["isolation"] = None
     platform = Platform(root, settings)
     try:
         platform.start(timeout_s=300)  # the first start as root builds the users' environment

@@ -14,6 +14,7 @@ from spawner.cgroups import (
     limits_for,
     nvidia_card,
     parse_limits,
+    parse_settings_limits,
     systemd_properties,
     v1_files,
     v2_files,
@@ -54,11 +55,18 @@ def test_bad_limits_say_what_to_write(raw: dict[str, object], message: str) -> N
 
 
 def test_a_class_limits_go_over_the_settings() -> None:
-    machine = parse_limits({"memory": "8GiB", "processes": 1024})
-    assert limits_for(machine, None, None) == machine
-    assert limits_for(machine, {"memory": "2GiB"}, "ml101") == Limits(2 * GiB, 1024, 100, GiB, GiB)
-    with pytest.raises(LimitsError, match=r"groups\.ml101\.limits\.processes"):
-        limits_for(machine, {"processes": 0}, "ml101")
+    raw = {"memory": "8GiB", "processes": 1024, "classes": {"ml101": {"memory": "2GiB"}, "ml102": {"tmp": "2GiB"}}}
+    machine, classes = parse_settings_limits(raw)
+    assert machine == Limits(8 * GiB, 1024)
+    assert classes == {"ml101": Limits(2 * GiB, 1024), "ml102": Limits(8 * GiB, 1024, tmp_bytes=2 * GiB)}
+    assert limits_for(raw, []) == machine
+    assert limits_for(raw, ["other", "ml102", "ml101"]) == classes["ml102"]  # the first class with its own
+    with pytest.raises(LimitsError, match=r"limits\.classes\.ml101\.processes: must be a whole number"):
+        parse_settings_limits({"classes": {"ml101": {"processes": 0}}})
+    with pytest.raises(LimitsError, match=r"limits\.classes\.ml101 must be a mapping"):
+        parse_settings_limits({"classes": {"ml101": "small"}})
+    with pytest.raises(LimitsError, match=r"unknown key\(s\) clases \(did you mean classes\?\)"):
+        parse_settings_limits({"clases": {}})
 
 
 def test_a_server_may_open_its_own_cards_and_no_other() -> None:
