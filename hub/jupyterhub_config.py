@@ -11,11 +11,12 @@ import os
 import sys
 from pathlib import Path
 
-from hub import metrics, userenv
+from hub import homes, metrics, userenv
 from hub.accounts import known_names, service_token
 from hub.settings import from_environment
 from hub.wiring import Accounts, HubParts, configure_hub
 from spawner import environ
+from spawner.cgroups import limits_for
 from spawner.gpus import machine
 from spawner.ledger import Ledger
 
@@ -42,6 +43,9 @@ c.JupyterHub.cleanup_servers = True  # stopping the platform stops every noteboo
 c.JupyterHub.spawner_class = "spawner.local.LocalGpuSpawner"
 c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.isolation = settings.isolation
+# As root, each server in a cgroup of its own with these limits (spawner/confinement.py).
+c.LocalGpuSpawner.gpu_limits = dict(settings.limits)
+c.LocalGpuSpawner.gpu_device_dir = env.get(environ.DEVICE_DIR)
 if settings.isolation == "unix-users":
     # Servers run as each user's own account, from an environment every account can read
     # (gpuslice up builds it: hub/userenv.py), with the hook copied there too.
@@ -112,3 +116,14 @@ _machine = machine(settings.simulate)
 metrics.register_allocations(
     metrics.AllocationCollector("localhost", lambda: _machine.gpus, lambda: Ledger(ledger_path).holdings())
 )
+# Home folders' sizes against limits.home (no filesystem quotas here: hub/homes.py), for HomeOverSize.
+_home_sizes = homes.HomeSizes(lambda: homes.homes(settings.isolation, data_dir / "homes"))
+_home_sizes.start()
+_classes_of = {m: [g.name for g in settings.groups if m in g.members] for g in settings.groups for m in g.members}
+
+
+def _home_limit(user: str) -> int:
+    return limits_for(settings.limits, _classes_of.get(user, [])).home_bytes
+
+
+metrics.register_allocations(metrics.HomeCollector(lambda: _home_sizes.sizes, _home_limit))

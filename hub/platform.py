@@ -3,7 +3,9 @@
 Starts JupyterHub (which starts configurable-http-proxy, the idle culler and the
 notebook servers) with hub/jupyterhub_config.py and the monitoring processes (kept
 running by hub/supervise.py), prints the URLs once the hub answers, and on
-SIGINT/SIGTERM stops it, and with it every child.
+SIGINT/SIGTERM stops it, and with it every child and every notebook server, those a
+restarted hub adopted and any it lost track of included (hub/recovery.py). Before the
+hub starts, servers left by a hub that is gone and that no hub claims are stopped.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
 from market import seeding
 from market.store import Store
-from spawner import environ
+from spawner import confinement, environ
+from spawner.cgroups import parse_settings_limits
 from spawner.gpus import machine
 from spawner.ledger import Ledger
 from spawner.shares import format_bytes
@@ -64,9 +67,12 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     data_dir.chmod(0o700)
     if (data_dir / "jupyterhub.sqlite").exists():  # a platform that ran before, maybe under an older release
         state.upgrade(data_dir, config_path, market_url(settings.model_copy(update={"data_dir": data_dir})))
-    dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
+    ledger, hub_db = Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite"
+    confined = confinement.for_machine(data_dir)
+    dropped = recovery.reconcile(ledger, hub_db, confinement=confined)
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
+    print(confinement_line(confined, settings), flush=True)
     url, models = prepare_market(settings.model_copy(update={"data_dir": data_dir}))
     if settings.isolation == "unix-users":
         prepare_user_env(settings.user_env)
@@ -77,6 +83,16 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     env[environ.MODELS_ROOT.name] = str(models)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     return data_dir, env
+
+
+def confinement_line(confined: confinement.Confinement | None, settings: Settings) -> str:
+    """What `gpuslice up` says once about the servers' limits (docs/security.md#limits-per-server)."""
+    if confined is None:
+        why = "gpuslice does not run as root" if os.geteuid() else "no usable cgroup filesystem or systemd"
+        return f"gpuslice: notebook servers run without per-server limits (memory, processes, devices, /tmp): {why}."
+    devices = "" if confined.enforces_devices else "; device rules need cgroup v1 or systemd, so cards are not fenced"
+    limits = parse_settings_limits(settings.limits)[0].describe()
+    return f"gpuslice: each notebook server runs in a cgroup of its own ({confined.kind}): {limits}{devices}."
 
 
 def prepare_user_env(prefix: Path) -> None:
@@ -234,8 +250,11 @@ def up(settings: Settings, config_path: Path | None) -> int:
     supervisor = Supervisor(monitoring_children(settings, data_dir, env))
     supervisor.start_all()
     proc = subprocess.Popen(hub_command(), cwd=data_dir, env=env)
+    asked_to_stop = False
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal asked_to_stop
+        asked_to_stop = True
         supervisor.terminate_all()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -263,6 +282,12 @@ def up(settings: Settings, config_path: Path | None) -> int:
         time.sleep(1)
     supervisor.terminate_all()
     supervisor.wait_all()
+    if asked_to_stop:
+        # A full stop ends every server, those the hub lost track of included. A hub that
+        # merely died (killed, crashed) leaves them for the next start to adopt or stop.
+        ledger, confined = Ledger(data_dir / "ledger.sqlite"), confinement.for_machine(data_dir)
+        for hold in recovery.stop_servers(ledger, confinement=confined):
+            print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (stopped)")
     return proc.returncode
 
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 
 from sizes import quantity_text
 from spawner import environ
+from spawner.cgroups import LimitsError, parse_settings_limits
 from spawner.checked import (
     Amount,
     Checked,
@@ -409,6 +410,32 @@ class Settings(Platform):
     notice_mail: NoticeMail | None = Field(
         default=None, description="Mail the weekly idle notice (gpuslice usage --send); none: files only."
     )
+    limits: dict[str, Any] = Field(
+        default_factory=dict,
+        description="As root, each server's cgroup: memory, processes, cpu_weight, tmp, shm, home, and under "
+        "classes each class's own (spawner/cgroups.py has the defaults; docs/security.md#limits-per-server).",
+    )
+
+    @field_validator("limits", mode="before")
+    @classmethod
+    def _limits(cls, raw: Any) -> Any:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise ValueError("must be a mapping (for example limits: {memory: 4GiB})")
+        try:
+            parse_settings_limits(raw)
+        except LimitsError as exc:
+            raise ValueError(str(exc).removeprefix("limits: ").removeprefix("limits.")) from None
+        return raw
+
+    @model_validator(mode="after")
+    def _limits_of_known_classes(self) -> Settings:
+        named = set(self.limits.get("classes") or {}) - {g.name for g in self.groups}
+        if named:
+            known = ", ".join(sorted(g.name for g in self.groups)) or "none configured"
+            raise ValueError(f"limits.classes names no class of groups: {', '.join(sorted(named))} (classes: {known})")
+        return self
 
     @model_validator(mode="before")
     @classmethod

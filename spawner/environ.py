@@ -54,6 +54,11 @@ SECRETS_FILE = EnvVar(
     "GPUSLICE_SECRETS_FILE",
     "A 0600 file of a service's secrets (hub tokens, the portal key), read and deleted as it starts.",
 )
+DEVICE_DIR = EnvVar(
+    "GPUSLICE_DEVICE_DIR",
+    "Where the GPUs' device nodes are, for each server's device rules (default /dev; a test's folder of mknod nodes).",
+    "/dev",
+)
 NODE_NAME = EnvVar("GPUSLICE_NODE_NAME", "The exporter's Hostname label (default: localhost).")
 
 # -- Kubernetes: set by the chart's Deployments ---------------------------------------------------

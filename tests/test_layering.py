@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "spawner.anomaly": CORE,  # per-card anomaly models (scikit-learn): series in, findings out
     "spawner.usage": CORE,  # utilization reports: GPU-hours per user, class and week (CLI and portal)
     "spawner.scope": CORE,  # whose servers and names a viewer may see (the portal and the hub's line API)
+    "spawner.cgroups": CORE,  # a server's limits and device rules, and each cgroup layout's files
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
@@ -50,6 +51,10 @@ LAYERS: dict[str, int] = {
     "spawner.lifetime": LOWER,
     "spawner.secretenv": LOWER,
     "spawner.ports": LOWER,
+    "spawner.processes": LOWER,  # servers' processes by pid and start time (psutil)
+    "spawner.cgroupfs": LOWER,  # the cgroup filesystem (v1, v2)
+    "spawner.systemd_units": LOWER,  # systemd's transient scopes
+    "spawner.confinement": LOWER,  # a server's cgroup by this machine's means (the two above)
     # 3. the spawner runtime: everything else in spawner/ (mixin and its parts, local, kube, mounts).
     "spawner": RUNTIME,
     "hub": HUB,
@@ -57,7 +62,7 @@ LAYERS: dict[str, int] = {
     "bench": BENCH,
 }
 # The kernel hook runs inside users' kernels, where our packages are not installed.
-STANDALONE = ("spawner.kernel_hook",)
+STANDALONE = ("spawner.kernel_hook", "spawner.confined_start")  # confined_start: run by path, as root
 # What the portal may take from the hub (layer 4): the settings model and the chart's values reader.
 PORTAL_FROM_HUB = ("hub.settings", "hub.kube_values")
 
