@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import settings as settings_mod
-from hub import state_cli
+from hub import state_cli, top_cli
 from spawner import environ, sharing
 from spawner.placement import POLICIES
 from spawner.quotas import GroupRules
@@ -109,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--api-server", help="Kubernetes API URL (default: in-cluster, with the service account)")
 
     state_cli.add_commands(commands)  # backup, restore, upgrade
+    top_cli.add_command(commands)
     _plugin_commands(commands)
     return parser
 
@@ -129,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _scheduler_extender(args)
     if args.command == "oncall-config":
         return _oncall_config(args)
+    if args.command == "top":
+        return top_cli.run(args)
     if args.command in state_cli.COMMANDS:
         return state_cli.run(args)
     return int(args.run(args))  # a command a plugin registered (_plugin_commands)

@@ -14,6 +14,7 @@ from pathlib import Path
 from hub import homes, metrics, userenv
 from hub.accounts import known_names, service_token
 from hub.settings import from_environment
+from hub.top_cli import TOP_SERVICE
 from hub.wiring import Accounts, HubParts, configure_hub
 from spawner import environ
 from spawner.cgroups import limits_for
@@ -88,6 +89,8 @@ configure_hub(
         ledger_path=str(ledger_path),
         run_module=with_hub,
         accounts=Accounts(data_dir, frozenset(known_names(settings))),
+        # `gpuslice top` run as root on this machine reads the hub with this read-only token (0600 file).
+        top_token=service_token(data_dir, TOP_SERVICE),
         # The portal: an auth gate (HubOAuth) in front of Streamlit, started by the hub.
         portal={
             "display": True,

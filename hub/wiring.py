@@ -62,6 +62,7 @@ class HubParts:
     run_culler: bool = True  # False: someone else culls (z2jh's cull.*), with platform.idle_timeout
     portal: Mapping[str, Any] | None = None  # the portal service's own keys (url, token, command); None: no portal
     metrics_token: str = ""  # a token that may read /hub/metrics (Prometheus'); empty: none
+    top_token: str = ""  # `gpuslice top`'s read-only token on one machine; empty: none (admins use their own)
 
 
 def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
@@ -128,6 +129,8 @@ def _services(platform: Platform, parts: HubParts) -> list[tuple[dict[str, Any],
         found.append((portal, roles.PORTAL_READS))
     if parts.metrics_token:
         found.append(({"name": "prometheus", "api_token": parts.metrics_token}, roles.READS_METRICS))
+    if parts.top_token:
+        found.append(({"name": "gpuslice-top", "api_token": parts.top_token}, roles.TOP_READS))
     return found
 
 
