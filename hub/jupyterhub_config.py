@@ -45,11 +45,10 @@ c.GpusliceAuthenticator.create_users = settings.open_signup
 c.GpusliceAuthenticator.data_dir = str(data_dir)  # invite codes (/hub/join)
 c.GpusliceAuthenticator.known_names = known_names(settings)
 c.Authenticator.admin_users = set(settings.admin_users)
-members = {m for g in settings.groups for m in g["members"]}
 if settings.open_signup:
     c.Authenticator.allow_all = True
 else:
-    c.Authenticator.allowed_users = members | set(settings.admin_users)
+    c.Authenticator.allowed_users = known_names(settings)  # admins, members and teachers
 c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in settings.groups}
 
 # Notebook servers with GPU slices.
