@@ -11,7 +11,9 @@ from pathlib import Path
 
 from hub import metrics, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
+from hub.activity import clamp_future_activity
 from hub.line_api import LINE_HANDLERS
+from hub.reclaimer import max_hold_options
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -75,6 +77,7 @@ c.LocalGpuSpawner.gpu_smallest_slice = settings.smallest_slice
 # every few seconds, so a server left open on a screen would never look idle to the reclaimer
 # or the culler.
 c.JupyterHub.last_activity_interval = 0
+clamp_future_activity()  # and never later than now: a forged report buys no idle-free hour (hub/activity.py)
 c.LocalGpuSpawner.home_root = str(data_dir / "homes")
 c.LocalGpuSpawner.gpu_culler_timeout = settings.idle_timeout  # the culler's: its stops are named
 c.LocalGpuSpawner.default_url = "/lab"
@@ -121,6 +124,7 @@ c.JupyterHub.services.append(
             f"--gpu-idle-timeout={reclaim_after}",
             f"--warn-before={warning_lead(reclaim_after)}",
             f"--interval={min(30.0, reclaim_after / 10)}",
+            *max_hold_options(settings.groups),  # each class's max_hold: a bound however used a slice looks
         ],
     }
 )

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from hub import roles
+from hub.activity import clamp_future_activity
 from hub.line_api import LINE_HANDLERS
+from hub.reclaimer import max_hold_options
 from spawner.waitline import warning_lead
 
 TEMPLATES = Path(roles.__file__).parent / "templates"  # found from the package: kube_config.py is copied out of it
@@ -33,8 +36,11 @@ TEMPLATES = Path(roles.__file__).parent / "templates"  # found from the package:
 IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
 
 
-def reclaimer_service(ledger_path: str, namespace: str, idle_timeout_s: int) -> dict[str, Any]:
-    """The gpu-reclaimer as a JupyterHub managed service, looking every tenth of the idle timeout (30 s at most)."""
+def reclaimer_service(
+    ledger_path: str, namespace: str, idle_timeout_s: int, groups: Iterable[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """The gpu-reclaimer as a JupyterHub managed service, looking every tenth of the idle timeout (30 s at most);
+    ``groups``: the spawner's group rules, whose ``max_hold`` it applies."""
     return {
         "name": "gpu-reclaimer",
         "command": [
@@ -46,6 +52,7 @@ def reclaimer_service(ledger_path: str, namespace: str, idle_timeout_s: int) -> 
             f"--gpu-idle-timeout={idle_timeout_s}",
             f"--warn-before={warning_lead(idle_timeout_s)}",
             f"--interval={min(30.0, idle_timeout_s / 10)}",
+            *max_hold_options(groups),
         ],
         "environment": {k: os.environ[k] for k in IN_CLUSTER_ENV if k in os.environ},
     }
@@ -61,11 +68,12 @@ def add_gpu_line(c: Any, ledger_path: str, namespace: str, idle_timeout_s: int =
     # Activity is what each server reports, not the proxy's traffic: an open JupyterLab page polls
     # its server every few seconds (spawner/lab/jupyter_server_config.py, in the notebook images).
     c.JupyterHub.last_activity_interval = 0
+    clamp_future_activity()  # and never later than now (hub/activity.py)
     c.JupyterHub.template_paths = [str(TEMPLATES), *_listed(c.JupyterHub, "template_paths")]
     c.JupyterHub.extra_handlers = [*_listed(c.JupyterHub, "extra_handlers"), *LINE_HANDLERS]
     c.JupyterHub.services = [
         *_listed(c.JupyterHub, "services"),
-        reclaimer_service(ledger_path, namespace, idle_timeout_s),
+        reclaimer_service(ledger_path, namespace, idle_timeout_s, _listed(c.KubeGpuSpawner, "gpu_groups")),
     ]
     c.JupyterHub.load_roles = [
         *_listed(c.JupyterHub, "load_roles"),

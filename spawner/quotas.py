@@ -1,4 +1,4 @@
-"""Per-group rules for classes: slice size, group budget, servers per user, images.
+"""Per-group rules for classes: slice size, group budget, servers per user, images, longest hold.
 
 Pure code. A user may belong to several groups (a student in two classes, a
 teaching assistant who is also staff). A request is checked against every group of
@@ -29,6 +29,7 @@ class GroupQuota:
     budget_bytes: int | None = None  # GPU memory the whole group may hold at once
     servers_per_user: int | None = None  # running servers per member
     allowed_images: frozenset[str] | None = None  # image-market ids; None: any
+    max_hold_s: float | None = None  # while others wait for a GPU: longest one server may hold its slice
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,29 @@ def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -
 
 # A group's rules as written in settings and in the chart's values (camelCase there, as
 # Helm values are: maxSlice); ``members`` and ``profiles`` say who is in the group.
-GROUP_RULE_KEYS = ("members", "teachers", "profiles", "max_slice", "max_gpus", "budget", "servers_per_user", "images")
+GROUP_RULE_KEYS = (
+    "members",
+    "teachers",
+    "profiles",
+    "max_slice",
+    "max_gpus",
+    "budget",
+    "servers_per_user",
+    "images",
+    "max_hold",
+)
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|min|h)?\s*")
+_SECONDS_PER = {None: 1, "s": 1, "min": 60, "h": 3600}
+
+
+def parse_duration(value: object, where: str) -> float:
+    """Seconds from ``3600``, ``"45s"``, ``"90min"`` or ``"2h"``; GroupRulesError says how to write one."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    found = _DURATION.fullmatch(value) if isinstance(value, str) else None
+    if found is None or float(found[1]) <= 0:
+        raise GroupRulesError(f"{where} must be a duration such as 2h, 90min or 3600 (seconds), not {value!r}")
+    return float(found[1]) * _SECONDS_PER[found[2]]
 
 
 class GroupRulesError(ValueError):
@@ -171,6 +194,8 @@ def group_rules(name: str, raw: Mapping[str, Any] | None) -> dict[str, Any]:
         value = rules.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise GroupRulesError(f"{where}.{key} must be a whole number, 0 or more")
+    if rules.get("max_hold") is not None:
+        parse_duration(rules["max_hold"], f"{where}.max_hold")
     for key in ("members", "teachers", "profiles", "images"):
         value = rules.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(m, str) for m in value)):
@@ -196,6 +221,7 @@ def group_quota(raw: Mapping[str, Any]) -> GroupQuota:
         budget_bytes=size("budget"),
         servers_per_user=rules.get("servers_per_user"),
         allowed_images=None if images is None else frozenset(images),
+        max_hold_s=None if rules.get("max_hold") is None else parse_duration(rules["max_hold"], "max_hold"),
     )
 
 

@@ -98,8 +98,17 @@ def test_group_rules_are_read_the_same_from_settings_and_from_the_chart() -> Non
         ({"members": "alice"}, "groups.g.members must be a list of user names"),
         ({"budjet": "4GiB"}, "groups.g: unknown key(s) budjet (did you mean budget?)"),
         (["max_slice"], "groups.g must be a mapping of rules"),
+        ({"maxHold": "2 days"}, "groups.g.max_hold must be a duration such as 2h, 90min or 3600 (seconds)"),
+        ({"max_hold": 0}, "groups.g.max_hold must be a duration"),
+        ({"max_hold": True}, "groups.g.max_hold must be a duration"),
     ],
 )
 def test_bad_group_rules_say_which(rules: object, message: str) -> None:
     with pytest.raises(GroupRulesError, match=re.escape(message)):
         group_rules("g", rules)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("written", "seconds"), [("2h", 7200.0), ("90min", 5400.0), ("45 s", 45.0), (3600, 3600.0)])
+def test_a_classs_max_hold_is_read_in_hours_minutes_or_seconds(written: object, seconds: float) -> None:
+    assert group_quota({"name": "ml101", "maxHold": written}).max_hold_s == seconds
+    assert group_quota({"name": "ml101"}).max_hold_s is None  # no cap unless the class sets one
