@@ -87,6 +87,9 @@ def add_class(
     ``teachers``: replace the class's teachers (None: keep those written)."""
     for key in ("max_slice", "budget"):
         require_unit(f"--{key.replace('_', '-')}", rules.get(key))
+    hold = rules.get("max_hold")
+    if hold is not None and _BARE_NUMBER.match(str(hold)):
+        raise SettingsError(f"--max-hold {hold}: give the duration with its unit, for example {hold.strip()}h")
     yaml = YAML()  # round-trip: comments, key order and quotes survive
     yaml.indent(mapping=2, sequence=4, offset=2)
     raw: Any = CommentedMap()

@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--budget", help='GPU memory the whole class may hold at once, for example "40GiB"')
     add.add_argument("--servers-per-user", type=int, help="running servers per student")
     add.add_argument("--max-gpus", type=int, help="whole cards per server (0: none)")
+    add.add_argument("--max-hold", help='while others wait, the longest one server holds its slice, e.g. "2h"')
     add.add_argument(
         "--teachers", help="the class's teachers, comma-separated (also: a roster 'role' column saying teacher)"
     )
@@ -263,6 +264,7 @@ def _class_add(args: argparse.Namespace) -> int:
         "budget": args.budget,
         "servers_per_user": args.servers_per_user,
         "max_gpus": args.max_gpus,
+        "max_hold": args.max_hold,
     }
     try:
         roster = read_roster(args.roster)

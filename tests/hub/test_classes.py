@@ -140,6 +140,8 @@ def test_a_size_without_its_unit_is_refused(tmp_path: Path, capsys: pytest.Captu
     roster.write_text("alice\n")
     assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--budget", "8"]) == 2
     assert "--budget 8: give the size with its unit, for example 8GiB" in capsys.readouterr().err
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--max-hold", "2"]) == 2
+    assert "--max-hold 2: give the duration with its unit, for example 2h" in capsys.readouterr().err
     assert not settings.exists()  # nothing written
 
 
@@ -182,13 +184,15 @@ def test_teachers_from_the_option_or_the_roster_get_invite_codes_too(
 ) -> None:
     settings, roster = tmp_path / "gpuslice.yaml", tmp_path / "r.csv"
     roster.write_text("username,role\ncarol,student\nTom,Teacher\ndave,\n")
-    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--teachers", "tina, tom"]) == 0
+    args = ["--teachers", "tina, tom", "--max-hold", "2h"]
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), *args]) == 0
     printed = capsys.readouterr().out
     assert "class ml101: 2 students and 2 teacher(s)" in printed
     codes = dict(line.split(",") for line in printed.splitlines() if "," in line and " " not in line)
     assert set(codes) == {"carol", "dave", "tom", "tina"}  # a teacher's name is never left to be claimed
     group = load(settings).groups[0]
     assert group["members"] == ["carol", "dave"] and group["teachers"] == ["tom", "tina"]
+    assert group["max_hold"] == "2h"
     roster.write_text("carol\n")
     assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
     assert load(settings).groups[0]["teachers"] == ["tom", "tina"]  # no teachers given: those written are kept
