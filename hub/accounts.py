@@ -41,7 +41,6 @@ from typing import Any
 
 import bcrypt
 from firstuseauthenticator import FirstUseAuthenticator
-from tornado import web
 from traitlets import Bool, Integer, List, Set, Unicode
 
 from hub.logins import Limit, LoginThrottle, client_address, logins_path, name_problem, normalize_name
@@ -265,43 +264,46 @@ class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
             Limit(self.allowed_failed_logins_per_address, self.seconds_before_next_try_per_address),
         )
 
-    def refuse_unsafe_name(self, name: str) -> None:
-        """HTTP 403 naming the character when ``name`` (normalized) is outside the safe alphabet."""
+    def unsafe_name(self, name: str) -> str | None:
+        """Why ``name`` (normalized) is refused, naming the character, when it is outside the safe alphabet."""
         problem = name_problem(name) if self.safe_usernames else None
         if problem:
             self.log.warning("refused the user name %s", ascii(name)[:80])
-            raise web.HTTPError(403, "%s", problem)
+        return problem
 
-    def refuse_while_locked(self, name: str, address: str) -> None:
-        """HTTP 429 while the name or the address is locked out, before any password is checked."""
+    def lockout(self, name: str, address: str) -> str | None:
+        """Why a login is refused while the name or the address is locked out (checked before any password)."""
         refusal = self.throttle().refusal(name, address, time.time())
         if refusal:
             self.log.warning("refused a login to %s from %s: locked out after failed logins", name, address)
-            raise web.HTTPError(429, "%s", refusal)
+        return refusal
 
     def invited(self, name: str) -> bool:
         return bool(self.data_dir) and has_password(invites_path(Path(self.data_dir)), name)
 
     async def authenticate(self, handler: Any, data: dict[str, str]) -> str | None:
+        """The name, or None with the reason in ``handler.custom_login_error`` (FirstUseAuthenticator's login
+        page shows it)."""
         name = self.normalize_username(data["username"])
-        self.refuse_unsafe_name(name)
         address = request_address(handler.request, self.trusted_proxies)
-        self.refuse_while_locked(name, address)
+        refusal = self.unsafe_name(name) or self.lockout(name, address)
+        if refusal:
+            handler.custom_login_error = refusal
+            return None
         throttle = self.throttle()
         if (name in self.known_names or self.invited(name)) and not has_password(Path(self.dbm_path), name):
             throttle.failed(name, address, time.time())
             self.log.warning("refused a first login to %s, which has no password yet", name)
             if self.invited(name):
-                raise web.HTTPError(403, "%s", USE_THE_INVITE.format(url=handler.hub.base_url + "join"))
-            raise web.HTTPError(403, "%s", NO_PASSWORD_YET.format(name=name))
+                handler.custom_login_error = USE_THE_INVITE.format(url=handler.hub.base_url + "join")
+            else:
+                handler.custom_login_error = NO_PASSWORD_YET.format(name=name)
+            return None
         result: str | None = await super().authenticate(handler, data)
         if result is None:
             throttle.failed(name, address, time.time())
-            said = getattr(handler, "custom_login_error", "")  # FirstUseAuthenticator's "Password too short!"
-            if said:
-                raise web.HTTPError(403, "%s", said)
-            return None
-        throttle.forget(name)
+        else:
+            throttle.forget(name)
         return result
 
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from jupyterhub.handlers import BaseHandler
-from tornado import web
 
 from hub.accounts import AccountsError, redeem_invite, request_address
 
@@ -51,12 +50,10 @@ class JoinHandler(BaseHandler):  # type: ignore[misc]
             self.finish(await self._page(username=name, error="The two passwords differ: type the same one twice."))
             return
         address = request_address(self.request, authenticator.trusted_proxies)
-        try:
-            authenticator.refuse_unsafe_name(name)
-            authenticator.refuse_while_locked(name, address)
-        except web.HTTPError as refused:
-            self.set_status(refused.status_code)
-            self.finish(await self._page(username=name, error=str(refused.log_message or "") % refused.args))
+        refusal = authenticator.unsafe_name(name) or authenticator.lockout(name, address)
+        if refusal:
+            self.set_status(403)
+            self.finish(await self._page(username=name, error=refusal))
             return
         try:
             redeem_invite(Path(authenticator.data_dir), name, code, password)

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import yaml
 from jupyterhub.objects import Hub
-from tornado.web import HTTPError
 from traitlets import import_item
 from traitlets.config import Config, PyFileConfigLoader
 
@@ -148,7 +147,7 @@ def log_in(authenticator: Any, user: str, password: str) -> str | None:
 
 
 def refusal(authenticator: Any, user: str, password: str) -> str:
-    """The message of a refused login (JupyterHub shows it on the login page)."""
-    with pytest.raises(HTTPError) as refused:
-        log_in(authenticator, user, password)
-    return str(refused.value.log_message) % refused.value.args
+    """The message of a refused login (FirstUseAuthenticator's login page shows it)."""
+    handler = login_page()
+    assert asyncio.run(authenticator.authenticate(handler, {"username": user, "password": password})) is None
+    return str(handler.custom_login_error)
