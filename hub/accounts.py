@@ -35,7 +35,7 @@ import dbm
 import os
 import secrets
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ from traitlets import Bool, Integer, List, Set, Unicode
 
 from hub.logins import Limit, LoginThrottle, client_address, logins_path, name_problem, normalize_name
 from hub.settings import Settings
+from spawner import environ
+from spawner.quotas import GroupRules
 
 MIN_PASSWORD_LENGTH = 7  # FirstUseAuthenticator's own minimum
 NO_PASSWORD_YET = (
@@ -74,10 +76,10 @@ def known_names(settings: Settings) -> set[str]:
     return roster_names(settings.admin_users, settings.groups)
 
 
-def roster_names(admins: Iterable[str], groups: Iterable[Mapping[str, Any]]) -> set[str]:
-    """``admins`` and every member and teacher of ``groups`` ({"members": [...], "teachers": [...]},
-    from gpuslice.yaml or the chart), normalized as logins are (hub/logins.py)."""
-    people = {str(p) for group in groups for key in ("members", "teachers") for p in group.get(key) or ()}
+def roster_names(admins: Iterable[str], groups: Iterable[GroupRules]) -> set[str]:
+    """``admins`` and every member and teacher of ``groups`` (from gpuslice.yaml or the chart), normalized as
+    logins are (hub/logins.py)."""
+    people = {name for group in groups for name in (*group.members, *group.teachers)}
     return {normalize_name(name) for name in people | set(admins)}
 
 
@@ -179,7 +181,7 @@ def admin_password(source: str) -> str | None:
         return None
     kind, _, where = source.partition(":")
     if kind == "env":
-        value = os.environ.get(where, "")
+        value = environ.named(where)
         if not value:
             raise AccountsError(f"admin_password_from names ${where}, which is not set; export it or use file:PATH")
         return value
@@ -212,9 +214,7 @@ def signup_words(settings: Settings) -> str:
         "admins log in with the password gpuslice gave them; class members and teachers join once at /hub/join "
         "with their code"
     )
-    if settings.open_signup:
-        return f"{known}; any other new name sets its own password at first login (open_signup: true)"
-    return f"{known}; nobody else can sign up (open_signup: false)"
+    return f"{known}; {settings.signup_words()}"
 
 
 class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]

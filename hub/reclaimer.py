@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -52,12 +51,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
 from hub.exporter import OwnerOf, Source, owner_from_proc
+from spawner import environ
 from spawner.backends import ANNOTATION_BACKEND
 from spawner.gpus import GpuSample
 from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, holds_resources
 from spawner.ledger import Ledger, server_key
-from spawner.quotas import group_quota
+from spawner.quotas import GroupRules
 from spawner.waitline import (
+    GPU_IDLE_TIMEOUT_S,
     HELD_TOO_LONG,
     GpuTrace,
     Holder,
@@ -122,9 +123,9 @@ def with_holds(holders: Iterable[Holder], holds: Mapping[str, Hold], max_holds: 
     return joined
 
 
-def max_hold_options(groups: Iterable[Mapping[str, Any]]) -> list[str]:
-    """``--max-hold GROUP=SECONDS`` for each group (``{"name", ...rules}``, settings spelling) with a ``max_hold``."""
-    quotas = [group_quota(g) for g in groups]
+def max_hold_options(groups: Iterable[GroupRules]) -> list[str]:
+    """``--max-hold GROUP=SECONDS`` for each group with a ``max_hold`` (the default rules' too: users in no group)."""
+    quotas = [g.quota for g in groups]
     return [f"--max-hold={q.name}={q.max_hold_s:g}" for q in quotas if q.max_hold_s]
 
 
@@ -325,7 +326,9 @@ def nvml_source() -> Source | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", type=Path, required=True, help="the ledger's SQLite file")
-    parser.add_argument("--gpu-idle-timeout", type=float, default=900.0, help="seconds idle before reclaiming")
+    parser.add_argument(
+        "--gpu-idle-timeout", type=float, default=GPU_IDLE_TIMEOUT_S, help="seconds idle before reclaiming"
+    )
     parser.add_argument("--warn-before", type=float, default=180.0, help="seconds between the warning and the stop")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks")
     parser.add_argument("--kube-namespace", default="", help="on Kubernetes: the notebook pods' namespace")
@@ -337,10 +340,11 @@ def main(argv: list[str] | None = None) -> None:
         help="GROUP=SECONDS: while others wait, the longest a server charged to GROUP holds its slice (repeatable)",
     )
     args = parser.parse_args(argv)
+    env = environ.read()
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
     reclaimer = Reclaimer(
-        os.environ["JUPYTERHUB_API_URL"],
-        os.environ["JUPYTERHUB_API_TOKEN"],
+        env.require(environ.HUB_API_URL),
+        env.require(environ.HUB_API_TOKEN),
         Ledger(args.ledger),
         args.gpu_idle_timeout,
         args.warn_before,

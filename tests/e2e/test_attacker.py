@@ -142,7 +142,12 @@ def test_a_student_under_the_defaults_as_root_reads_no_secret_and_reaches_nothin
     root = Path(tempfile.mkdtemp(prefix="gpuslice-attack-"))
     root.chmod(0o755)  # the student may walk up to the data folder: the data folder itself must stop them
     ports = {k: free_port() for k in ("exporter_port", "prometheus_port", "alertmanager_port", "node_exporter_port")}
-    settings = {"groups": {"ml101": {"members": list(STUDENTS)}}, "isolation": None, "monitoring": ports}
+    settings = {
+        "groups": {"default": {}, "ml101": {"members": list(STUDENTS)}},  # the built-in default rules
+        "isolation": None,
+        "open_signup": None,
+        "monitoring": ports,
+    }
     platform = Platform(root, settings)
     platform.data_dir.mkdir(mode=0o755)  # as an admin might have made it; gpuslice must close it
     platform.start(timeout_s=300)  # the first start as root builds the users' environment
@@ -283,7 +288,13 @@ def _cmdline(pid: int) -> bytes:
 # (warned 6.7 s before), and max_hold 90 s.
 def class_settings(members: list[str], **rules: object) -> dict[str, Any]:
     group = {"members": members, "teachers": ["tina"], "max_slice": "4GiB", "servers_per_user": 1, **rules}
-    return {"groups": {"ml101": group}, "isolation": None, "gpus": {"simulate": "1x4GiB:T4"}, "gpu_idle_timeout": 20}
+    return {
+        "groups": {"default": {}, "ml101": group},  # the built-in default rules for users in no class
+        "isolation": None,
+        "open_signup": None,  # the default: closed, as a class is configured
+        "gpus": {"simulate": "1x4GiB:T4"},
+        "gpu_idle_timeout": 20,
+    }
 
 
 @pytest.fixture
@@ -293,9 +304,11 @@ def class_platform(tmp_path: Path) -> Iterator[Callable[..., Platform]]:
         pytest.skip("the class's defaults as root: run the attacker tests as root (CI does)")
     made: list[tuple[Platform, tuple[str, ...]]] = []
 
-    def start(members: list[str], also: tuple[str, ...] = (), **rules: object) -> Platform:
-        """``also``: other names whose accounts the test may make."""
-        platform = Platform(tmp_path / f"p{len(made)}", class_settings(members, **rules))
+    def start(
+        members: list[str], also: tuple[str, ...] = (), settings: dict[str, Any] | None = None, **rules: object
+    ) -> Platform:
+        """``also``: other names whose accounts the test may make; ``settings``: over the class's."""
+        platform = Platform(tmp_path / f"p{len(made)}", {**class_settings(members, **rules), **(settings or {})})
         made.append((platform, (*members, "tina", *also)))
         platform.start(timeout_s=300)  # the first start as root builds the users' environment
         return platform
@@ -471,17 +484,17 @@ def test_a_teachers_name_cannot_be_claimed_nor_a_classmates_imitated_nor_a_passw
     assert refused.status_code == 403 and "from your address" in refused.text, refused.text[-800:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="waits on the settings model (issue 30): closed sign-up by default when a class exists, and finite "
-    "default rules for users in no group. Until then a second account signs up and takes a whole card.",
-)
 def test_a_second_account_gets_no_gpu_outside_the_rules(class_platform: Callable[..., Platform]) -> None:
-    platform = class_platform(["sam"], also=("sam2",))
-    signup = try_login(platform, "sam2", "sams-second-password")
-    if signup.status_code != 302:
-        assert signup.status_code == 403  # closed sign-up: no second account at all
-        return
-    second = platform.login("sam2", "sams-second-password")
+    """sam, a student of the class, makes a second account to skip the class's rules: under the defaults
+    there is no sign-up beside a class; where an admin opened it, the new account has the finite default
+    rules (no whole cards), and gets no card while the class's student is refused."""
+    closed = class_platform(["sam"], also=("sam2",))
+    signup = try_login(closed, "sam2", "sams-second-password")
+    assert signup.status_code == 403, signup.status_code  # no second account at all
+
+    opened = class_platform(["sam"], also=("sam2",), settings={"open_signup": True})
+    second = opened.login("sam2", "sams-second-password")
     started = second.api("POST", "/users/sam2/server", json={"gpus": 1})
     assert started.status_code in (400, 403, 409), f"sam2 got a whole card: {started.status_code} {started.text}"
+    assert "no whole GPUs" in started.json()["message"], started.text
+    assert opened.ledger() == []

@@ -147,8 +147,9 @@ def test_twenty_failures_from_one_address_lock_it_for_every_name(tmp_path: Path)
 
 def test_a_teacher_or_an_invited_name_cannot_be_claimed(tmp_path: Path) -> None:
     from hub.accounts import roster_names
+    from spawner.quotas import read_groups
 
-    known = roster_names(["admin"], [{"members": ["bob"], "teachers": ["Tina"]}])
+    known = roster_names(["admin"], read_groups({"ml101": {"members": ["bob"], "teachers": ["Tina"]}}))
     assert known == {"admin", "bob", "tina"}
     auth = authenticator(tmp_path, known_names=known)
     assert "cannot be claimed" in said(auth, "tina", "mallory-was-here")

@@ -22,6 +22,7 @@ from hub.reclaimer import (
 from spawner.gpus import GpuSample, nvml_samples
 from spawner.ledger import Held, Ledger, reclaim_notice
 from spawner.placement import Demand
+from spawner.quotas import read_groups
 from spawner.waitline import HELD_TOO_LONG, Entry, Holder
 from tests.hub.test_exporter import RecordedNvml
 
@@ -246,5 +247,5 @@ def test_without_a_max_hold_or_anyone_waiting_a_busy_server_keeps_its_slice(tmp_
 
 
 def test_the_reclaimer_is_given_each_classs_max_hold_in_seconds() -> None:
-    groups = [{"name": "ml101", "max_hold": "2h"}, {"name": "cv202"}, {"name": "lab", "max_hold": 5400}]
+    groups = read_groups({"ml101": {"max_hold": "2h"}, "cv202": {}, "lab": {"maxHold": 5400}})
     assert max_hold_options(groups) == ["--max-hold=ml101=7200", "--max-hold=lab=5400"]
