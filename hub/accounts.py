@@ -32,6 +32,7 @@ inside the hub's pod: ``kubectl exec deploy/RELEASE-gpuslice-hub -- gpuslice use
 from __future__ import annotations
 
 import dbm
+import ipaddress
 import os
 import secrets
 import time
@@ -41,9 +42,9 @@ from typing import Any
 
 import bcrypt
 from firstuseauthenticator import FirstUseAuthenticator
-from traitlets import Bool, Integer, List, Set, Unicode
+from traitlets import Bool, Integer, List, Set, TraitError, Unicode, validate
 
-from hub.logins import Limit, LoginThrottle, client_address, logins_path, name_problem, normalize_name
+from hub.logins import LOOPBACK, Limit, LoginThrottle, client_address, logins_path, name_problem, normalize_name
 from hub.settings import Settings
 from spawner import environ
 from spawner.quotas import GroupRules
@@ -244,9 +245,19 @@ class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
     )
     trusted_proxies = List(
         Unicode(),
-        help="Addresses of proxies in front of configurable-http-proxy (a load balancer, an ingress): "
-        "their X-Forwarded-For hops are skipped to find the client's address.",
+        list(LOOPBACK),
+        help="Addresses or networks of proxies in front of configurable-http-proxy (a reverse proxy on this "
+        "machine, a load balancer, an ingress): their X-Forwarded-For hops are skipped to find the client's address.",
     ).tag(config=True)
+
+    @validate("trusted_proxies")
+    def _networks(self, proposal: Any) -> list[str]:
+        for entry in proposal["value"]:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise TraitError(f"trusted_proxies: {entry!r} is not an address or a network (10.0.0.0/8)") from None
+        return list(proposal["value"])
 
     def normalize_username(self, username: str) -> str:
         normalized: str = super().normalize_username(normalize_name(username))
@@ -313,7 +324,7 @@ class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
         return [*handlers, (r"/join", JoinHandler)]
 
 
-def request_address(request: Any, trusted: Collection[str] = ()) -> str:
+def request_address(request: Any, trusted: Collection[str] = LOOPBACK) -> str:
     """The client's address for throttling (hub/logins.py ``client_address``), from a tornado request."""
     address = getattr(getattr(request.connection, "context", None), "address", None)
     peer = address[0] if isinstance(address, tuple) and address else request.remote_ip

@@ -15,12 +15,14 @@ name or an address is locked, logins to it are refused before any password is ch
 the right password too, and without spending the hub's CPU on bcrypt.
 
 The address is the last hop of ``X-Forwarded-For`` (configurable-http-proxy appends the
-peer it saw) that is not a trusted proxy in front of it, or the connection's peer. Tornado's
+peer it saw) that is not a trusted proxy in front of it (loopback, where a reverse proxy on
+this machine would be, and ``trusted_proxies``), or the connection's peer. Tornado's
 own ``remote_ip`` is not used: it believes a client's ``X-Real-Ip``, which the proxy passes on.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import sqlite3
 import unicodedata
@@ -63,14 +65,29 @@ def _describe(char: str) -> str:
     return f"{char!r} ({what})"
 
 
-def client_address(forwarded_for: str | None, peer: str, trusted: Collection[str] = ()) -> str:
-    """The client's address: the last ``X-Forwarded-For`` hop that is not a ``trusted`` proxy (the
-    proxy appends the peer it saw, so the hops a client wrote come before it), else the peer."""
+# Proxies on this machine: configurable-http-proxy listens on loopback only, so a loopback hop is
+# a reverse proxy in front of it (nginx, traefik) or a local process, which could reach the hub's
+# own port and write any X-Forwarded-For anyway: trusting it costs nothing and finds the client.
+LOOPBACK = ("127.0.0.0/8", "::1/128")
+
+
+def client_address(forwarded_for: str | None, peer: str, trusted: Collection[str] = LOOPBACK) -> str:
+    """The client's address: the last ``X-Forwarded-For`` hop that is not a ``trusted`` proxy (addresses
+    or networks; the proxy appends the peer it saw, so the hops a client wrote come before it), else the peer."""
+    networks = [ipaddress.ip_network(t, strict=False) for t in trusted]
     hops = [hop.strip() for hop in (forwarded_for or "").split(",") if hop.strip()]
     for hop in reversed(hops):
-        if hop not in trusted:
+        if not _within(hop, networks):
             return hop
     return peer
+
+
+def _within(hop: str, networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        address = ipaddress.ip_address(hop)
+    except ValueError:
+        return False  # not an address: whatever a client wrote, counted as written
+    return any(address in network for network in networks)
 
 
 @dataclass(frozen=True)

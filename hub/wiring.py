@@ -33,6 +33,7 @@ from hub import roles
 from hub.accounts import passwords_path
 from hub.activity import clamp_future_activity
 from hub.line_api import LINE_HANDLERS
+from hub.logins import LOOPBACK
 from hub.reclaimer import max_hold_options
 from hub.settings import CULLER_TIMEOUT_S, Platform, SettingsError
 from spawner import environ
@@ -102,6 +103,7 @@ def _accounts(c: Any, platform: Platform, accounts: Accounts) -> None:
     c.GpusliceAuthenticator.create_users = platform.open_signup
     c.GpusliceAuthenticator.data_dir = str(accounts.data_dir)  # invite codes (invites.dbm), beside the passwords
     c.GpusliceAuthenticator.known_names = set(accounts.known_names)
+    c.GpusliceAuthenticator.trusted_proxies = [*LOOPBACK, *platform.trusted_proxies]  # failed logins per client
     c.Authenticator.admin_users = set(platform.admin_users)
     if platform.open_signup:
         c.Authenticator.allow_all = True

@@ -43,9 +43,13 @@ def test_the_address_is_the_proxys_last_hop_not_what_the_client_wrote() -> None:
     assert client_address(None, "10.0.0.7") == "10.0.0.7"
     # configurable-http-proxy appends the peer it saw; hops before it are the client's to write
     assert client_address("1.2.3.4, 10.0.0.7", "127.0.0.1") == "10.0.0.7"
-    # a load balancer in front: its hop is skipped once it is named as trusted
-    assert client_address("203.0.113.9, 10.1.0.2", "127.0.0.1", trusted={"10.1.0.2"}) == "203.0.113.9"
-    assert client_address("10.1.0.2", "127.0.0.1", trusted={"10.1.0.2"}) == "127.0.0.1"
+    # nginx on this machine in front of the proxy: its loopback hop is skipped by default
+    assert client_address("203.0.113.9, 127.0.0.1", "127.0.0.1") == "203.0.113.9"
+    assert client_address("127.0.0.1", "127.0.0.1") == "127.0.0.1"  # a browser on this machine
+    # an ingress in front: its hop is skipped once its network is named as trusted
+    assert client_address("203.0.113.9, 10.1.0.2", "10.1.0.5", trusted={"10.1.0.0/16"}) == "203.0.113.9"
+    assert client_address("203.0.113.9, 10.1.0.2", "10.1.0.5") == "10.1.0.2"  # not named: the ingress counts
+    assert client_address("not-an-address, 10.1.0.2", "10.1.0.5", trusted={"10.1.0.0/16"}) == "not-an-address"
 
 
 def test_a_lockout_lasts_until_the_oldest_counted_failure_ages_out() -> None:
@@ -156,3 +160,16 @@ def test_a_teacher_or_an_invited_name_cannot_be_claimed(tmp_path: Path) -> None:
     invite_codes(tmp_path, ["guest"])  # `gpuslice user invite guest`: known from then on
     assert "/hub/join" in said(auth, "guest", "mallory-was-here")
     assert log_in(auth, "stranger", "strangers-own") == "stranger"  # open sign-up: names nobody knows
+
+
+def test_a_trusted_proxy_must_be_an_address_or_a_network(tmp_path: Path) -> None:
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match="'nginx' is not an address or a network"):
+        authenticator(tmp_path, trusted_proxies=["nginx"])
+    set_password(passwords_path(tmp_path), "dana", "danas-password")
+    set_password(passwords_path(tmp_path), "eli", "elis-password")
+    behind_ingress = authenticator(tmp_path, trusted_proxies=["10.42.0.0/16"], allowed_failed_logins_per_address=1)
+    assert log_in(behind_ingress, "dana", "a-guess", forwarded_for="198.51.100.7, 10.42.3.9") is None
+    assert "from your address" in said(behind_ingress, "dana", "danas-password", "198.51.100.7, 10.42.3.9")
+    assert log_in(behind_ingress, "eli", "elis-password", forwarded_for="203.0.113.5, 10.42.3.9") == "eli"

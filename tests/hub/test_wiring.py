@@ -46,6 +46,7 @@ def test_one_wiring_gives_every_service_its_role_and_the_spawner_its_rules() -> 
     assert c.Authenticator.allowed_users == {"teacher", "ann"}
     assert c.JupyterHub.load_groups == {"ml101": {"users": ["ann"]}}
     assert c.JupyterHub.last_activity_interval == 0
+    assert c.GpusliceAuthenticator.trusted_proxies == ["127.0.0.0/8", "::1/128"]  # a reverse proxy on this machine
     configure_hub(c, SETTINGS, LOCAL)  # wiring twice doubles nothing
     assert len(c.JupyterHub.services) == 3 and len(c.JupyterHub.load_roles) == 4
 
