@@ -43,6 +43,7 @@ CHART_VALUES = {
     "hub.idleTimeout": "idle_timeout",
     "hub.gpuIdleTimeout": "gpu_idle_timeout",
     "hub.openSignup": "open_signup",
+    "hub.trustedProxies": "trusted_proxies",
     "markets.proposalsPerHour": "proposals_per_hour",
     "monitoring.prometheusUrl": "prometheus_url",
     "monitoring.alertmanagerUrl": "alertmanager_url",

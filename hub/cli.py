@@ -40,7 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--budget", help='GPU memory the whole class may hold at once, for example "40GiB"')
     add.add_argument("--servers-per-user", type=int, help="running servers per student")
     add.add_argument("--max-gpus", type=int, help="whole cards per server (0: none)")
-    add.add_argument("--invites", type=Path, help="write the new members' invite codes to this file (mode 0600)")
+    add.add_argument("--max-hold", help='while others wait, the longest one server holds its slice, e.g. "2h"')
+    add.add_argument(
+        "--teachers", help="the class's teachers, comma-separated (also: a roster 'role' column saying teacher)"
+    )
+    add.add_argument(
+        "--invites", type=Path, help="write the new members' and teachers' invite codes to this file (mode 0600)"
+    )
 
     users = commands.add_parser("user", help="manage accounts")
     user_commands = users.add_subparsers(dest="user_command", required=True)
@@ -152,22 +158,27 @@ def _plugin_commands(commands: Any) -> None:
         register(commands)
 
 
-JOIN_WORDS = "each member opens /hub/join and types their name, code and the password they choose; a code works once."
+JOIN_WORDS = (
+    "each member or teacher opens /hub/join and types their name, code and the password they choose; a code works once."
+)
 
 
 def _class_add(args: argparse.Namespace) -> int:
     from hub.accounts import invite_codes, write_private
-    from hub.classes import add_class, read_roster
+    from hub.classes import add_class, read_roster, user_names
 
     rules = {
         "max_slice": args.max_slice,
         "budget": args.budget,
         "servers_per_user": args.servers_per_user,
         "max_gpus": args.max_gpus,
+        "max_hold": args.max_hold,
     }
     try:
-        members = read_roster(args.roster)
-        add_class(args.config, args.name, members, rules)
+        roster = read_roster(args.roster)
+        named = user_names(args.teachers, "--teachers") if args.teachers else []
+        teachers = list(dict.fromkeys([*roster.teachers, *named])) or None
+        add_class(args.config, args.name, roster.members, rules, teachers)
         settings = settings_mod.load(args.config)
     except settings_mod.SettingsError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
@@ -177,8 +188,9 @@ def _class_add(args: argparse.Namespace) -> int:
         how = "`gpuslice up` run in this folder reads it"
     else:
         how = f"start with `gpuslice up --config {written}` to apply it"
-    print(f"class {args.name}: {len(members)} students written to {written}; {how} (a running hub: restart it).")
-    codes = invite_codes(settings.data_dir, members)
+    who = f"{len(roster.members)} students" + (f" and {len(teachers)} teacher(s)" if teachers else "")
+    print(f"class {args.name}: {who} written to {written}; {how} (a running hub: restart it).")
+    codes = invite_codes(settings.data_dir, [*roster.members, *(teachers or [])])
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())
     if args.invites and codes:
         write_private(args.invites, "username,invite_code\n" + lines)
@@ -204,12 +216,16 @@ def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[GroupRules, ...]]:
 
 def _set_password(args: argparse.Namespace) -> int:
     from hub.accounts import AccountsError, new_code, passwords_path, set_password
+    from hub.classes import user_name
     from hub.kube_values import KubeValuesError
+    from hub.logins import forget_failures, logins_path
 
     try:
+        name = user_name(args.name, "gpuslice user set-password")
         data_dir, _ = _accounts(args)
         password = args.password_file.read_text().strip() if args.password_file else new_code()
-        set_password(passwords_path(data_dir), args.name.lower(), password)
+        set_password(passwords_path(data_dir), name, password)
+        forget_failures(logins_path(data_dir), name)  # a lockout on the name ends with the reset
     except (settings_mod.SettingsError, KubeValuesError, AccountsError, OSError) as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
@@ -222,11 +238,12 @@ def _set_password(args: argparse.Namespace) -> int:
 
 def _invite(args: argparse.Namespace) -> int:
     from hub.accounts import AccountsError, invite_codes, roster_names
+    from hub.classes import user_name
     from hub.kube_values import KubeValuesError
 
     try:
         data_dir, groups = _accounts(args)
-        names = [n.lower() for n in args.names] or sorted(roster_names((), groups))
+        names = [user_name(n, "gpuslice user invite") for n in args.names] or sorted(roster_names((), groups))
         codes = invite_codes(data_dir, names, renew=args.renew)
     except (settings_mod.SettingsError, KubeValuesError, AccountsError, OSError) as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)

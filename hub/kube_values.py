@@ -145,7 +145,7 @@ class Z2jhValues(Platform):
     # The idle timeout is z2jh's culler's: its errors name that key.
     model_config = ConfigDict(alias_generator=lambda name: "cull.timeout" if name == "idle_timeout" else to_camel(name))
     # z2jh has its own keys for these (cull.timeout, its authenticator's): not custom.gpuslice's.
-    not_keys = ("admin_users", "groups", "idle_timeout", "open_signup")
+    not_keys = ("admin_users", "groups", "idle_timeout", "open_signup", "trusted_proxies")
 
 
 def load_kube_values(path: Path | None = None) -> KubeValues:

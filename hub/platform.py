@@ -235,6 +235,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             commands["node_exporter"] = [
                 str(found["node_exporter"]),
                 f"--web.listen-address=127.0.0.1:{ports.node_exporter}",
+                f"--web.config.file={folder / 'web.yml'}",  # the machine's figures: monitoring's password too
             ]
     return [Child(name, command, folder, env) for name, command in commands.items()]
 

@@ -15,6 +15,7 @@ a wrong value names its key and says what to write (spawner/checked.py). Group r
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from datetime import date
@@ -82,10 +83,28 @@ class Platform(Checked):
         description="Anyone may create an account at first login; unset: only where no class is configured.",
     )
 
+    trusted_proxies: tuple[str, ...] = Field(
+        default=(),
+        description="Addresses or networks (10.0.0.0/8) of proxies in front of the hub's proxy (an ingress, a load "
+        "balancer): failed logins count for the client behind them (loopback always does; docs/platform.md#logins).",
+    )
+
     @field_validator("groups", mode="before")
     @classmethod
     def _read_groups(cls, raw: Any) -> tuple[GroupRules, ...]:
         return _groups(raw)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, raw: Any) -> tuple[str, ...]:
+        if not isinstance(raw, list | tuple) or not all(isinstance(entry, str) for entry in raw):
+            raise ValueError("must be a list of addresses or networks, such as [10.0.0.0/8]")
+        for entry in raw:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"must be addresses or networks: {entry!r} is neither (write 10.0.0.0/8)") from None
+        return tuple(raw)
 
     @model_validator(mode="before")
     @classmethod

@@ -31,7 +31,10 @@ from pydantic import ValidationError
 
 from hub import roles
 from hub.accounts import passwords_path
+from hub.activity import clamp_future_activity
 from hub.line_api import LINE_HANDLERS
+from hub.logins import LOOPBACK
+from hub.reclaimer import max_hold_options
 from hub.settings import CULLER_TIMEOUT_S, Platform, SettingsError
 from spawner import environ
 from spawner.checked import problems
@@ -75,6 +78,7 @@ def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
     # every few seconds, so a server left open on a screen would never look idle to the reclaimer
     # or the culler.
     c.JupyterHub.last_activity_interval = 0
+    clamp_future_activity()  # and never later than now: a forged report buys no idle-free hour (hub/activity.py)
     # Our pages first (the spawn page's words for the line, the home page's reclaim warning).
     c.JupyterHub.template_paths = [str(TEMPLATES), *(p for p in _listed(c.JupyterHub, "template_paths") if p)]
     c.JupyterHub.extra_handlers = [*_listed(c.JupyterHub, "extra_handlers"), *LINE_HANDLERS]
@@ -100,6 +104,7 @@ def _accounts(c: Any, platform: Platform, accounts: Accounts) -> None:
     c.GpusliceAuthenticator.create_users = platform.open_signup
     c.GpusliceAuthenticator.data_dir = str(accounts.data_dir)  # invite codes (invites.dbm), beside the passwords
     c.GpusliceAuthenticator.known_names = set(accounts.known_names)
+    c.GpusliceAuthenticator.trusted_proxies = [*LOOPBACK, *platform.trusted_proxies]  # failed logins per client
     c.Authenticator.admin_users = set(platform.admin_users)
     if platform.open_signup:
         c.Authenticator.allow_all = True
@@ -118,7 +123,7 @@ def _services(platform: Platform, parts: HubParts) -> list[tuple[dict[str, Any],
             "command": [*run, "jupyterhub_idle_culler", f"--timeout={platform.idle_timeout}"],
         }
         found.append((culler, roles.STOPS_IDLE_SERVERS))
-    found.append((reclaimer_service(platform.gpu_idle_timeout, parts), roles.STOPS_IDLE_SERVERS))
+    found.append((reclaimer_service(platform, parts), roles.STOPS_IDLE_SERVERS))
     if parts.portal is not None:
         portal = {
             "name": "portal",
@@ -134,8 +139,10 @@ def _services(platform: Platform, parts: HubParts) -> list[tuple[dict[str, Any],
     return found
 
 
-def reclaimer_service(idle_timeout_s: int, parts: HubParts) -> dict[str, Any]:
-    """The gpu-reclaimer as a JupyterHub managed service, looking every tenth of the idle timeout (30 s at most)."""
+def reclaimer_service(platform: Platform, parts: HubParts) -> dict[str, Any]:
+    """The gpu-reclaimer as a JupyterHub managed service, looking every tenth of the idle timeout (30 s at most),
+    with each class's max_hold (a bound however used a slice looks)."""
+    idle_timeout_s = platform.gpu_idle_timeout
     return {
         "name": "gpu-reclaimer",
         "command": [
@@ -146,6 +153,7 @@ def reclaimer_service(idle_timeout_s: int, parts: HubParts) -> dict[str, Any]:
             f"--gpu-idle-timeout={idle_timeout_s}",
             f"--warn-before={warning_lead(idle_timeout_s)}",
             f"--interval={min(30.0, idle_timeout_s / 10)}",
+            *max_hold_options(platform.groups),
         ],
         **({"environment": dict(parts.service_env)} if parts.service_env else {}),
     }

@@ -145,6 +145,27 @@ def _limit(value: Any) -> Any:
     return str(value)
 
 
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|min|h)?\s*")
+_SECONDS_PER = {None: 1, "s": 1, "min": 60, "h": 3600}
+DURATION_PATTERN = r"^\s*[0-9.]+\s*(s|min|h)?\s*$"
+
+
+def duration_seconds(value: Any) -> float:
+    """Seconds from ``3600``, ``"45s"``, ``"90min"`` or ``"2h"``; ValueError says how to write one."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    found = _DURATION.fullmatch(value) if isinstance(value, str) else None
+    if found is None or float(found[1]) <= 0:
+        raise ValueError(f"must be a duration such as 2h, 90min or 3600 (seconds), not {value!r}")
+    return float(found[1]) * _SECONDS_PER[found[2]]
+
+
+def _duration(value: Any) -> Any:
+    if value is not None:
+        duration_seconds(value)
+    return value
+
+
 def one_of(*allowed: str) -> Any:
     """Text that must be one of ``allowed`` (an enum in JSON schema)."""
 
@@ -190,3 +211,8 @@ Names = Annotated[
 ]
 Amount = Annotated[str, BeforeValidator(_amount), WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN})]
 Limit = Annotated[str | None, BeforeValidator(_limit), WithJsonSchema({"type": "string", "pattern": AMOUNT_PATTERN})]
+Duration = Annotated[
+    str | int | None,
+    BeforeValidator(_duration),
+    WithJsonSchema({"anyOf": [{"type": "string", "pattern": DURATION_PATTERN}, {"type": "integer", "minimum": 1}]}),
+]

@@ -35,7 +35,7 @@ from typing import TypeVar
 from spawner.inventory import Allocation
 from spawner.placement import Demand
 from spawner.sqlite_schema import migrate
-from spawner.waitline import Entry, Reservation, Wait, put_first
+from spawner.waitline import HELD_TOO_LONG, Entry, Reservation, Wait, put_first
 
 # Step 1 is the schema as it stood when the stores were first versioned (spawner/sqlite_schema.py);
 # a change to the tables is a new step appended to SCHEMA_STEPS, never an edit of an old one.
@@ -183,6 +183,11 @@ def reclaim_notice(latest: ServerEvent | None, now: float, lead_s: float) -> str
     if latest is None or latest.kind != "warned" or not 0 <= now - latest.created < lead_s:
         return None
     at = time.strftime("%H:%M:%S UTC", time.gmtime(latest.created + lead_s))
+    if latest.message.startswith(HELD_TOO_LONG):
+        return (
+            f"Others wait and you have held this GPU as long as your class allows: this server stops at {at}."
+            " Save your work now."
+        )
     # Short enough for JupyterLab's notification, which cuts messages after 140 characters. What
     # counts as use: spawner/lab/jupyter_server_config.py (an open page alone does not).
     return (
@@ -269,6 +274,12 @@ class Ledger:
 
     def holdings(self) -> list[Held]:
         return self._read_only(_read)
+
+    def hold_starts(self) -> dict[str, tuple[float, str | None]]:
+        """Each holding server: when its slice was placed (its first row's time), and the group charged."""
+        query = "SELECT key, MIN(created), grp FROM allocation GROUP BY key"
+        rows = self._read_only(lambda db: db.execute(query).fetchall())
+        return {str(key): (float(created), grp) for key, created, grp in rows}
 
     def allocate(self, key: str, decide: Decide) -> list[Held] | None:
         """Atomically: replace ``key``'s holds with what ``decide`` returns (None: refuse).

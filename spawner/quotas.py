@@ -1,4 +1,4 @@
-"""Per-group rules for classes: slice size, group budget, servers per user, images.
+"""Per-group rules for classes: slice size, group budget, servers per user, images, longest hold.
 
 Pure code. A user may belong to several groups (a student in two classes, a
 teaching assistant who is also staff). A request is checked against every group of
@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError, field_validator, model_validator
 
 from sizes import parse_quantity
-from spawner.checked import Checked, Count, Limit, Names, UserNames, problems
+from spawner.checked import Checked, Count, Duration, Limit, Names, UserNames, duration_seconds, problems
 from spawner.shares import GpuRequest, RequestKind, format_bytes
 
 
@@ -41,6 +41,7 @@ class GroupQuota:
     budget_bytes: int | None = None  # GPU memory the whole group may hold at once
     servers_per_user: int | None = None  # running servers per member
     allowed_images: frozenset[str] | None = None  # image-market ids; None: any
+    max_hold_s: float | None = None  # while others wait for a GPU: longest one server may hold its slice
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ class GroupRules(Checked):
     budget: Limit = None
     servers_per_user: Count = None
     images: Names | None = None  # image-market ids; None: any
+    max_hold: Duration = None  # while others wait for a GPU: longest one server holds its slice (2h, 90min, s)
 
     @model_validator(mode="before")
     @classmethod
@@ -199,6 +201,7 @@ class GroupRules(Checked):
             budget_bytes=size(self.budget),
             servers_per_user=self.servers_per_user,
             allowed_images=None if self.images is None else frozenset(self.images),
+            max_hold_s=None if self.max_hold is None else duration_seconds(self.max_hold),
         )
 
 

@@ -230,6 +230,8 @@ class Holder:
     has_gpu: bool
     kernels_idle_since: float | None  # None: a kernel is busy now
     gpu_idle_since: float | None  # None: its processes use the GPU now
+    held_since: float | None = None  # when its slice was placed, as the platform recorded it
+    max_hold_s: float | None = None  # its class's max_hold; None: no cap
 
 
 # GPU memory moves a little on its own (allocator caches, the driver); a change larger than
@@ -335,6 +337,35 @@ def reclaim(
     stop = [key for seconds, key in chosen if seconds >= gpu_idle_timeout]
     warn = [key for seconds, key in chosen if seconds < gpu_idle_timeout]
     return warn, stop
+
+
+# The words of the reclaimer's warning and stop note for a server held past its class's max_hold:
+# spawner/ledger.py ``reclaim_notice`` tells the owner from them that using the server will not keep it.
+HELD_TOO_LONG = "held past the max_hold"
+
+
+def over_hold(
+    holders: Iterable[Holder], *, waiting: int, now: float, warn_before: float = 180.0
+) -> tuple[list[str], list[str]]:
+    """While others wait: (servers to warn, servers to stop) for having held their slice past their
+    class's ``max_hold``, used or not, longest past it first, at most ``waiting`` of them.
+
+    What a server reports as activity is its owner's to forge (a cell that runs every few minutes,
+    or a script that posts to the hub's activity API), so idleness alone cannot free a slice from
+    someone determined to keep it; the time held can, measured from the platform's own record of
+    the placement. Warned ``warn_before`` seconds ahead; nobody waiting: nothing.
+    """
+    if waiting <= 0:
+        return [], []
+    past: list[tuple[float, str]] = []
+    for h in holders:
+        if h.has_gpu and h.held_since is not None and h.max_hold_s is not None:
+            beyond = now - h.held_since - h.max_hold_s
+            if beyond >= -warn_before:
+                past.append((beyond, h.key))
+    past.sort(key=lambda pair: (-pair[0], pair[1]))
+    chosen = past[:waiting]
+    return [key for beyond, key in chosen if beyond < 0], [key for beyond, key in chosen if beyond >= 0]
 
 
 def still_freeing(freeing: Mapping[str, float], active: Set[str], now: float, grace_s: float) -> dict[str, float]:

@@ -69,3 +69,12 @@ def test_the_chart_leaves_signup_to_the_models_rule(tmp_path: Path, groups: dict
     from tests.helm.test_kube_values import rendered_values
 
     assert load_kube_values(rendered_values(tmp_path, {"groups": groups})).open_signup is signup
+
+
+@pytest.mark.process  # helm renders the chart
+def test_the_charts_trusted_proxies_reach_the_hubs_login_throttle(tmp_path: Path) -> None:
+    from hub.kube_values import load_kube_values
+    from tests.helm.test_kube_values import rendered_values
+
+    values = load_kube_values(rendered_values(tmp_path, {"hub": {"trustedProxies": ["10.42.0.0/16"]}}))
+    assert values.trusted_proxies == ("10.42.0.0/16",)

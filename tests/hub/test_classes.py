@@ -141,6 +141,8 @@ def test_a_size_without_its_unit_is_refused(tmp_path: Path, capsys: pytest.Captu
     roster.write_text("alice\n")
     assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--budget", "8"]) == 2
     assert "--budget 8: give the size with its unit, for example 8GiB" in capsys.readouterr().err
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--max-hold", "2"]) == 2
+    assert "--max-hold 2: give the duration with its unit, for example 2h" in capsys.readouterr().err
     assert not settings.exists()  # nothing written
 
 
@@ -176,3 +178,39 @@ def test_a_lost_code_is_renewed_and_the_old_one_stops_working(
     redeem_invite(data, "carol", new["carol"], "carols-own-password")
     assert main(["user", "invite", "carol", "--renew", "--config", str(settings)]) == 0
     assert "carol," not in capsys.readouterr().out  # joined: a password is never replaced by a code
+
+
+def test_teachers_from_the_option_or_the_roster_get_invite_codes_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings, roster = tmp_path / "gpuslice.yaml", tmp_path / "r.csv"
+    roster.write_text("username,role\ncarol,student\nTom,Teacher\ndave,\n")
+    args = ["--teachers", "tina, tom", "--max-hold", "2h"]
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), *args]) == 0
+    printed = capsys.readouterr().out
+    assert "class ml101: 2 students and 2 teacher(s)" in printed
+    codes = dict(line.split(",") for line in printed.splitlines() if "," in line and " " not in line)
+    assert set(codes) == {"carol", "dave", "tom", "tina"}  # a teacher's name is never left to be claimed
+    group = load(settings).groups[0]
+    assert group.members == ("carol", "dave") and group.teachers == ("tom", "tina")
+    assert group.quota.max_hold_s == 7200
+    roster.write_text("carol\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    assert load(settings).groups[0].teachers == ("tom", "tina")  # no teachers given: those written are kept
+
+
+@pytest.mark.parametrize(
+    ("roster", "args", "message"),
+    [
+        ("username\ntess\u0430\n", [], "r.csv:2: 'tessа' is not a user name: The user name 'tess\\u0430' has 'а'"),
+        ("carol\n", ["--teachers", "tina\u200b"], "--teachers: 'tina\\u200b' is not a user name"),
+    ],
+)
+def test_a_look_alike_name_in_a_roster_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], roster: str, args: list[str], message: str
+) -> None:
+    settings, path = tmp_path / "gpuslice.yaml", tmp_path / "r.csv"
+    path.write_text(roster)
+    assert main(["class", "add", "ml101", str(path), "--config", str(settings), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not settings.exists()

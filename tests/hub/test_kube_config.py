@@ -121,7 +121,7 @@ def test_a_stranger_cannot_claim_a_chart_class_member_who_joins_with_an_invite_m
 
     values = {
         "adminUsers": ["teacher"],
-        "groups": {"ml101": {"members": ["Alice", "bob"], "maxSlice": "4GiB"}},
+        "groups": {"ml101": {"members": ["Alice", "bob"], "teachers": ["tina"], "maxSlice": "4GiB"}},
         "openSignup": True,
         "notebookImage": "ghcr.io/gpuslice/notebook-base:1.0",
         "proxyApiUrl": "http://gs-proxy-api:8001",
@@ -130,20 +130,15 @@ def test_a_stranger_cannot_claim_a_chart_class_member_who_joins_with_an_invite_m
     config = load_kube_config(values, monkeypatch, tmp_path)  # sets $GPUSLICE_KUBE_VALUES, as the chart does
     authenticator = import_item(config.JupyterHub.authenticator_class)(config=config)
 
-    handler = login_page()
-    assert (
-        asyncio.run(authenticator.authenticate(handler, {"username": "alice", "password": "mallory-was-here"})) is None
-    )
-    assert "cannot be claimed" in handler.custom_login_error
+    for name in ("alice", "tina"):  # a member, and a teacher who is in no group's members
+        assert "cannot be claimed" in refusal(authenticator, name, "mallory-was-here")
     assert log_in(authenticator, "mallory", "mallorys-own") == "mallory"  # open sign-up: names nobody knows
 
     # kubectl exec deploy/gs-gpuslice-hub -- gpuslice user invite: the pod's environment names the values
     assert main(["user", "invite"]) == 0
     codes = dict(line.split(",") for line in capsys.readouterr().out.splitlines() if "," in line and " " not in line)
-    assert set(codes) == {"alice", "bob"}
-    handler = login_page()
-    assert asyncio.run(authenticator.authenticate(handler, {"username": "alice", "password": codes["alice"]})) is None
-    assert "/hub/join" in handler.custom_login_error  # a code is never a password
+    assert set(codes) == {"alice", "bob", "tina"}
+    assert "/hub/join" in refusal(authenticator, "alice", codes["alice"])  # a code is never a password
     redeem_invite(Path(authenticator.data_dir), "alice", codes["alice"], "alices-own-pw")  # what /hub/join does
     assert log_in(authenticator, "alice", "alices-own-pw") == "alice"
     assert log_in(authenticator, "alice", "mallory-was-here") is None
@@ -154,10 +149,22 @@ def test_a_stranger_cannot_claim_a_chart_class_member_who_joins_with_an_invite_m
 
 
 def login_page() -> SimpleNamespace:
-    """What the authenticator reads of JupyterHub's login handler."""
-    return SimpleNamespace(custom_login_error="", hub=SimpleNamespace(base_url="/hub/"))
+    """What the authenticator reads of JupyterHub's login handler: the hub's URL, the request's addresses."""
+    request = SimpleNamespace(
+        headers={"X-Forwarded-For": "10.0.0.1"},
+        remote_ip="10.0.0.1",
+        connection=SimpleNamespace(context=SimpleNamespace(address=("10.0.0.1", 50000))),
+    )
+    return SimpleNamespace(custom_login_error="", hub=SimpleNamespace(base_url="/hub/"), request=request)
 
 
 def log_in(authenticator: Any, user: str, password: str) -> str | None:
     result: str | None = asyncio.run(authenticator.authenticate(login_page(), {"username": user, "password": password}))
     return result
+
+
+def refusal(authenticator: Any, user: str, password: str) -> str:
+    """The message of a refused login (FirstUseAuthenticator's login page shows it)."""
+    handler = login_page()
+    assert asyncio.run(authenticator.authenticate(handler, {"username": user, "password": password})) is None
+    return str(handler.custom_login_error)

@@ -34,6 +34,7 @@ def test_the_example_file_loads() -> None:
         ("data_dir: 3\n", "data_dir must be a folder path"),
         ("- a\n- b\n", "the top level must be a mapping"),
         ("port: [\n", "not valid YAML"),
+        ("trusted_proxies: [nginx]\n", "trusted_proxies must be addresses or networks: 'nginx' is neither"),
     ],
 )
 def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:

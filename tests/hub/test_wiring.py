@@ -46,6 +46,7 @@ def test_one_wiring_gives_every_service_its_role_and_the_spawner_its_rules() -> 
     assert c.Authenticator.allowed_users == {"teacher", "ann"}
     assert c.JupyterHub.load_groups == {"ml101": {"users": ["ann"]}}
     assert c.JupyterHub.last_activity_interval == 0
+    assert c.GpusliceAuthenticator.trusted_proxies == ["127.0.0.0/8", "::1/128"]  # a reverse proxy on this machine
     configure_hub(c, SETTINGS, LOCAL)  # wiring twice doubles nothing
     assert len(c.JupyterHub.services) == 3 and len(c.JupyterHub.load_roles) == 4
 
@@ -131,3 +132,21 @@ def test_z2jh_refuses_custom_keys_that_are_z2jhs_own() -> None:
         SettingsError, match=r"unknown key\(s\) gpuIdleTimout \(did you mean gpuIdleTimeout\?\), openSignup"
     ):
         configure_z2jh_hub(z2jh_hub(), z2jh_config(values))
+
+
+def test_every_hub_gives_the_reclaimer_each_classs_max_hold_and_keeps_no_activity_from_the_future() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from jupyterhub import orm
+
+    settings = from_mapping(
+        {"groups": {"ml101": {"members": ["ann"], "max_hold": "2h"}, "cv202": {"members": ["bo"]}}}, "s.yaml"
+    )
+    c = Config()
+    configure_hub(c, settings, LOCAL)
+    assert [a for a in services(c)["gpu-reclaimer"]["command"] if a.startswith("--max-hold")] == [
+        "--max-hold=ml101=7200"
+    ]
+    user = orm.User(name="ann")  # what JupyterHub's activity API does with a stamp 59 minutes ahead
+    user.last_activity = datetime.now(UTC).replace(tzinfo=None) + timedelta(minutes=59)
+    assert user.last_activity <= datetime.now(UTC).replace(tzinfo=None)

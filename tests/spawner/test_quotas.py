@@ -139,8 +139,17 @@ def test_group_rules_are_read_the_same_from_settings_and_from_the_chart() -> Non
         (["max_slice"], "groups.g must be a mapping of rules"),
         ({"max_gpus": "two"}, "groups.g.max_gpus must be a whole number"),
         ({"images": "torch"}, "groups.g.images must be a list of names"),
+        ({"maxHold": "2 days"}, "groups.g.max_hold must be a duration such as 2h, 90min or 3600 (seconds)"),
+        ({"max_hold": 0}, "groups.g.max_hold must be a duration"),
+        ({"max_hold": True}, "groups.g.max_hold must be a duration"),
     ],
 )
 def test_bad_group_rules_say_which(rules: object, message: str) -> None:
     with pytest.raises(GroupRulesError, match=re.escape(message)):
         read_group("g", rules)
+
+
+@pytest.mark.parametrize(("written", "seconds"), [("2h", 7200.0), ("90min", 5400.0), ("45 s", 45.0), (3600, 3600.0)])
+def test_a_classs_max_hold_is_read_in_hours_minutes_or_seconds(written: object, seconds: float) -> None:
+    assert read_group("ml101", {"maxHold": written}).quota.max_hold_s == seconds
+    assert read_group("ml101", {}).quota.max_hold_s is None  # no cap unless the class sets one
