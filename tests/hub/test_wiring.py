@@ -60,7 +60,7 @@ def test_the_single_machine_config_goes_through_the_one_wiring(tmp_path: Path, m
     monkeypatch.setattr("hub.metrics.register_allocations", lambda collector: None)  # a process-wide registry
     c = PyFileConfigLoader("jupyterhub_config.py", path=str(REPO / "hub")).load_config()
     found = services(c)
-    assert set(found) == {"idle-culler", "gpu-reclaimer", "portal"}
+    assert set(found) == {"idle-culler", "gpu-reclaimer", "portal", "gpuslice-top"}
     assert f"--ledger={tmp_path / 'data' / 'ledger.sqlite'}" in found["gpu-reclaimer"]["command"]
     assert c.JupyterHub.extra_handlers and str(REPO / "hub" / "templates") in c.JupyterHub.template_paths
     assert c.LocalGpuSpawner.gpu_groups[0].name == "ml101" and c.GpusliceAuthenticator.create_users is False
