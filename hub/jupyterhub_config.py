@@ -9,9 +9,13 @@ import os
 import sys
 from pathlib import Path
 
-from hub import metrics, roles, userenv
+from prometheus_client import REGISTRY
+
+from hub import metrics, renewals, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
 from hub.line_api import LINE_HANDLERS
+from hub.monitoring import recorder_token_path
+from hub.renewals import RenewalCollector
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -151,6 +155,41 @@ c.JupyterHub.services.append(
     }
 )
 c.JupyterHub.load_roles += [roles.USER_ROLE, roles.service_role("portal", roles.PORTAL_READS)]
+
+# Every alert Alertmanager sends, recorded as it arrives (portal/recorder.py), whether or not
+# anyone has the portal open; gpuslice up made its webhook token and told Alertmanager.
+monitoring_dir = data_dir / "monitoring"
+if settings.monitoring["enabled"] and recorder_token_path(monitoring_dir).exists():
+    c.JupyterHub.services.append(
+        {
+            "name": "incident-recorder",
+            "command": [
+                *with_hub,
+                "portal.recorder",
+                f"--data-dir={data_dir}",
+                f"--port={settings.monitoring['recorder_port']}",
+                f"--token-file={recorder_token_path(monitoring_dir)}",
+                f"--alertmanager-url=http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
+                *([f"--password-file={password}"] if (password := environ.MONITORING_PASSWORD_FILE.get()) else []),
+            ],
+        }
+    )
+
+# What has a horizon renews itself (hub/renewals.py): the Alertmanager config (the rotation's
+# 26 weeks) daily, the idle-holder notices weekly when notice_mail.weekly is on; each renewal's
+# last success is served below for the RenewalOverdue alert.
+c.JupyterHub.services.append(
+    {
+        "name": "renewals",
+        "command": [
+            *with_hub,
+            "hub.renewals",
+            *([f"--config={environ.SETTINGS.get()}"] if environ.SETTINGS.get() else []),
+            f"--data-dir={data_dir}",
+        ],
+    }
+)
+REGISTRY.register(RenewalCollector(renewals.state_path(data_dir)))
 
 # Prometheus scrapes /hub/metrics with a token that can read metrics and nothing else.
 token_file = environ.PROMETHEUS_TOKEN_FILE.get()

@@ -50,6 +50,13 @@ class NoticeMail(BaseModel):
         default=None,
         description="A file (mode 0600) holding the relay password: never in the settings or the environment.",
     )
+    weekly: bool = Field(
+        default=False,
+        description="The platform mails last week's notices itself, once a week (hub/renewals.py): no cron needed.",
+    )
+    min_idle_hours: float = Field(
+        default=2.0, ge=0, description="A user gets the weekly notice from this many GPU-hours held idle."
+    )
 
     @model_validator(mode="after")
     def _login_over_tls(self) -> NoticeMail:
@@ -372,6 +379,7 @@ MONITORING_PORTS = {
     "prometheus_port": 9090,
     "alertmanager_port": 9093,
     "node_exporter_port": 9100,
+    "recorder_port": 9095,  # the incident recorder: Alertmanager's webhook (portal/recorder.py)
 }
 
 
