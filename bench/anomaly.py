@@ -256,6 +256,67 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+PAGE_METRICS = (  # what the Anomalies page asks Prometheus for (portal/sources.py CARD_QUERIES)
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "gpuslice_process_gpu_memory_bytes",
+    SBE,
+    "gpuslice_gpu_memory_allocated_bytes",
+)
+
+
+def page_findings(replay: Replay) -> list[CardFinding]:
+    """What the Anomalies page finds in the replay: its history backfilled into a real Prometheus
+    (bench/backfill.py) and read through the page's own data layer (portal/sources.py), as "the last
+    three days" ending now. Each finding's time mapped back to the replay's minute."""
+    import os
+    from datetime import UTC, datetime
+
+    from bench.backfill import prometheus_with
+    from portal import sources
+    from portal.identity import Identity
+    from spawner import environ
+
+    end_s = int(datetime.now(UTC).timestamp()) // 60 * 60 - 60
+    first_s = end_s - (replay.minutes - 1) * 60
+    with prometheus_with(replay, end_s, PAGE_METRICS) as url:
+        os.environ[environ.PROMETHEUS_URL.name] = url
+        sources.card_history.clear()
+        try:
+            seen = sources.anomalies(Identity("bench", admin=True))
+        finally:
+            del os.environ[environ.PROMETHEUS_URL.name]
+            sources.card_history.clear()
+    found = []
+    for (node, gpu), finding, when in seen:
+        minute = round((when.timestamp() - first_s) / 60)
+        shift = minute - finding.found
+        moved = replace(finding, start=finding.start + shift, found=minute)
+        found.append(CardFinding(node, int(gpu), moved))
+    return found
+
+
+def false_positives(replay: Replay, found: Sequence[CardFinding]) -> list[CardFinding]:
+    return [c for c in found if not any(_explains(f, c.node, c.gpu, c.finding.found) for f in replay.faults)]
+
+
+def run_page(seeds: Sequence[int], days: float, per_kind: int) -> str:
+    """The page's path on each seed; the false-positive rate per card-week over all of them."""
+    lines, false, card_weeks = [], 0, 0.0
+    for seed in seeds:
+        replay = inject_subtle(generate(seed, days, 0), random.Random(seed), per_kind)
+        found = page_findings(replay)
+        lines.append(f"seed {seed}, {days:g} days through the Anomalies page's data layer and a real Prometheus:")
+        lines.append(report(replay, found, None))
+        false += len(false_positives(replay, found))
+        card_weeks += len(NODES) * GPUS_PER_NODE * days / 7
+    lines.append(
+        f"false positives: {false} in {card_weeks:.1f} card-weeks ({false / card_weeks:.3f} per card-week), "
+        f"seeds {', '.join(map(str, seeds))}"
+    )
+    return "\n".join(lines)
+
+
 def run(seed: int, days: float, per_kind: int, with_rules: bool) -> str:
     replay = inject_subtle(generate(seed, days, per_kind), random.Random(seed), per_kind)
     rule_episodes = episodes(run_promtool(replay, RULE_FILES)) if with_rules else None
@@ -268,7 +329,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--faults-per-kind", type=int, default=2)
     parser.add_argument("--rules", action="store_true", help="also run the real rules through promtool (slower)")
+    parser.add_argument(
+        "--page",
+        action="store_true",
+        help="through the Anomalies page's data layer on a real Prometheus (backfilled), three days per seed",
+    )
     args = parser.parse_args(argv)
+    if args.page:
+        print(run_page(args.seeds, 3.0, args.faults_per_kind))
+        return 0
     for seed in args.seeds:
         print(f"seed {seed}, {args.days:g} days, 16 GPUs:")
         print(run(seed, args.days, args.faults_per_kind, args.rules))

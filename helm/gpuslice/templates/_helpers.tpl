@@ -128,3 +128,8 @@ never from a value. Renders nothing; fails with what to do.
 - name: oncall  # the webhook URLs: files readable by the pod's group only, never environment variables
   secret: {secretName: {{ .Values.monitoring.oncall.existingSecret | quote }}, defaultMode: 288}  # 0440
 {{- end -}}
+
+{{/* The incident recorder runs (a container of the portal's pod) when asked for and an Alertmanager is named: "true" or "". */}}
+{{- define "gpuslice.recorderOn" -}}
+{{- if and .Values.portal.enabled .Values.monitoring.incidentRecorder.enabled .Values.monitoring.alertmanagerUrl -}}true{{- end -}}
+{{- end -}}
