@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
+    "spawner.sqlite_schema": LOWER,  # versioned schemas of our SQLite stores (the ledger, incidents)
     "spawner.line_admin": LOWER,  # reading and managing the GPU line in the ledger (the portal and the hub's API)
     "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)
     "spawner.gpus": LOWER,

@@ -19,15 +19,37 @@ from pathlib import Path
 from typing import Any
 
 from portal.incidents import Alert, Incident, Notification, Silence, from_micros, group, micros
+from spawner.sqlite_schema import migrate
 
 MAX_TEXT = 5000  # characters in a note or summary: a few paragraphs, not a log dump
 RECENT_ALERTS = 5000  # alert episodes read to build the incident list: weeks of a busy platform
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS alerts (
+# The first version: one row per incident the portal saw when an admin opened the page.
+FIRST_VERSION = """
+CREATE TABLE IF NOT EXISTS incidents (
+    id TEXT PRIMARY KEY,
+    title TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    opened_at REAL NOT NULL,
+    resolved_at REAL,
+    alerts TEXT NOT NULL,
+    summary TEXT NOT NULL DEFAULT '',
+    summary_by TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS incident_notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    incident_id TEXT NOT NULL REFERENCES incidents(id),
+    author TEXT NOT NULL,
+    at REAL NOT NULL,
+    text TEXT NOT NULL
+);
+"""
+# The recorder's: each alert episode with Alertmanager's times, each notification, the silences;
+# the first version's alerts and summaries brought along (its ends were when the portal looked).
+RECORDED = """
+CREATE TABLE alerts (
     fingerprint TEXT NOT NULL,
-    started INTEGER NOT NULL,  -- Alertmanager's startsAt, microseconds since 1970 (with the
-                               -- fingerprint: one episode of one alert)
+    started INTEGER NOT NULL,  -- Alertmanager's startsAt in microseconds: with the fingerprint, one episode
     labels TEXT NOT NULL,
     summary TEXT NOT NULL DEFAULT '',
     runbook TEXT NOT NULL DEFAULT '',
@@ -38,15 +60,15 @@ CREATE TABLE IF NOT EXISTS alerts (
     last_seen REAL NOT NULL,
     PRIMARY KEY (fingerprint, started)
 );
-CREATE INDEX IF NOT EXISTS alerts_open ON alerts (ended);
-CREATE TABLE IF NOT EXISTS notifications (
+CREATE INDEX alerts_open ON alerts (ended);
+CREATE TABLE notifications (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     receiver TEXT NOT NULL,
     at REAL NOT NULL,
     firing TEXT NOT NULL,
     resolved TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS silences (
+CREATE TABLE silences (
     id TEXT PRIMARY KEY,
     created_by TEXT NOT NULL,
     comment TEXT NOT NULL,
@@ -55,19 +77,28 @@ CREATE TABLE IF NOT EXISTS silences (
     matchers TEXT NOT NULL,
     state TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS incident_notes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    incident_id TEXT NOT NULL,
-    author TEXT NOT NULL,
-    at REAL NOT NULL,
-    text TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS incident_summaries (
+CREATE TABLE incident_summaries (
     incident_id TEXT PRIMARY KEY,
     summary TEXT NOT NULL,
     summary_by TEXT NOT NULL
 );
+INSERT OR IGNORE INTO alerts
+    (fingerprint, started, labels, summary, runbook, inhibited_by, ended, end_exact, last_seen)
+SELECT
+    json_extract(a.value, '$.fingerprint'),
+    CAST(ROUND(json_extract(a.value, '$.started') * 1000000) AS INTEGER),
+    json_extract(a.value, '$.labels'),
+    COALESCE(json_extract(a.value, '$.summary'), ''),
+    COALESCE(json_extract(a.value, '$.runbook'), ''),
+    COALESCE(json_extract(a.value, '$.inhibited_by'), '[]'),
+    i.resolved_at,
+    0,
+    COALESCE(i.resolved_at, json_extract(a.value, '$.started'))
+FROM incidents AS i, json_each(i.alerts) AS a;
+INSERT OR IGNORE INTO incident_summaries (incident_id, summary, summary_by)
+SELECT id, summary, summary_by FROM incidents WHERE summary != '';
 """
+SCHEMA_STEPS = (FIRST_VERSION, RECORDED)  # a change to the tables is a new step (spawner/sqlite_schema.py)
 
 
 @dataclass(frozen=True)
@@ -130,10 +161,12 @@ class IncidentStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
             db.execute("PRAGMA journal_mode=WAL")  # the recorder writes while the portal reads
-            db.executescript(SCHEMA)
-            _import_first_version(db)
+            migrate(db, SCHEMA_STEPS, f"the incident store {path}")
+        finally:
+            db.close()
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -333,32 +366,3 @@ def _record_silences(db: sqlite3.Connection, silences: Sequence[Silence]) -> Non
                 silence.state,
             ),
         )
-
-
-def _import_first_version(db: sqlite3.Connection) -> None:
-    """The store of earlier versions (one row per incident the portal saw): its alerts and summaries, once."""
-    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'incidents'").fetchone():
-        return
-    rows = db.execute("SELECT id, opened_at, resolved_at, alerts, summary, summary_by FROM incidents").fetchall()
-    for incident_id, _opened, resolved, alerts, summary, summary_by in rows:
-        for raw in json.loads(alerts):
-            db.execute(
-                "INSERT OR IGNORE INTO alerts (fingerprint, started, labels, summary, runbook, inhibited_by, ended, "
-                "end_exact, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)",
-                (
-                    raw["fingerprint"],
-                    round(float(raw["started"]) * 1_000_000),
-                    json.dumps(raw["labels"], sort_keys=True),
-                    raw.get("summary", ""),
-                    raw.get("runbook", ""),
-                    json.dumps(raw.get("inhibited_by") or []),
-                    resolved,
-                    resolved or float(raw["started"]),
-                ),
-            )
-        if summary:
-            db.execute(
-                "INSERT OR IGNORE INTO incident_summaries (incident_id, summary, summary_by) VALUES (?, ?, ?)",
-                (incident_id, summary, summary_by),
-            )
-    db.execute("ALTER TABLE incidents RENAME TO incidents_first_version")
