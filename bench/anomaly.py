@@ -46,6 +46,19 @@ SUBTLE = {"hot_card": 180, "slow_leak": 240, "correctable_errors": 360, "utiliza
 SLACK_MIN = 30  # a finding this soon after a fault ends still belongs to it
 HISTORY_MIN = 2 * 1440
 MODEL_FAULTS = {*SUBTLE, "thermal_runaway", "leaking_notebook", "idle_slice_held"}
+# One shape of each rule fault beside the subtle ones: the anomaly replay's week has room for them.
+RULE_SHAPES = frozenset(
+    {
+        ("xid_storm", "hardware_xid"),
+        ("ecc_double_bit", "single_dbe"),
+        ("thermal_runaway", "cooling_failure"),
+        ("hung_gpu", "collective_hang"),
+        ("leaking_notebook", "uncapped_leak"),
+        ("idle_slice_held", "idle"),
+        ("exporter_down", "process_down"),
+        ("node_down", "down"),
+    }
+)
 MODELS = ("hot for its load", "memory growing", "correctable errors rising", "utilization collapsed")
 SBE = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"  # dcgm-exporter's volatile single-bit (correctable) ECC count
 
@@ -304,7 +317,7 @@ def run_page(seeds: Sequence[int], days: float, per_kind: int) -> str:
     """The page's path on each seed; the false-positive rate per card-week over all of them."""
     lines, false, card_weeks = [], 0, 0.0
     for seed in seeds:
-        replay = inject_subtle(generate(seed, days, 0), random.Random(seed), per_kind)
+        replay = inject_subtle(generate(seed, days, 0, RULE_SHAPES), random.Random(seed), per_kind)
         found = page_findings(replay)
         lines.append(f"seed {seed}, {days:g} days through the Anomalies page's data layer and a real Prometheus:")
         lines.append(report(replay, found, None))
@@ -318,7 +331,7 @@ def run_page(seeds: Sequence[int], days: float, per_kind: int) -> str:
 
 
 def run(seed: int, days: float, per_kind: int, with_rules: bool) -> str:
-    replay = inject_subtle(generate(seed, days, per_kind), random.Random(seed), per_kind)
+    replay = inject_subtle(generate(seed, days, per_kind, RULE_SHAPES), random.Random(seed), per_kind)
     rule_episodes = episodes(run_promtool(replay, RULE_FILES)) if with_rules else None
     return report(replay, findings(replay), rule_episodes)
 

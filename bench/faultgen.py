@@ -264,9 +264,17 @@ def draw_params(rng: random.Random, kind: str, shape: str) -> tuple[tuple[str, f
     return tuple(sorted(p.items()))
 
 
-def schedule_faults(rng: random.Random, minutes: int, per_shape: int) -> list[Fault]:
-    """Each shape ``per_shape`` times at random times, never two at once on one node."""
-    wanted = [(kind, s.name) for kind, (_, _, shapes) in KINDS.items() for s in shapes for _ in range(per_shape)]
+def schedule_faults(
+    rng: random.Random, minutes: int, per_shape: int, only: frozenset[tuple[str, str]] | None = None
+) -> list[Fault]:
+    """Each shape (of ``only``, when given) ``per_shape`` times at random times, never two at once on one node."""
+    wanted = [
+        (kind, s.name)
+        for kind, (_, _, shapes) in KINDS.items()
+        for s in shapes
+        if only is None or (kind, s.name) in only
+        for _ in range(per_shape)
+    ]
     rng.shuffle(wanted)
     faults: list[Fault] = []
     busy: dict[str, list[tuple[int, int]]] = {node: [] for node in NODES}
@@ -298,11 +306,13 @@ def load(minute: int) -> float:
     return (0.4 if weekend else 1.0) * min(1.0, day)
 
 
-def generate(seed: int, days: float, faults_per_kind: int = 1) -> Replay:
-    """A replay with each fault shape ``faults_per_kind`` times (0: a healthy platform)."""
+def generate(
+    seed: int, days: float, faults_per_kind: int = 1, only: frozenset[tuple[str, str]] | None = None
+) -> Replay:
+    """A replay with each fault shape (of ``only``) ``faults_per_kind`` times (0: a healthy platform)."""
     rng = random.Random(seed)
     minutes = int(days * 1440)
-    faults = schedule_faults(rng, minutes, faults_per_kind)
+    faults = schedule_faults(rng, minutes, faults_per_kind, only)
     series: dict[str, list[float | None]] = {}
     servers: dict[str, tuple[str, int]] = {}
     for node in NODES:
@@ -368,7 +378,7 @@ def _gpu_series(
     faults: Sequence[Fault],
 ) -> None:
     held = _sessions(rng, minutes, node, gpu, faults)
-    mine = [f for f in faults if f.node == node and f.gpu == gpu]
+    mine = [f for f in faults if f.node == node and f.gpu in (gpu, None)]
     names = ("util", "temp", "power", "sm", "fb", "xid", "dbe")
     out: dict[str, list[float | None]] = {name: [0.0] * minutes for name in names}
     allocated: list[float | None] = [None] * minutes
@@ -380,20 +390,21 @@ def _gpu_series(
     app_xid = _application_xids(rng, held)
     work = rng.uniform(0.5, 1.0)  # how hard this card's user works it
     last_xid, dbe = 0.0, 0.0
+    fill = SLICE_BYTES * rng.uniform(0.9, 1.0)  # the allocator's level, steady through a session
     for m in range(minutes):
         u = min(100.0, max(3.0, 100 * work * load(m) + rng.gauss(0, 8))) if held[m] else 0.0
-        tensors = SLICE_BYTES * rng.uniform(0.9, 1.0) if fills_slice else 6 * GiB + rng.uniform(-0.5, 0.5) * GiB
+        if held[m] and (m == 0 or not held[m - 1]):
+            fill = SLICE_BYTES * rng.uniform(0.9, 1.0)
+        tensors = fill if fills_slice else 6 * GiB + rng.uniform(-0.5, 0.5) * GiB
         if app_xid[m]:
             last_xid = app_xid[m]  # dcgm-fields: the value is the last Xid, until the next one
         card = Card(u, u / 100 * rng.uniform(0.6, 0.9), ambient + 0.4 * u + rng.gauss(0, 1.5),
                     tensors + context if held[m] else None, last_xid, dbe)  # fmt: skip
         for f in mine:
-            if f.start <= m < f.end:
+            if f.start <= m < f.end and f.kind not in NODE_FAULTS:
                 _apply(f, m - f.start, card, rng)
-            elif m == f.end:
-                card.xid = 0.0 if f.kind == "xid_storm" else card.xid  # the card was reset: DCGM starts again at 0
-                if f.kind == "ecc_double_bit" and f.shape == "dbe_then_reset":
-                    card.dbe = 0.0
+            elif m == f.end and f.kind in {"xid_storm", "ecc_double_bit", "node_down"}:
+                card.xid, card.dbe = 0.0, 0.0  # the card reset (or the node rebooted): DCGM's values start again
         last_xid, dbe = card.xid, card.dbe
         s = card.sm
         power = IDLE_POWER_W + (FULL_POWER_W - IDLE_POWER_W) * (s / 0.9 if s > 0.05 else 0.0)
