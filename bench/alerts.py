@@ -333,18 +333,49 @@ def replay_and_score(
     return replay, score(replay, found, alert_for_minutes(rule_files))
 
 
+def merged(results: Sequence[Score]) -> Score:
+    """Several seeds' scores as one: counts added, times to detect pooled."""
+    total = Score({}, [], [], {})
+    for result in results:
+        for name, s in result.alerts.items():
+            into = total.alerts.setdefault(name, AlertScore(name, target_min=s.target_min))
+            into.episodes += s.episodes
+            into.true_episodes += s.true_episodes
+            into.faults += s.faults
+            into.detected += s.detected
+            into.detect_minutes += s.detect_minutes
+        for key, sh in result.shapes.items():
+            shape = total.shapes.setdefault(key, ShapeScore(sh.kind, sh.shape, sh.alert))
+            shape.faults += sh.faults
+            shape.detected += sh.detected
+            shape.detect_minutes += sh.detect_minutes
+        total.false_alarms += result.false_alarms
+        total.missed += result.missed
+    return total
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--days", type=float, default=7.0, help="days to simulate (default: a week)")
-    parser.add_argument("--seed", type=int, default=11, help="random seed (1: the generator's debugging seed)")
-    parser.add_argument("--faults-per-kind", type=int, default=3, help="injected faults of each shape")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        default=[11],
+        help="random seeds, scored together (1: the generator's debugging seed)",
+    )
+    parser.add_argument("--faults-per-kind", type=int, default=3, help="injected faults of each shape, per seed")
+    parser.add_argument(
+        "--rules", type=Path, nargs="+", default=list(RULE_FILES), help="rule files (default: the platform's)"
+    )
     args = parser.parse_args(argv)
-    replay, result = replay_and_score(args.seed, args.days, args.faults_per_kind)
+    results = [replay_and_score(seed, args.days, args.faults_per_kind, args.rules) for seed in args.seed]
+    result = merged([score for _, score in results])
     print(
         f"Replay: {len(NODES) * GPUS_PER_NODE} GPUs on {len(NODES)} nodes, {args.days:g} days at one sample a minute, "
-        f"seed {args.seed}, {len(replay.faults)} faults injected ({', '.join(sorted(FAULT_ALERTS))}), "
-        f"{args.faults_per_kind} of each shape; Prometheus down is watched from outside Prometheus (Watchdog), "
-        "not replayable here. Shapes and their sources: bench/faultgen.py."
+        f"seeds {', '.join(map(str, args.seed))}, {sum(len(r.faults) for r, _ in results)} faults injected "
+        f"({args.faults_per_kind} of each shape per seed); Prometheus down is watched from outside Prometheus "
+        "(Watchdog), not replayable here. Shapes and their sources: bench/faultgen.py."
     )
     print(table(result))
     return 0 if not result.false_alarms and not result.missed else 1
