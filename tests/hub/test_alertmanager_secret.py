@@ -17,6 +17,7 @@ import requests
 from hub.alertmanager_secret import Kube, SecretWriteError, write_config
 from spawner.ports import free_port
 
+pytestmark = pytest.mark.process  # a real HTTP server on a loopback port
 PATH = "/api/v1/namespaces/monitoring/secrets/gs-alertmanager"
 
 

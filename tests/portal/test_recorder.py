@@ -16,6 +16,7 @@ from portal.recorder import WEBHOOK_PATH, make_app
 from spawner.ports import free_port
 from tests.portal.test_incident_store import webhook, xid
 
+pytestmark = pytest.mark.process  # a real HTTP server on a loopback port
 TOKEN = "t0ken-from-a-0600-file"
 
 
