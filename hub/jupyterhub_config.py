@@ -15,7 +15,6 @@ from hub import metrics, renewals, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
 from hub.line_api import LINE_HANDLERS
 from hub.monitoring import recorder_token_path
-from hub.renewals import RenewalCollector
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -189,7 +188,7 @@ c.JupyterHub.services.append(
         ],
     }
 )
-REGISTRY.register(RenewalCollector(renewals.state_path(data_dir)))
+REGISTRY.register(renewals.RenewalCollector(renewals.state_path(data_dir)))
 
 # Prometheus scrapes /hub/metrics with a token that can read metrics and nothing else.
 token_file = environ.PROMETHEUS_TOKEN_FILE.get()
