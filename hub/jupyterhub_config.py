@@ -169,6 +169,7 @@ if settings.monitoring["enabled"] and recorder_token_path(monitoring_dir).exists
                 f"--port={settings.monitoring['recorder_port']}",
                 f"--token-file={recorder_token_path(monitoring_dir)}",
                 f"--alertmanager-url=http://127.0.0.1:{settings.monitoring['alertmanager_port']}",
+                f"--prometheus-url=http://127.0.0.1:{settings.monitoring['prometheus_port']}",
                 *([f"--password-file={password}"] if (password := environ.MONITORING_PASSWORD_FILE.get()) else []),
             ],
         }

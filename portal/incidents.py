@@ -12,6 +12,7 @@ them (``startsAt``/``endsAt``), each notification Alertmanager sent and to which
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -159,6 +160,55 @@ class Event:
     at: datetime
     what: str  # firing, notified, escalated, acknowledged, resolved
     text: str
+
+
+FNV_OFFSET, FNV_PRIME, SEPARATOR = 14695981039346656037, 1099511628211, 0xFF
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    """Alertmanager's fingerprint of an alert's labels (prometheus/common's LabelSet.Fingerprint:
+    FNV-1a 64 over the sorted names and values, each followed by byte 255), as its API writes it."""
+    value = FNV_OFFSET
+    for name in sorted(labels):
+        for part in (name, labels[name]):
+            for byte in part.encode():
+                value = ((value ^ byte) * FNV_PRIME) % 2**64
+            value = ((value ^ SEPARATOR) * FNV_PRIME) % 2**64
+    return f"{value:016x}"
+
+
+HISTORY_NOTE = "from Prometheus's history: the recorder was down while it fired"
+
+
+def episodes_from_history(
+    series: Sequence[tuple[dict[str, str], Sequence[float]]], step_s: float, until: datetime
+) -> list[Alert]:
+    """Alert episodes from Prometheus's ``ALERTS{alertstate="firing"}`` samples (labels, sample times):
+    consecutive samples one step apart are one episode, from its first sample to one step after its
+    last. An episode still firing at ``until`` is left out (Alertmanager's API lists it)."""
+    found = []
+    for labels, times in series:
+        own = {k: v for k, v in labels.items() if k not in {"__name__", "alertstate"}}
+        if own.get("alertname") == HEARTBEAT or not times:
+            continue
+        start = previous = times[0]
+        for t in [*times[1:], math.inf]:
+            if t - previous > step_s * 1.5:
+                ended = datetime.fromtimestamp(previous + step_s, UTC)
+                if ended < until:
+                    found.append(
+                        Alert(
+                            fingerprint(own),
+                            own,
+                            datetime.fromtimestamp(start, UTC),
+                            HISTORY_NOTE,
+                            ended=ended,
+                            end_exact=False,
+                        )
+                    )
+                start = t
+            previous = t
+    return found
 
 
 def _related(a: Alert, b: Alert) -> bool:

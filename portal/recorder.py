@@ -21,21 +21,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import signal
 import sys
 import time
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
 from tornado import web
 
+from hub.settings import MONITORING_USER
 from portal.data.alertmanager import Alertmanager, PayloadError, notification_from_webhook
 from portal.data.incident_store import IncidentStore
-from portal.data.prometheus import MetricsUnavailableError
+from portal.data.prometheus import MetricsUnavailableError, connect, firing_alerts
+from portal.incidents import episodes_from_history
+
+if TYPE_CHECKING:
+    from prometheus_api_client import PrometheusConnect
 
 WEBHOOK_PATH = "/api/alertmanager"
 MAX_BODY = 4 * 1024 * 1024  # a notification of a few hundred alerts; Alertmanager caps its own at max_alerts
@@ -81,8 +89,28 @@ def sync_once(store: IncidentStore, manager: Alertmanager) -> int:
     return len(store.sync(alerts, silences, asked))
 
 
-async def keep_in_sync(store: IncidentStore, manager: Alertmanager, interval_s: float) -> None:
-    """Catch up at once, then every ``interval_s``; an Alertmanager that does not answer is tried again."""
+HISTORY_MAX = timedelta(days=7)  # how far back a catch-up from Prometheus looks at most
+HISTORY_POINTS = 10_000  # under Prometheus's 11,000 points a range query may return
+
+
+def catch_up_from_history(store: IncidentStore, prometheus: PrometheusConnect) -> int:
+    """What fired and ended while the recorder was down, from Prometheus's ALERTS series: Alertmanager
+    lists no ended alert and sends no end to a receiver that never took the start. The number added."""
+    now = datetime.now(UTC)
+    since = max(store.last_seen() or now - timedelta(days=1), now - HISTORY_MAX)
+    step = max(15, int((now - since).total_seconds() // HISTORY_POINTS) + 1)
+    series = firing_alerts(prometheus, since, now, step)
+    return len(store.record_history(episodes_from_history(series, step, now)))
+
+
+async def keep_in_sync(
+    store: IncidentStore,
+    manager: Alertmanager,
+    interval_s: float,
+    catch_up: Callable[[], int] | None = None,
+) -> None:
+    """Read Alertmanager's API at once, then every ``interval_s``; an Alertmanager that does not answer
+    is tried again. After the first read, ``catch_up`` (Prometheus's history) once."""
     loop = asyncio.get_running_loop()
     said_down = False
     while True:
@@ -98,6 +126,14 @@ async def keep_in_sync(store: IncidentStore, manager: Alertmanager, interval_s: 
             said_down = False
             if ended:
                 log.info("gpuslice recorder: %d alert(s) ended without a notification", ended)
+            if catch_up is not None:
+                try:
+                    added = await loop.run_in_executor(None, catch_up)
+                except MetricsUnavailableError as exc:
+                    log.warning("gpuslice recorder: no catch-up from Prometheus's history: %s", exc)
+                else:
+                    log.warning("gpuslice recorder: %d alert(s) from Prometheus's history", added)
+                catch_up = None
         await asyncio.sleep(interval_s)
 
 
@@ -127,7 +163,11 @@ async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    syncing = asyncio.create_task(keep_in_sync(store, manager, args.interval))
+    catch_up = None
+    if args.prometheus_url:
+        prometheus = connect(args.prometheus_url, timeout_s=30, auth=auth)
+        catch_up = functools.partial(catch_up_from_history, store, prometheus)
+    syncing = asyncio.create_task(keep_in_sync(store, manager, args.interval, catch_up))
     await stop.wait()
     syncing.cancel()
 
@@ -139,8 +179,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a pod (a NetworkPolicy admits Alertmanager)")
     p.add_argument("--token-file", type=Path, required=True, help="the bearer token Alertmanager presents")
     p.add_argument("--alertmanager-url", required=True)
-    p.add_argument("--password-file", type=Path, help="Alertmanager's basic-auth password (one machine)")
-    p.add_argument("--user", default="gpuslice", help="Alertmanager's basic-auth user")
+    p.add_argument("--password-file", type=Path, help="Alertmanager's and Prometheus's basic-auth password")
+    p.add_argument("--prometheus-url", help="what fired and ended while the recorder was down: Prometheus's ALERTS")
+    p.add_argument("--user", default=MONITORING_USER, help="the basic-auth user")
     p.add_argument("--interval", type=float, default=15.0, help="seconds between reads of Alertmanager's API")
     return p
 

@@ -224,6 +224,38 @@ class IncidentStore:
             _record_silences(db, silences)
         return ended
 
+    def record_history(self, episodes: Sequence[Alert]) -> list[Alert]:
+        """Episodes read back from Prometheus's history after the recorder was down: those the store
+        does not hold yet (no alert with the same labels overlapping them), kept with their ends marked
+        as not Alertmanager's. Returns the ones added."""
+        known = self.alerts()
+        added = []
+        with self._db() as db:
+            for episode in episodes:
+                if any(_same_alert(episode, a) and episode.overlaps(a) for a in known):
+                    continue
+                assert episode.ended is not None
+                db.execute(
+                    "INSERT OR IGNORE INTO alerts (fingerprint, started, labels, summary, ended, end_exact, last_seen) "
+                    "VALUES (?, ?, ?, ?, ?, 0, ?)",
+                    (
+                        episode.fingerprint,
+                        micros(episode.started),
+                        json.dumps(episode.labels, sort_keys=True),
+                        episode.summary,
+                        episode.ended.timestamp(),
+                        episode.ended.timestamp(),
+                    ),
+                )
+                added.append(episode)
+        return added
+
+    def last_seen(self) -> datetime | None:
+        """The latest moment anything was recorded: where a catch-up starts."""
+        with self._db() as db:
+            (seen,) = db.execute("SELECT MAX(last_seen) FROM alerts").fetchone()
+        return _ts(seen)
+
     def record_silences(self, silences: Sequence[Silence]) -> None:
         """Silences as Alertmanager lists them (an acknowledgement just made shows at once)."""
         with self._db() as db:
@@ -348,6 +380,11 @@ def _upsert(db: sqlite3.Connection, alert: Alert, seen: float, *, from_webhook: 
             "UPDATE alerts SET inhibited_by = ?, silenced_by = ? WHERE fingerprint = ? AND started = ?",
             (json.dumps(list(alert.inhibited_by)), json.dumps(list(alert.silenced_by)), *key),
         )
+
+
+def _same_alert(history: Alert, kept: Alert) -> bool:
+    """Prometheus's ALERTS series lack the external labels Prometheus adds when it sends an alert."""
+    return all(kept.labels.get(k) == v for k, v in history.labels.items())
 
 
 def _record_silences(db: sqlite3.Connection, silences: Sequence[Silence]) -> None:

@@ -56,7 +56,7 @@ class Stack:
     store_path: Path
     recorder_port: int
     token: str
-    start_recorder: Callable[[], subprocess.Popen[bytes]]
+    start_recorder: Callable[..., subprocess.Popen[bytes]]
     recorder: subprocess.Popen[bytes] | None = None
 
     @property
@@ -69,9 +69,9 @@ class Stack:
             self.recorder.wait(timeout=10)
             self.recorder = None
 
-    def restart_recorder(self) -> None:
+    def restart_recorder(self, *extra: str) -> None:
         self.stop_recorder()
-        self.recorder = self.start_recorder()
+        self.recorder = self.start_recorder(*extra)
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def stack(tmp_path: Path, hooks: dict[str, Webhook]) -> Iterator[Stack]:
     url = f"http://127.0.0.1:{port}"
     recorder_log = (tmp_path / "recorder.log").open("a")
 
-    def start_recorder() -> subprocess.Popen[bytes]:
+    def start_recorder(*extra: str) -> subprocess.Popen[bytes]:
         started = subprocess.Popen(
             [
                 sys.executable,
@@ -121,6 +121,7 @@ def stack(tmp_path: Path, hooks: dict[str, Webhook]) -> Iterator[Stack]:
                 f"--token-file={token}",
                 f"--alertmanager-url={url}",
                 "--interval=1",
+                *extra,
             ],
             stdout=recorder_log,
             stderr=subprocess.STDOUT,
@@ -287,8 +288,13 @@ def test_an_incident_nobody_looks_at_is_recorded_with_alertmanagers_times(
     assert 11 < (paged["dave"] - paged["alice"]).total_seconds() < 18  # owner_after 12 s
 
 
-def test_nothing_is_lost_while_the_recorder_is_down(stack: Stack, hooks: dict[str, Webhook]) -> None:
-    """Down for a while: Alertmanager keeps trying, and the recorder reads its API when it is back."""
+def test_what_fires_while_the_recorder_is_down_is_caught_up(stack: Stack, hooks: dict[str, Webhook]) -> None:
+    """Down for a while: on start the recorder reads what fires from Alertmanager's API, and
+    Alertmanager, which kept failing to reach it, sends it the rest (the end, with its endsAt).
+
+    An alert that fires *and* ends while the recorder is down never reaches it through
+    Alertmanager (which sends no end to a receiver that never took the start, and lists no
+    ended alert): Prometheus's ALERTS history fills that in (test_the_recorder_catches_up_from_prometheus)."""
     assert (
         requests.post(  # and nobody without the token writes to it
             f"http://127.0.0.1:{stack.recorder_port}{RECORDER_PATH}", json={"version": "4", "alerts": []}, timeout=5
@@ -301,19 +307,63 @@ def test_nothing_is_lost_while_the_recorder_is_down(stack: Stack, hooks: dict[st
     hot = alert("GpuTemperatureHigh", "warning", t0, node="n5", gpu="1")  # after hours: no page, still kept
     requests.post(f"{stack.url}/api/v2/alerts", json=[hung, hot], timeout=5).raise_for_status()
     wait_for(lambda: "GpuHung@n3" in received(hooks["alice"]), "alice to be paged while the recorder is down", 20)
-    hung_end = now_ms()
-    requests.post(f"{stack.url}/api/v2/alerts", json=[ended(hung, hung_end)], timeout=5).raise_for_status()
-    wait_for(lambda: "GpuHung@n3" in resolved(hooks["alice"]), "alice to hear it resolved", 20)
     stack.restart_recorder()
-    kept = wait_for(
-        lambda: (r := recorded(stack, "GpuHung on node n3, gpu 3")) and r.resolved_at and r.incident.end_exact and r,
-        "the recorder to catch up with the hung GPU",
-        40,
-    )
-    assert (kept.incident.started, kept.resolved_at, kept.incident.end_exact) == (t0, hung_end, True)
-    assert "first-line-alice" in {n.receiver for n in kept.notifications}
+    kept = wait_for(lambda: recorded(stack, "GpuHung on node n3, gpu 3"), "the recorder to catch up", 30)
+    assert kept.incident.started == t0 and kept.resolved_at is None
     warm = wait_for(lambda: recorded(stack, "GpuTemperatureHigh on node n5, gpu 1"), "the muted warning", 20)
     assert warm.incident.started == t0 and warm.resolved_at is None
+    hung_end = now_ms()
+    requests.post(f"{stack.url}/api/v2/alerts", json=[ended(hung, hung_end)], timeout=5).raise_for_status()
+    kept = wait_for(
+        lambda: (r := recorded(stack, "GpuHung on node n3, gpu 3")) and r.resolved_at and r.incident.end_exact and r,
+        "Alertmanager's end of the hung GPU",
+        40,
+    )
+    assert kept.resolved_at == hung_end
+    assert "first-line-alice" in {n.receiver for n in kept.notifications}
+
+
+def test_what_fired_and_ended_while_the_recorder_was_down_comes_from_prometheus(stack: Stack, tmp_path: Path) -> None:
+    """Prometheus's ALERTS series (backfilled here as a real Prometheus would have written them) give
+    the episodes Alertmanager can no longer tell: the recorder reads them once, when it starts."""
+    stack.stop_recorder()
+    end = int(datetime.now(UTC).timestamp()) // 15 * 15
+    labels = 'alertname="GpuXidError",alertstate="firing",gpu="2",node="n7",severity="critical"'
+    samples = [f"ALERTS{{{labels}}} 1 {end - 1800 + 15 * i}" for i in range(40)]  # 10 minutes, 20 minutes ago
+    (tmp_path / "alerts.om").write_text("\n".join(["# TYPE ALERTS gauge", *samples, "# EOF", ""]))
+    blocks = subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "alerts.om"), str(tmp_path / "tsdb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert blocks.returncode == 0, blocks.stdout + blocks.stderr
+    (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
+    port = free_port()
+    prometheus = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: _up(f"http://127.0.0.1:{port}/-/ready"), "Prometheus", 60)
+        stack.restart_recorder(f"--prometheus-url=http://127.0.0.1:{port}")
+        kept = wait_for(lambda: recorded(stack, "GpuXidError on node n7, gpu 2"), "the catch-up from history", 30)
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+    [alert] = kept.incident.alerts
+    started, stopped = end - 1800, end - 1800 + 585  # the first and last firing samples
+    assert started <= alert.started.timestamp() <= started + 15 and not alert.end_exact  # within the query's step
+    # A backfilled series has no staleness marker (a rule evaluation writes one when an alert stops),
+    # so Prometheus returns its last sample for up to 5 more minutes here: the end is that late at most.
+    assert kept.resolved_at is not None and stopped < kept.resolved_at.timestamp() <= stopped + 300 + 30
+    assert "Prometheus's history" in alert.summary
 
 
 def resolved(hook: Webhook) -> set[str]:

@@ -181,3 +181,14 @@ def test_the_first_versions_incidents_and_summaries_are_kept(tmp_path: Path) -> 
     assert not kept.incident.end_exact  # the old store knew only when the portal saw it end
     IncidentStore(path)  # a second start imports nothing twice
     assert len(IncidentStore(path).incidents()) == 1
+
+
+def test_history_adds_only_what_the_store_missed(tmp_path: Path) -> None:
+    store = IncidentStore(tmp_path / "incidents.sqlite")
+    record(store, webhook("incident-recorder", xid("resolved", at(10))), at(11))
+    labels = {"alertname": "GpuXidError", "severity": "critical", "node": "n1", "gpu": "0"}
+    same = Alert("x", labels, at(1), ended=at(9), end_exact=False)  # the same episode, seen by Prometheus
+    missed = Alert("y", {**labels, "gpu": "1"}, at(60), ended=at(70), end_exact=False)
+    assert store.record_history([same, missed]) == [missed]
+    assert len(store.incidents()) == 2 and store.record_history([missed]) == []
+    assert store.last_seen() == at(70)

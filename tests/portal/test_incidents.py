@@ -5,7 +5,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from hub.settings import duration_s
-from portal.incidents import Alert, Incident, Notification, Silence, group, timeline
+from portal.incidents import (
+    Alert,
+    Incident,
+    Notification,
+    Silence,
+    episodes_from_history,
+    fingerprint,
+    group,
+    timeline,
+)
 
 T0 = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 
@@ -153,3 +162,26 @@ def test_durations_read_as_alertmanager_writes_them() -> None:
     assert duration_s("6s") == 6
     with pytest.raises(ValueError, match="15m or 1h30m"):
         duration_s("15 minutes")
+
+
+def test_fingerprints_are_alertmanagers() -> None:
+    """The values the real Alertmanager gave these label sets (tests/e2e/test_incidents.py checks more)."""
+    assert fingerprint({"alertname": "NodeDown", "node": "n1", "severity": "critical"}) == "467bfbf98847ef0b"
+    labels = {"alertname": "GpuXidError", "gpu": "0", "node": "n1", "severity": "critical"}
+    assert fingerprint(labels) == "048f1ce26d77ce62"
+
+
+def test_prometheus_history_gives_the_episodes_that_ended_while_the_recorder_was_down() -> None:
+    t0 = T0.timestamp()
+    hung = {"__name__": "ALERTS", "alertname": "GpuHung", "alertstate": "firing", "node": "n3", "gpu": "3"}
+    series = [
+        (hung, [t0 + 60 * i for i in range(10)] + [t0 + 60 * i for i in range(30, 33)]),  # two episodes
+        ({**hung, "alertname": "Watchdog"}, [t0 + 60 * i for i in range(40)]),
+        ({**hung, "gpu": "1"}, [t0 + 60 * i for i in range(35, 40)]),  # still firing at the end: the API has it
+    ]
+    found = episodes_from_history(series, 60, until=minutes(39.5))
+    assert [(a.name, a.labels["gpu"], a.started, a.ended, a.end_exact) for a in found] == [
+        ("GpuHung", "3", T0, minutes(10), False),
+        ("GpuHung", "3", minutes(30), minutes(33), False),
+    ]
+    assert found[0].fingerprint == fingerprint({"alertname": "GpuHung", "node": "n3", "gpu": "3"})
