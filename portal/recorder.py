@@ -7,7 +7,10 @@ it arrives (portal/data/incident_store.py), with Alertmanager's ``startsAt``/``e
 the receiver's name: which tier was told, and when. Every ``--interval`` seconds, and at
 once on start (catching up after it was down), it reads Alertmanager's API: the firing
 alerts with their inhibitions and silences (Alertmanager notifies neither an inhibited nor
-a silenced alert), and the silences, which are the acknowledgements. The Incidents page
+a silenced alert), and the silences, which are the acknowledgements. Once on start it also
+reads Prometheus's ``ALERTS`` history (``--prometheus-url``) since it last recorded anything:
+an alert that fired and ended while it was down is in neither Alertmanager's API nor any
+notification it will send. The Incidents page
 reads only the store, so an incident that fires and clears at night is recorded whether
 or not anyone has the portal open.
 
