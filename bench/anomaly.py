@@ -282,6 +282,7 @@ def page_findings(replay: Replay) -> list[CardFinding]:
     """What the Anomalies page finds in the replay: its history backfilled into a real Prometheus
     (bench/backfill.py) and read through the page's own data layer (portal/sources.py), as "the last
     three days" ending now. Each finding's time mapped back to the replay's minute."""
+    import logging
     import os
     from datetime import UTC, datetime
 
@@ -290,6 +291,7 @@ def page_findings(replay: Replay) -> list[CardFinding]:
     from portal.identity import Identity
     from spawner import environ
 
+    logging.getLogger("streamlit").setLevel(logging.ERROR)  # its cache's "no runtime" notes: no page runs here
     end_s = int(datetime.now(UTC).timestamp()) // 60 * 60 - 60
     first_s = end_s - (replay.minutes - 1) * 60
     with prometheus_with(replay, end_s, PAGE_METRICS) as url:
