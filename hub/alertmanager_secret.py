@@ -10,12 +10,13 @@ Role cannot allow ``create`` for one name); its other keys are kept.
 from __future__ import annotations
 
 import base64
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
+
+from spawner import environ
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -33,13 +34,13 @@ class Kube:
 
     @classmethod
     def in_cluster(cls) -> Kube:
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
+        url = environ.read().kube_api_url()
+        if not url:
             raise SecretWriteError("not in a Kubernetes pod (no KUBERNETES_SERVICE_HOST): run this in the CronJob")
         session = requests.Session()
         session.headers["Authorization"] = f"Bearer {(SERVICE_ACCOUNT / 'token').read_text().strip()}"
         session.verify = str(SERVICE_ACCOUNT / "ca.crt")
-        return cls(f"https://{host}:{port}", session)
+        return cls(url, session)
 
 
 def write_config(kube: Kube, namespace: str, name: str, key: str, config: str) -> bool:

@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import requests
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -137,6 +138,12 @@ class RenewalCollector(Collector):
         yield interval
 
 
+def register(path: Path, registry: CollectorRegistry = REGISTRY) -> None:
+    """Serve the renewals' metrics from ``path`` (once per registry: a config loaded twice adds nothing)."""
+    if not any(isinstance(c, RenewalCollector) for c in list(registry._collector_to_names)):
+        registry.register(RenewalCollector(path))
+
+
 # The tasks' work.
 
 
@@ -211,8 +218,8 @@ def tasks_for(settings: Settings, data_dir: Path, query_range: QueryRange, maile
     folder = data_dir / "monitoring"
     password = (folder / "web-password").read_text().strip() if (folder / "web-password").exists() else None
     tasks = []
-    if settings.monitoring["enabled"] and (folder / "alertmanager.yml").exists():
-        url = f"http://127.0.0.1:{settings.monitoring['alertmanager_port']}"
+    if settings.monitoring.enabled and (folder / "alertmanager.yml").exists():
+        url = f"http://127.0.0.1:{settings.monitoring.alertmanager_port}"
         reload = alertmanager_reload(url, (MONITORING_USER, password) if password else None)
         tasks.append(Task(CONFIG_TASK, DAY_S, daily, renew_alertmanager_config(settings, folder, reload)))
     relay = settings.notice_mail
@@ -227,7 +234,7 @@ def prometheus_query_range(settings: Settings, data_dir: Path) -> QueryRange:
 
     password = data_dir / "monitoring" / "web-password"
     auth = (MONITORING_USER, password.read_text().strip()) if password.exists() else None
-    prom = PrometheusConnect(f"http://127.0.0.1:{settings.monitoring['prometheus_port']}", auth=auth, disable_ssl=True)
+    prom = PrometheusConnect(f"http://127.0.0.1:{settings.monitoring.prometheus_port}", auth=auth, disable_ssl=True)
     return prom.custom_query_range  # type: ignore[no-any-return]
 
 

@@ -28,7 +28,7 @@ from hub.monitoring.oncall import (
     time_intervals,
 )
 from hub.secret_files import first_line
-from hub.settings import MONITORING_USER, Contact, OnCall, SettingsError
+from hub.settings import MONITORING_USER, Contact, Monitoring, OnCall, SettingsError
 
 RULES_DIR = Path(__file__).parent
 RULE_FILES = (RULES_DIR / "recording.yml", RULES_DIR / "alerts.yml")
@@ -197,14 +197,14 @@ def local_recorder(monitoring_dir: Path, port: int) -> Recorder:
     return Recorder(f"http://127.0.0.1:{port}{RECORDER_PATH}", credentials_file=token)
 
 
-def write_alertmanager_config(options: dict[str, Any], monitoring_dir: Path, today: date | None = None) -> Path:
+def write_alertmanager_config(options: Monitoring, monitoring_dir: Path, today: date | None = None) -> Path:
     """``alertmanager.yml`` for the platform's settings (``monitoring``) as of ``today``: written at each
     ``gpuslice up`` and renewed daily (hub/renewals.py), so the rotation's 26 weeks never run out."""
     config = alertmanager_config(
-        options["webhook_url"],
-        options["oncall"],
+        options.webhook_url,
+        options.oncall,
         today,
-        recorder=local_recorder(monitoring_dir, options["recorder_port"]),
+        recorder=local_recorder(monitoring_dir, options.recorder_port),
     )
     path = monitoring_dir / "alertmanager.yml"
     temporary = path.with_suffix(".tmp")
