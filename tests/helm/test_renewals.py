@@ -8,6 +8,8 @@ import yaml
 
 from tests.helm.test_chart import ALL_FEATURES, CHART, run_helm
 
+pytestmark = pytest.mark.process  # starts helm
+
 
 def rendered(tmp_path: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
     path = tmp_path / "values.yaml"
