@@ -13,6 +13,9 @@ address and token); everything else is wired here, once:
 * the GPU line's hub side: its pages and API (hub/line_api.py, hub/templates) and the
   ``gpu-reclaimer`` service that gives idle GPU servers to it after a warning (hub/reclaimer.py);
 * the portal service and its OAuth scopes, and the metrics reader;
+* services only one hub runs (``HubParts.managed``): the single machine's incident recorder
+  (portal/recorder.py) and renewals (hub/renewals.py), built by ``incident_recorder`` and
+  ``renewals_service`` below (on Kubernetes the chart runs them as a container and CronJobs);
 * every service's role (hub/roles.py).
 
 A service added to the hub is added here. Lists already in ``c`` (z2jh's own services and
