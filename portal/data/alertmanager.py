@@ -35,7 +35,10 @@ class AlertRow:
 
 
 def _time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """A time as Alertmanager writes it, to the millisecond: its API writes milliseconds, its webhook
+    every digit it has, and the two must name the same alert episode."""
+    at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
 def alert_from_api(raw: dict[str, Any]) -> Alert:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from portal.data.alertmanager import PayloadError, notification_from_webhook
+from portal.data.alertmanager import PayloadError, alert_from_api, notification_from_webhook
 from portal.data.incident_store import IncidentStore
 from portal.incidents import Alert, Silence, micros
 
-T0 = datetime(2026, 11, 24, 2, 14, 5, 123456, tzinfo=UTC)  # at night
+T0 = datetime(2026, 11, 24, 2, 14, 5, 123000, tzinfo=UTC)  # at night, to the millisecond as Alertmanager writes it
 
 
 def at(minutes: float) -> datetime:
@@ -95,6 +95,16 @@ def test_an_alert_alertmanager_never_ends_is_ended_when_the_api_no_longer_lists_
     record(store, webhook("incident-recorder", xid("resolved", at(27))), at(31))
     [kept] = store.incidents()
     assert kept.resolved_at == at(27) and kept.incident.end_exact
+
+
+def test_the_api_and_the_webhook_name_one_episode_whatever_their_precision(tmp_path: Path) -> None:
+    """The API writes startsAt to the millisecond, the webhook with every digit: one alert, not two."""
+    store = IncidentStore(tmp_path / "incidents.sqlite")
+    record(store, webhook("incident-recorder", dict(xid(), startsAt="2026-11-24T02:14:05.123456789Z")), at(0))
+    listed = alert_from_api({**xid(), "startsAt": "2026-11-24T02:14:05.123Z", "status": {"state": "active"}})
+    store.sync([listed], [], at(0.5))
+    [kept] = store.incidents()
+    assert len(kept.incident.alerts) == 1 and kept.incident.started == T0
 
 
 def test_a_listing_older_than_a_notification_does_not_end_the_alert(tmp_path: Path) -> None:
