@@ -69,6 +69,16 @@ def test_a_fault_at_night_becomes_an_incident_with_alertmanagers_times(make_plat
         assert abs((told[receiver] - hooks[person].received_at[0]).total_seconds()) < 2, (receiver, told)
     assert 18 < (told["second-line"] - told["first-line-alice"]).total_seconds() < 30
     assert 38 < (told["owner"] - told["first-line-alice"]).total_seconds() < 50
+    # The renewals service renewed the Alertmanager config at its start, and Prometheus has seen it.
+    prometheus = f"http://127.0.0.1:{ports['prometheus_port']}/api/v1/query"
+
+    def renewal() -> list[dict[str, Any]]:
+        query = {"query": 'gpuslice_renewal_last_success_timestamp_seconds{task="alertmanager-config"}'}
+        answer = requests.get(prometheus, params=query, auth=platform.monitoring_auth(), timeout=10).json()
+        return list(answer["data"]["result"])
+
+    [renewed] = wait_for(renewal, "the renewal's metric in Prometheus", 60)
+    assert abs(float(renewed["value"][1]) - incident.started.timestamp()) < 600
     # Nobody can write to the recorder without its token.
     port = yaml.safe_load(platform.config.read_text())["monitoring"]["recorder_port"]
     recorder = f"http://127.0.0.1:{port}/api/alertmanager"
