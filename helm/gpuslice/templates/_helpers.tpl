@@ -133,3 +133,13 @@ never from a value. Renders nothing; fails with what to do.
 {{- define "gpuslice.recorderOn" -}}
 {{- if and .Values.portal.enabled .Values.monitoring.incidentRecorder.enabled .Values.monitoring.alertmanagerUrl -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+A memory size in GiB from "40GiB", "40Gi", "512MiB", "1TiB" (binary units, as group budgets are written):
+  {{ include "gpuslice.gib" "40GiB" }} -> 40
+*/}}
+{{- define "gpuslice.gib" -}}
+{{- $n := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 -}}
+{{- $unit := regexFind "[A-Za-z]+$" . | trimSuffix "B" -}}
+{{- if eq $unit "Mi" }}{{ divf $n 1024 }}{{ else if eq $unit "Ti" }}{{ mulf $n 1024 }}{{ else }}{{ $n }}{{ end -}}
+{{- end }}
