@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 from hub.kube_values import KubeValues, load_kube_values
-from hub.settings import MONITORING_USER, Settings, duration_s, from_environment, market_url
+from hub.settings import MONITORING_USER, Settings, from_environment, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
 from portal.data import access, cluster, hub, prometheus
@@ -23,7 +23,7 @@ from portal.data.errors import SourceUnavailableError
 from portal.data.hub import HubClient, ServerRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.identity import Identity
-from portal.incidents import Escalation, Incident, Silence, group
+from portal.incidents import Incident, Silence
 from spawner import environ, line_admin, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
@@ -330,8 +330,14 @@ def trend(expr: str, hours: float) -> list[tuple[datetime, float]]:
 
 
 @st.cache_data(ttl=10)
-def active_alerts() -> list[AlertRow]:
+def _active_alerts() -> list[AlertRow]:
     return alertmanager_client().rows()
+
+
+def active_alerts(identity: Identity) -> list[AlertRow]:
+    """What fires now: the platform's alerts are for admins (a student is not told of a node down)."""
+    _admin(identity, "read the platform's alerts")
+    return _active_alerts()
 
 
 def alertmanager_client() -> Alertmanager:
@@ -350,34 +356,26 @@ def incident_store() -> IncidentStore:
         ) from exc
 
 
-def escalation() -> Escalation:
-    """The on-call tiers' waits (monitoring.oncall), for the timeline's "escalated" entries."""
-    oncall = kube_values().oncall if _kubernetes() else settings().monitoring.oncall
-    return Escalation(
-        second_line=oncall.second_line.name if oncall.second_line else "",
-        escalate_after_s=duration_s(oncall.escalate_after),
-        owner=oncall.owner.name if oncall.owner else "",
-        owner_after_s=duration_s(oncall.owner_after),
-    )
-
-
 def _admin(identity: Identity, what: str) -> None:
     if not identity.admin:
-        raise PermissionError(f"{identity.name} may not {what}: incidents are for admins")
+        raise PermissionError(f"{identity.name} may not {what}: alerts and incidents are for admins")
 
 
 def incidents(identity: Identity) -> tuple[list[Recorded], list[Silence]]:
-    """The incidents firing now (recorded as seen) and past ones from the store, with Alertmanager's silences."""
+    """The incidents the recorder kept (portal/recorder.py writes them as Alertmanager sends them), with
+    the silences it read: the page asks Alertmanager nothing."""
     _admin(identity, "read incidents")
-    manager = alertmanager_client()
     store = incident_store()
-    store.record(group(manager.alerts()), datetime.now(UTC))
-    return store.incidents(), manager.silences()
+    return store.incidents(), store.silences()
 
 
 def acknowledge(identity: Identity, incident: Incident, comment: str, hours: float) -> str:
+    """A silence in Alertmanager under the admin's name; the store takes Alertmanager's silences at once."""
     _admin(identity, "acknowledge incidents")
-    return alertmanager_client().acknowledge(incident, identity.name, comment, hours, datetime.now(UTC))
+    manager = alertmanager_client()
+    made = manager.acknowledge(incident, identity.name, comment, hours, datetime.now(UTC))
+    incident_store().record_silences(manager.silences())
+    return made
 
 
 def add_incident_note(identity: Identity, incident_id: str, text: str) -> None:

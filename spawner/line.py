@@ -105,6 +105,7 @@ class WaitingLineMixin(GpuShareMixin):
     def _refused(self, refusal: GpuRefused) -> None:
         metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
         if refusal.waitable:
+            metrics.SPAWN_OFFERED_LINE.labels(reason=refusal.refusal).inc()
             fits = self.largest_fit_now()
             refusal.jupyterhub_message += " " + self._choices_text(fits)
             if self._gpu_request is not None:

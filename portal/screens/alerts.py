@@ -3,9 +3,13 @@ import streamlit as st
 from portal import sources, views
 from portal.data.prometheus import MetricsUnavailableError
 
+identity = st.session_state["identity"]
 st.title("Alerts")
+if not identity.admin:  # the page is not listed for others; this stops a direct visit too
+    st.error("Alerts are about the platform and go to its admins.")
+    st.stop()
 try:
-    alerts = sources.active_alerts()
+    alerts = sources.active_alerts(identity)
 except MetricsUnavailableError as exc:
     st.warning(f"Alertmanager is unavailable: {exc}.")
     st.stop()

@@ -82,7 +82,7 @@ def test_pages_at_cluster_scale(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
     monkeypatch.setattr(sources, "gpu_readings", lambda: prometheus.gpu_readings(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(sources, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(sources, "trend", lambda expr, hours: prometheus.trend(prom, expr, hours))  # type: ignore[arg-type]
-    monkeypatch.setattr(sources, "active_alerts", lambda: [])
+    monkeypatch.setattr(sources, "active_alerts", lambda identity: [])
     monkeypatch.setattr(sources, "spawn_success", lambda: prometheus.spawn_success_ratio(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(
         sources,
