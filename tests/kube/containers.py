@@ -192,7 +192,8 @@ class Cluster:
         self.api = subprocess.Popen(
             [sys.executable, "-m", "tests.kube.apiserver", "--host", "0.0.0.0", "--port", str(self.api_port),
              "--nodes", str(self.root / "nodes.json"), "--rbac", str(self.root / "rbac.json"),
-             "--tls-cert", str(cert), "--tls-key", str(key), "--podman-network", self.network],
+             "--tls-cert", str(cert), "--tls-key", str(key), "--podman-network", self.network,
+             "--namespaces", NAMESPACE],
             stdout=log, stderr=log, cwd=Path(__file__).parents[2],
         )  # fmt: skip
         self.wait_for(f"https://127.0.0.1:{self.api_port}/version", verify=str(ca))

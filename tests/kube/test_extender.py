@@ -115,7 +115,7 @@ def placed_on(backend: Backend, p: dict[str, Any], nodes: list[dict[str, Any]]) 
 async def through_the_extender(
     backend: Backend, pods: list[dict[str, Any]], nodes: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
-    api = ApiServer(nodes or cluster(backend), kubelet=False)
+    api = ApiServer(nodes or cluster(backend), kubelet=False, namespaces=("ns",))
     api_server = TestServer(api.app(), host="127.0.0.1")
     await api_server.start_server()
     client = RestKubeClient(str(api_server.make_url("")))

@@ -104,7 +104,7 @@ def test_z2jhs_own_config_spawns_a_gpu_server_through_kube_gpu_spawner(tmp_path:
     nodes.write_text(json.dumps([gpushare_node("gpu-a", 1, 15)]))
     rbac = rbac_file(tmp_path, rbac_objects(z2jh, render_companion()), hub_token, admin_token)
     api_log = (tmp_path / "apiserver.log").open("wb")
-    api_command = ["--port", str(ports["api"]), "--nodes", str(nodes), "--rbac", str(rbac)]
+    api_command = ["--port", str(ports["api"]), "--nodes", str(nodes), "--rbac", str(rbac), "--namespaces", NAMESPACE]
     apiserver = subprocess.Popen(
         [sys.executable, "-m", "tests.kube.apiserver", *api_command, "--schedulers", "default-scheduler"],
         stdout=api_log,
