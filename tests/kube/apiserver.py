@@ -408,6 +408,11 @@ class ApiServer:
     # -- controllers --------------------------------------------------------------------
 
     async def _schedule_created(self, pod: Obj) -> None:
+        if pod["spec"].get("nodeName"):  # created bound: no scheduler sees it, the node's kubelet runs it
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}]
+            if self.kubelet:
+                await self._run(pod)
+            return
         async with self.scheduling:
             await self._schedule(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
@@ -465,7 +470,9 @@ class ApiServer:
 
     async def _schedule(self, namespace: str, name: str) -> None:
         pod = self.store.get("pods", namespace, name)
-        if pod is None or not self._runs(pod["spec"].get("schedulerName") or "default-scheduler"):
+        if pod is None or pod["spec"].get("nodeName"):
+            return  # gone, or bound already
+        if not self._runs(pod["spec"].get("schedulerName") or "default-scheduler"):
             return  # no scheduler of that name runs: the pod waits, and nothing says why
         asked = {k: v for k, v in _limits(pod).items() if "/" in k}  # extended resources decide here
         nodes = self.store.items("nodes", None)
@@ -527,7 +534,7 @@ class ApiServer:
                 return
             kept = list(filtered.get("NodeNames") or [])
             if not kept:
-                failed = filtered.get("FailedNodes") or {}
+                failed = {**(filtered.get("FailedNodes") or {}), **(filtered.get("FailedAndUnresolvableNodes") or {})}
                 await self._unschedulable(pod, total, ", ".join(f"{n}: {m}" for n, m in sorted(failed.items())))
                 return
             scores = await call("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": kept})

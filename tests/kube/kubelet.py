@@ -1,9 +1,10 @@
 """The API double's kubelets: each pod a local process, or a podman container of its image.
 
-``ProcessKubelet`` (the default) runs a pod's first container command as a local process
-bound to the pod's own loopback address (127.A.B.N, A.B from the double's process id:
-``pod_addresses``), with the pod's environment, in a folder of its own whose
-``container.log`` is its log; volumes are not mounted (the process sees this machine's files).
+``ProcessKubelet`` (the default) runs a pod's first container command (``sleep infinity``
+for a pod that names none) as a local process bound to the pod's own loopback address
+(127.A.B.N, A.B from the double's process id: ``pod_addresses``), with the pod's environment,
+in a folder of its own whose ``container.log`` is its log; volumes are not mounted (the
+process sees this machine's files).
 A command of the container's is exec'd the same way (``exec_argv``: its environment, its folder).
 
 ``PodmanKubelet`` (``tests/kube/apiserver.py --podman-network NET``) runs each pod as a container
@@ -218,9 +219,9 @@ class ProcessKubelet:
 
     def start(self, pod: Obj, made: Sandbox) -> str:
         container = pod["spec"]["containers"][0]
-        command = [*(container.get("command") or []), *(container.get("args") or [])]
-        if not command:
-            raise ContainerFailedError("the double's process kubelet runs a pod's command; this pod names none")
+        # A pod that names no command runs its image's entrypoint, which no image here tells:
+        # an idle process stands for it (it runs until the pod is deleted, as a batch job would).
+        command = [*(container.get("command") or []), *(container.get("args") or [])] or ["sleep", "infinity"]
         address = next(self.addresses)
         env = {**os.environ, **made.env}
         port = int((container.get("ports") or [{"containerPort": 8888}])[0]["containerPort"])
