@@ -230,8 +230,9 @@ def test_filter_says_why_each_node_is_out() -> None:
     args = {"Pod": pod("big", Backend.HAMI, gib=24), "Nodes": None, "NodeNames": ["a", "b", "c", "gone"]}
     answer = filter_nodes(args, nodes, [], Backend.HAMI)
     assert answer["NodeNames"] == ["b", "c"] and answer["Nodes"] is None
-    assert set(answer["FailedNodes"]) == {"a", "gone"}
-    assert "The largest free slice is 16 GiB on a GPU" in answer["FailedNodes"]["a"]
+    # a's cards hold 16 GiB each, "gone" is no node: preempting pods would not help either
+    assert set(answer["FailedAndUnresolvableNodes"]) == {"a", "gone"} and not answer["FailedNodes"]
+    assert "The largest free slice is 16 GiB on a GPU" in answer["FailedAndUnresolvableNodes"]["a"]
     listed = {"Pod": args["Pod"], "Nodes": {"items": nodes}, "NodeNames": None}
     by_nodes = filter_nodes(listed, nodes, [], Backend.HAMI)
     assert [n["metadata"]["name"] for n in by_nodes["Nodes"]["items"]] == ["b", "c"] and by_nodes["NodeNames"] is None
