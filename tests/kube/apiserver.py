@@ -87,6 +87,8 @@ MANAGED = {
     "nvidia.com/gpucores": True,
 }
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+WAITING = ("ErrImagePull", "CreateContainerConfigError", "FailedMount")  # what the kubelet waits out
+RETRY_S = 2.0
 STDIN, STDOUT, STDERR, ERROR, CLOSE = 0, 1, 2, 3, 255
 
 
@@ -411,7 +413,7 @@ class ApiServer:
         if pod["spec"].get("nodeName"):  # created bound: no scheduler sees it, the node's kubelet runs it
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}]
             if self.kubelet:
-                await self._run(pod)
+                self.rest.spawn(self._run(pod))
             return
         async with self.scheduling:
             await self._schedule(pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -454,7 +456,7 @@ class ApiServer:
         await self.store.put("pods", namespace, pod, "MODIFIED")
         await self._event(pod, "Normal", "Scheduled", f"Successfully assigned {namespace}/{name} to {node}")
         if self.kubelet:
-            await self._run(pod)
+            self.rest.spawn(self._run(pod))
 
     def _free(self, node: Obj) -> dict[str, int]:
         free = {k: _quantity(v) for k, v in (node.get("status", {}).get("allocatable") or {}).items()}
@@ -588,16 +590,30 @@ class ApiServer:
     # -- the kubelet ----------------------------------------------------------------------
 
     async def _run(self, pod: Obj) -> None:
+        """The kubelet starts the pod's container. What it needs and is not there yet (a Secret, a
+        ConfigMap, a claim, the image) leaves it waiting, tried again every RETRY_S as the kubelet
+        tries again, until it is there or the pod is deleted (KubeSpawner makes a pod's Secret
+        after the pod, which names it)."""
         self._gpushare_assign(pod)
         meta = pod["metadata"]
-        lookup = self.store.get
-        services = self.store.items("services", meta["namespace"])
-        try:
-            made = sandbox(pod, lookup, services, self.root)
-            address = await asyncio.to_thread(self.runtime.start, pod, made)
-        except ContainerFailedError as exc:
-            await self._failed_to_start(pod, exc)
-            return
+        reported = ""
+        while True:
+            current = self.store.get("pods", meta["namespace"], meta["name"])
+            if current is None or current["metadata"]["uid"] != meta["uid"] or meta.get("deletionTimestamp"):
+                return
+            services = self.store.items("services", meta["namespace"])
+            try:
+                made = sandbox(pod, self.store.get, services, self.root)
+                address = await asyncio.to_thread(self.runtime.start, pod, made)
+                break
+            except ContainerFailedError as exc:
+                if exc.reason not in WAITING:
+                    await self._failed_to_start(pod, exc)
+                    return
+                if str(exc) != reported:
+                    await self._failed_to_start(pod, exc)
+                    reported = str(exc)
+            await asyncio.sleep(RETRY_S)
         self.started.add(meta["uid"])
         await self._running(pod, address)
         asyncio.get_running_loop().create_task(self._watch_container(pod))
@@ -606,9 +622,10 @@ class ApiServer:
         """An image that cannot be pulled or a missing ConfigMap/Secret leaves the pod Pending, waiting
         (the kubelet retries); a container that cannot start fails it (restartPolicy Never, as KubeSpawner sets)."""
         container = pod["spec"]["containers"][0]
-        waiting = exc.reason in ("ErrImagePull", "CreateContainerConfigError")
+        waiting = exc.reason in WAITING
+        reason = "ContainerCreating" if exc.reason == "FailedMount" else exc.reason
         state = (
-            {"waiting": {"reason": exc.reason, "message": str(exc)}}
+            {"waiting": {"reason": reason, "message": str(exc)}}
             if waiting
             else {"terminated": {"exitCode": 128, "reason": "StartError", "message": str(exc), "finishedAt": now()}}
         )
@@ -627,7 +644,10 @@ class ApiServer:
             ],
         )
         await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
-        await self._event(pod, "Warning", "Failed", str(exc) if exc.image else f"Error: {exc}")
+        if exc.reason == "FailedMount":
+            await self._event(pod, "Warning", "FailedMount", str(exc))
+        else:
+            await self._event(pod, "Warning", "Failed", str(exc) if exc.image else f"Error: {exc}")
 
     async def _running(self, pod: Obj, address: str) -> None:
         container = pod["spec"]["containers"][0]
@@ -718,7 +738,7 @@ class ApiServer:
         as KubeSpawner sets)."""
         meta = pod["metadata"]
         while (code := await asyncio.to_thread(self.runtime.exit_code, pod)) is None:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(self.runtime.poll_s)
         current = self.store.get("pods", meta["namespace"], meta["name"])
         if (
             current is None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.kube.containers import podman_command, security_flags
+from tests.kube.containers import expand, podman_command, security_flags, service_links
 from tests.kube.images import ULIMITS, exists, podman, podman_env
 
 Obj = dict[str, Any]
@@ -105,10 +105,13 @@ def sandbox(pod: Obj, lookup: Lookup, services: list[Obj], root: Path) -> Sandbo
     """The pod's environment and volumes from the objects they name (CreateContainerConfigError if one is missing)."""
     meta, spec = pod["metadata"], pod["spec"]
     namespace, container = meta["namespace"], spec["containers"][0]
-    made = Sandbox()
+    made = Sandbox(env=service_links(services) if spec.get("enableServiceLinks", True) else {})
 
-    def source(kind: str, name: str, optional: bool) -> dict[str, bytes] | None:
+    def source(kind: str, name: str, optional: bool, volume: str = "") -> dict[str, bytes] | None:
         obj = lookup("secrets" if kind == "secret" else "configmaps", namespace, name)
+        if obj is None and not optional and volume:  # the kubelet's volume manager waits for it
+            why = f'MountVolume.SetUp failed for volume "{volume}" : {kind} "{name}" not found'
+            raise ContainerFailedError(why, reason="FailedMount")
         if obj is None and not optional:
             raise ContainerFailedError(f'{kind} "{name}" not found', reason="CreateContainerConfigError")
         return None if obj is None else _decoded(obj, kind == "secret")
@@ -164,9 +167,9 @@ def _volume(volume: Obj, pod: Obj, lookup: Lookup, root: Path, source: Callable[
         claim_name = volume["persistentVolumeClaim"]["claimName"]
         claim = lookup("persistentvolumeclaims", meta["namespace"], claim_name)
         if claim is None:
-            raise ContainerFailedError(
-                f'persistentvolumeclaim "{claim_name}" not found', reason="CreateContainerConfigError"
-            )
+            missing = f'persistentvolumeclaim "{claim_name}" not found'
+            why = f'MountVolume.SetUp failed for volume "{volume["name"]}" : {missing}'
+            raise ContainerFailedError(why, reason="FailedMount")
         folder = root / "claims" / claim["metadata"]["uid"]
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o777)
@@ -181,7 +184,9 @@ def _volume(volume: Obj, pod: Obj, lookup: Lookup, root: Path, source: Callable[
         if "configMap" in projection or "secret" in projection:
             kind = "secret" if "secret" in projection else "configmap"
             ref = projection.get("secret") or projection["configMap"]
-            data = source(kind, ref.get("secretName") or ref.get("name"), bool(ref.get("optional"))) or {}
+            data = (
+                source(kind, ref.get("secretName") or ref.get("name"), bool(ref.get("optional")), volume["name"]) or {}
+            )
             items = ref.get("items") or [{"key": k, "path": k} for k in data]
             for item in items:
                 path = folder / item["path"]
@@ -205,6 +210,8 @@ def container_key(pod: Obj) -> str:
 
 class ProcessKubelet:
     """Pods as local processes on loopback addresses of their own."""
+
+    poll_s = 0.5  # how often the kubelet looks whether a container exited
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -279,6 +286,8 @@ class ProcessKubelet:
 
 
 class PodmanKubelet:
+    poll_s = 2.0  # each look is a podman process: less often than for a local process
+
     def __init__(self, network: str, root: Path, images: dict[str, str] | None = None) -> None:
         self.network = network
         self.root = root
@@ -295,6 +304,9 @@ class PodmanKubelet:
         """Start the pod's first container; its address on the network (the pod IP)."""
         spec, meta = pod["spec"], pod["metadata"]
         container = {**spec["containers"][0], "image": self.image(pod)}
+        for part in ("command", "args"):
+            if container.get(part):
+                container[part] = [expand(str(word), made.env) for word in container[part]]
         if not exists(container["image"]):
             raise ContainerFailedError(
                 f'Failed to pull image "{spec["containers"][0]["image"]}": not on this machine', image=True

@@ -328,14 +328,18 @@ class Rest:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + float(request.query.get("timeoutSeconds") or 1800)
         sent = since
-        while loop.time() < deadline:
-            for rv, res, ns, kind, obj in list(self.store.log):
-                if rv > sent and res == target.key and (scope is None or ns == scope) and wanted(obj):
-                    await send(kind, obj)
-            sent = self.store.current
-            async with self.store.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.store.changed.wait(), timeout=min(1, max(0.01, deadline - loop.time())))
+        try:
+            while loop.time() < deadline:
+                for rv, res, ns, kind, obj in list(self.store.log):
+                    if rv > sent and res == target.key and (scope is None or ns == scope) and wanted(obj):
+                        await send(kind, obj)
+                sent = self.store.current
+                async with self.store.changed:
+                    with contextlib.suppress(TimeoutError):
+                        left = min(1, max(0.01, deadline - loop.time()))
+                        await asyncio.wait_for(self.store.changed.wait(), timeout=left)
+        except ConnectionResetError:
+            pass  # the client closed its watch
         return response
 
     @staticmethod
