@@ -254,8 +254,13 @@ class ProcessKubelet:
         return address
 
     def exit_code(self, pod: Obj) -> int | None:
+        """None while it runs; its exit code once it exited (128 + N when killed by signal N, as a
+        container runtime reports it); -1 when it is gone (stopped by the kubelet)."""
         process = self.processes.get(container_key(pod))
-        return -1 if process is None else process.poll()
+        if process is None:
+            return -1
+        code = process.poll()
+        return 128 - code if code is not None and code < 0 else code
 
     def stop(self, pod: Obj, grace: float) -> None:
         process = self.processes.pop(container_key(pod), None)
