@@ -890,7 +890,8 @@ def main() -> None:
     if args.tls_cert:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(args.tls_cert, args.tls_key)
-    web.run_app(server.app(), host=args.host, port=args.port, ssl_context=tls, print=None)
+    # On SIGTERM, open watches are not waited for long: a real API server drops them too.
+    web.run_app(server.app(), host=args.host, port=args.port, ssl_context=tls, print=None, shutdown_timeout=5)
 
 
 if __name__ == "__main__":

