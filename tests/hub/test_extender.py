@@ -32,7 +32,7 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from hub.extender import RestKubeClient, make_app
-from spawner.backends import Backend
+from spawner.sharing import backend as sharing
 from tests.kube.apiserver import ApiServer
 
 Obj = dict[str, Any]
@@ -133,7 +133,7 @@ def with_extender(test: Callable[[Scheduler], Awaitable[None]]) -> None:
         api_server = TestServer(api.app(), host="127.0.0.1")
         await api_server.start_server()
         api_url = str(api_server.make_url("")).rstrip("/")
-        extender = TestServer(make_app(RestKubeClient(api_url), Backend.GPUSHARE, clock=lambda: NOW_NS))
+        extender = TestServer(make_app(RestKubeClient(api_url), sharing("gpushare"), clock=lambda: NOW_NS))
         await extender.start_server()
         try:
             busy = {

@@ -64,6 +64,7 @@ from tests.kube.api.errors import ApiError
 from tests.kube.api.rest import Rest, Target, flag, is_watch, verb
 from tests.kube.api.selectors import matches_labels
 from tests.kube.api.store import Store, now
+from tests.kube.apiserver_groups import GroupsMixin
 from tests.kube.kubelet import (
     ContainerFailedError,
     PodmanKubelet,
@@ -141,7 +142,7 @@ def exit_status(command: list[str], code: int) -> Obj:
     }
 
 
-class ApiServer:
+class ApiServer(GroupsMixin):
     def __init__(
         self,
         nodes: list[Obj],
@@ -478,6 +479,8 @@ class ApiServer:
             return  # no scheduler of that name runs: the pod waits, and nothing says why
         asked = {k: v for k, v in _limits(pod).items() if "/" in k}  # extended resources decide here
         nodes = self.store.items("nodes", None)
+        if await self.schedule_in_groups(pod, nodes):  # DRA claims, KAI's pods (tests/kube/apiserver_groups.py)
+            return
         interested = not self.managed or any(r in self.managed for r in asked)
         if self.extender and pod["spec"].get("schedulerName") == self.scheduler_name and interested:
             checked = {r: a for r, a in asked.items() if not self.managed.get(r)}

@@ -7,11 +7,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.kube import dra, kai
 from tests.kube.api import apps, batch, core
-from tests.kube.api.schema import Group
+from tests.kube.api.schema import Group, Resource
 
 Obj = dict[str, Any]
-GROUPS: tuple[Group, ...] = (core.GROUP, apps.GROUP, batch.GROUP)
+
+
+def group_of(name: str, version: str, resources: dict[str, tuple[str, bool]]) -> Group:
+    """A group whose resources are served as they are stored: {plural: (kind, namespaced)}."""
+    return Group(name, version, tuple(Resource(p, kind, namespaced=ns) for p, (kind, ns) in resources.items()))
+
+
+GROUPS: tuple[Group, ...] = (
+    core.GROUP,
+    apps.GROUP,
+    batch.GROUP,
+    group_of(dra.GROUP, dra.VERSION, dra.RESOURCES),  # resource.k8s.io: DRA (tests/kube/dra.py)
+    group_of(kai.GROUP, kai.VERSION, kai.RESOURCES),  # scheduling.run.ai: KAI's queues (tests/kube/kai.py)
+)
 
 
 def group(name: str, version: str) -> Group | None:
