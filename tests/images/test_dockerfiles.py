@@ -138,3 +138,18 @@ def test_the_supported_jupyterhub_range_runs_from_the_images_pin_to_this_environ
     )
     assert supported.contains(pinned) and not supported.contains(f"{pinned.major}.{pinned.minor - 1}.99")
     assert supported.contains(version("jupyterhub"))
+
+
+def test_every_file_a_dockerfile_copies_is_in_the_build_context() -> None:
+    """.containerignore lets in only what is named (`*`, then `!path`): a COPY of anything else fails the build."""
+    from tests.kube.images import copied_sources
+
+    allowed = [
+        line[1:].strip()
+        for line in (IMAGES.parent / ".containerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    for dockerfile in sorted(IMAGES.glob("*/Dockerfile")):
+        for source in copied_sources(dockerfile):
+            relative = source.relative_to(IMAGES.parent).as_posix()
+            assert any(relative == a or relative.startswith(f"{a}/") for a in allowed), (dockerfile, relative)
