@@ -121,7 +121,7 @@ def placed_on(backend: Backend, p: dict[str, Any], nodes: list[dict[str, Any]]) 
 async def through_the_extender(
     backend: Backend, pods: list[dict[str, Any]], nodes: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
-    api = ApiServer(nodes or cluster(backend), kubelet=False)
+    api = ApiServer(nodes or cluster(backend), kubelet=False, namespaces=("ns",))
     api_server = TestServer(api.app(), host="127.0.0.1")
     await api_server.start_server()
     client = RestKubeClient(str(api_server.make_url("")))
@@ -236,8 +236,9 @@ def test_filter_says_why_each_node_is_out() -> None:
     args = {"Pod": pod("big", Backend.HAMI, gib=24), "Nodes": None, "NodeNames": ["a", "b", "c", "gone"]}
     answer = filter_nodes(args, nodes, [], sharing(Backend.HAMI))
     assert answer["NodeNames"] == ["b", "c"] and answer["Nodes"] is None
-    assert set(answer["FailedNodes"]) == {"a", "gone"}
-    assert "The largest free slice is 16 GiB on a GPU" in answer["FailedNodes"]["a"]
+    # a's cards hold 16 GiB each, "gone" is no node: preempting pods would not help either
+    assert set(answer["FailedAndUnresolvableNodes"]) == {"a", "gone"} and not answer["FailedNodes"]
+    assert "The largest free slice is 16 GiB on a GPU" in answer["FailedAndUnresolvableNodes"]["a"]
     listed = {"Pod": args["Pod"], "Nodes": {"items": nodes}, "NodeNames": None}
     by_nodes = filter_nodes(listed, nodes, [], sharing(Backend.HAMI))
     assert [n["metadata"]["name"] for n in by_nodes["Nodes"]["items"]] == ["b", "c"] and by_nodes["NodeNames"] is None
