@@ -7,8 +7,9 @@ use, weighted by how popular each type is. Pure code over ``ClusterState`` array
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,12 +22,18 @@ class Workload:
 
     demands: tuple[Demand, ...]
     weights: tuple[float, ...]
+    # Already most popular first (as ``from_counts`` makes it), so ``top`` need not sort.
+    ranked: bool = field(default=False, compare=False)
 
     @classmethod
     def from_demands(cls, demands: Iterable[Demand], coverage: float = 1.0, max_types: int | None = 64) -> Workload:
         """Types by frequency, the most popular first, until ``coverage`` of tasks are covered
         (and at most ``max_types`` of them; None keeps every type)."""
-        counts = Counter(demands)
+        return cls.from_counts(Counter(demands), coverage, max_types)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[Demand, int], coverage: float = 1.0, max_types: int | None = 64) -> Workload:
+        """As ``from_demands``, from how many times each demand was seen."""
         total = sum(counts.values())
         if total == 0:
             raise ValueError("a workload needs at least one demand")
@@ -34,23 +41,24 @@ class Workload:
         covered = 0
         # Most popular first; equal counts in a fixed order, so that the same demands in any
         # arrival order make the same workload (and the same floating-point sums).
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], repr(item[0])))
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], rank_key(item[0])))
         for demand, count in ranked[:max_types]:
             kept.append((demand, count))
             covered += count
             if covered >= coverage * total:
                 break
         weight_sum = sum(c for _, c in kept)
-        return cls(tuple(d for d, _ in kept), tuple(c / weight_sum for _, c in kept))
+        return cls(tuple(d for d, _ in kept), tuple(c / weight_sum for _, c in kept), ranked=True)
 
     def top(self, max_types: int) -> Workload:
         """The ``max_types`` most popular types, their weights scaled to sum to 1 again."""
         if len(self.demands) <= max_types:
             return self
-        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], repr(wd[1])))
+        pairs = zip(self.weights, self.demands, strict=True)
+        ranked = list(pairs) if self.ranked else sorted(pairs, key=lambda wd: (-wd[0], rank_key(wd[1])))
         kept = ranked[:max_types]
         weight_sum = sum(w for w, _ in kept)
-        return Workload(tuple(d for _, d in kept), tuple(w / weight_sum for w, _ in kept))
+        return Workload(tuple(d for _, d in kept), tuple(w / weight_sum for w, _ in kept), ranked=True)
 
     def grouped(self, max_types: int) -> Workload:
         """At most ``max_types`` types (more only where there are more GPU shapes) that keep the
@@ -59,7 +67,7 @@ class Workload:
         its most popular type, the slots left go to the next most popular types, and every type
         left out adds its weight to the most popular kept type of its shape.
         """
-        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], repr(wd[1])))
+        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], rank_key(wd[1])))
         head: dict[object, Demand] = {}  # each shape's most popular type
         for _, demand in ranked:
             head.setdefault(gpu_shape(demand), demand)
@@ -72,6 +80,13 @@ class Workload:
         for w, demand in ranked:
             weight[demand if demand in kept else head[gpu_shape(demand)]] += w
         return Workload(tuple(weight), tuple(weight.values()))
+
+
+@lru_cache(maxsize=4096)
+def rank_key(demand: Demand) -> str:
+    """The order of types equally popular: their text, computed once per demand (a live
+    policy ranks the arrivals so far at every decision)."""
+    return repr(demand)
 
 
 def gpu_shape(demand: Demand) -> tuple[object, ...]:
@@ -110,6 +125,20 @@ class WorkloadArrays:
             weight=np.array(workload.weights),
         )
 
+    def subset(self, columns: IntArray, weight: FloatArray | None = None) -> WorkloadArrays:
+        """The types at ``columns``, in that order, with these weights (default: their own)."""
+        return WorkloadArrays(
+            cpu=self.cpu[columns],
+            mem=self.mem[columns],
+            whole=self.whole[columns],
+            frac=self.frac[columns],
+            units=self.units[columns],
+            is_slice=self.is_slice[columns],
+            is_cpu=self.is_cpu[columns],
+            model_mask=self.model_mask[:, columns],
+            weight=self.weight[columns] if weight is None else weight,
+        )
+
 
 def fragmentation(
     wl: WorkloadArrays,
@@ -124,44 +153,157 @@ def fragmentation(
     filled: bool = False,
     filled_host: bool = True,
 ) -> FloatArray:
-    """Expected GPU fragmentation, in cards, of each of C node states against the workload.
+    """Expected GPU fragmentation, in cards, of each of C node states against the workload:
+    ``type_fragment`` weighted by each type's popularity."""
+    per_type = type_fragment(
+        wl,
+        free,
+        cap,
+        model,
+        usable,
+        cpu,
+        mem,
+        cpu_tasks_fragment=cpu_tasks_fragment,
+        filled=filled,
+        filled_host=filled_host,
+    )
+    return np.asarray(per_type @ wl.weight)
+
+
+def type_fragment(
+    wl: WorkloadArrays,
+    free: FloatArray,
+    cap: FloatArray,
+    model: IntArray,
+    usable: BoolArray,
+    cpu: FloatArray,
+    mem: FloatArray,
+    *,
+    cpu_tasks_fragment: bool = True,
+    filled: bool = False,
+    filled_host: bool = True,
+) -> FloatArray:
+    """(C, T): each node state's fragment for each task type, in cards.
 
     For a task type t, a node's fragment is the free GPU that t cannot use: all of
     it when t does not fit the node at all (CPU, memory, model or GPU), otherwise
     the free part of each GPU too small for t (for whole-card types, every GPU that is
     not wholly free). For a type that asks for no GPU the paper counts all free GPU as
     fragment; ``cpu_tasks_fragment=False`` counts it only when the task does not fit.
+    A type's fragment depends on the node state and that type alone, not on the other
+    types or their popularity, so it can be remembered per type.
 
     ``filled=True`` counts, for a GPU type, the free GPU that tasks of t cannot use when
     the node takes as many of them as it can, one after another (``filled_fragment``),
     rather than what one task of t cannot use.
     """
-    safe_cap = np.where(cap > 0, cap, 1.0)
-    frac = np.where(usable, free / safe_cap, 0.0)  # (C, G)
-    total = frac.sum(axis=1)  # (C,)
-    fits, full, host, gpu_fit = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
-    if filled:
-        frag = filled_fragment(wl, free, cap, fits, full, cpu, mem, total, host_bound=filled_host)
-    else:
-        slice_frag = np.einsum("cg,cgt->ct", frac, ~fits)
-        whole_frag = np.einsum("cg,cgt->ct", frac, ~full)
-        frag = np.where(wl.is_slice[None, :], slice_frag, whole_frag)
-    per_type = np.where(host & gpu_fit, frag, total[:, None])
-    cpu_value = total[:, None] if cpu_tasks_fragment else np.where(host, 0.0, total[:, None])
-    per_type = np.where(wl.is_cpu[None, :], cpu_value, per_type)
-    return np.asarray(per_type @ wl.weight)
+    parts = FitParts.of(wl, free, cap, model, usable, cpu, mem)
+    return parts.fragment(cpu_tasks_fragment=cpu_tasks_fragment, filled=filled, filled_host=filled_host)
 
 
-def filled_fragment(
+def type_capacity(
     wl: WorkloadArrays,
     free: FloatArray,
     cap: FloatArray,
-    fits: BoolArray,
-    full: BoolArray,
+    model: IntArray,
+    usable: BoolArray,
     cpu: FloatArray,
     mem: FloatArray,
-    total: FloatArray,
-    host_bound: bool = True,
+) -> FloatArray:
+    """(C, T): how many tasks of type t each of C node states could still take, one after another.
+
+    A slice type: the slices that fit on its GPUs side by side; a whole-card type: its free
+    cards over the cards it asks; both bounded by the CPU and memory. A type asking for no
+    GPU: the CPU and memory alone.
+    """
+    return FitParts.of(wl, free, cap, model, usable, cpu, mem).places()
+
+
+@dataclass
+class FitParts:
+    """What fragments and places are made of, for C node states and T task types.
+
+    The GPU side is worked out once per GPU *shape* (cards or slice, allowed models: S of them,
+    far fewer than the types, which differ mostly in CPU and memory), then spread to the types;
+    the host side (CPU, memory) per type.
+    """
+
+    wl: WorkloadArrays
+    shape: IntArray  # (T,): each type's GPU shape
+    shapes: WorkloadArrays  # the S shapes (their CPU and memory are those of one type each: unused)
+    free: FloatArray
+    cap: FloatArray
+    frac: FloatArray  # (C, G): each usable GPU's free share of its card
+    total: FloatArray  # (C,): free GPU in cards
+    fits: BoolArray  # (C, G, S): GPUs that hold a slice of the shape
+    full: BoolArray  # (C, G, S): wholly free GPUs the shape accepts
+    host: BoolArray  # (C, T): CPU and memory fit
+    gpu_fit: BoolArray  # (C, S): the slice fits a GPU, or enough cards are wholly free
+    cpu: FloatArray
+    mem: FloatArray
+
+    @classmethod
+    def of(
+        cls,
+        wl: WorkloadArrays,
+        free: FloatArray,
+        cap: FloatArray,
+        model: IntArray,
+        usable: BoolArray,
+        cpu: FloatArray,
+        mem: FloatArray,
+    ) -> FitParts:
+        shapes, shape = gpu_shapes(wl)
+        safe_cap = np.where(cap > 0, cap, 1.0)
+        frac = np.where(usable, free / safe_cap, 0.0)
+        fits, full, gpu_fit = _gpu_fit_parts(shapes, free, cap, model, usable)
+        host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
+        return cls(wl, shape, shapes, free, cap, frac, frac.sum(axis=1), fits, full, host, gpu_fit, cpu, mem)
+
+    def fragment(
+        self, *, cpu_tasks_fragment: bool = True, filled: bool = False, filled_host: bool = True
+    ) -> FloatArray:
+        """(C, T): ``type_fragment``."""
+        wl, total = self.wl, self.total
+        if filled:
+            slots, cards_per_slot = _gpu_slots(self.shapes, self.free, self.cap, self.fits, self.full)
+            frag = filled_fragment(
+                slots[:, self.shape],
+                cards_per_slot[:, self.shape],
+                _host_slots(wl, self.cpu, self.mem),
+                total,
+                host_bound=filled_host,
+            )
+        else:
+            slice_frag = np.einsum("cg,cgs->cs", self.frac, ~self.fits)
+            whole_frag = np.einsum("cg,cgs->cs", self.frac, ~self.full)
+            frag = np.where(self.shapes.is_slice[None, :], slice_frag, whole_frag)[:, self.shape]
+        per_type = np.where(self.host & self.gpu_fit[:, self.shape], frag, total[:, None])
+        cpu_value = total[:, None] if cpu_tasks_fragment else np.where(self.host, 0.0, total[:, None])
+        return np.asarray(np.where(wl.is_cpu[None, :], cpu_value, per_type))
+
+    def places(self) -> FloatArray:
+        """(C, T): ``type_capacity``."""
+        slots, _ = _gpu_slots(self.shapes, self.free, self.cap, self.fits, self.full)
+        gpu = np.where(self.wl.is_cpu[None, :], np.inf, slots[:, self.shape])
+        host = _host_slots(self.wl, self.cpu, self.mem)
+        return np.asarray(np.maximum(np.minimum(gpu, host), 0.0))
+
+
+def gpu_shapes(wl: WorkloadArrays) -> tuple[WorkloadArrays, IntArray]:
+    """The distinct GPU shapes of the types (cards, slice, allowed models), and each type's."""
+    key = np.column_stack((wl.whole, wl.frac, wl.units, wl.is_slice, wl.is_cpu, wl.model_mask.T)).astype(np.float64)
+    rows = row_bytes(key)
+    first: dict[bytes, int] = {}  # each shape's first type
+    for i, row in enumerate(rows):
+        first.setdefault(row, i)
+    number = {row: n for n, row in enumerate(first)}
+    shape = np.array([number[row] for row in rows], dtype=np.int64)
+    return wl.subset(np.array(list(first.values()), dtype=np.int64)), shape
+
+
+def filled_fragment(
+    slots: FloatArray, cards_per_slot: FloatArray, host_slots: FloatArray, total: FloatArray, host_bound: bool = True
 ) -> FloatArray:
     """(C, T): the free GPU, in cards, left unused when each node takes as many tasks of type t
     as it can, one after another.
@@ -173,8 +315,7 @@ def filled_fragment(
     or memory cannot feed: a node with eight free cards and CPU for two half-card slices
     leaves seven cards to that type. Nothing is chosen: the count follows from the node and t.
     """
-    slots, cards_per_slot = _gpu_slots(wl, free, cap, fits, full)
-    taken = np.minimum(slots, _host_slots(wl, cpu, mem)) if host_bound else slots
+    taken = np.minimum(slots, host_slots) if host_bound else slots
     return np.asarray(np.maximum(total[:, None] - taken * cards_per_slot, 0.0))
 
 
@@ -201,46 +342,17 @@ def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatAr
     return np.asarray(np.fmin(np.nan_to_num(by_cpu, nan=np.inf), np.nan_to_num(by_mem, nan=np.inf)))
 
 
-def _type_fit_parts(
-    wl: WorkloadArrays,
-    free: FloatArray,
-    cap: FloatArray,
-    model: IntArray,
-    usable: BoolArray,
-    cpu: FloatArray,
-    mem: FloatArray,
-) -> tuple[BoolArray, BoolArray, BoolArray, BoolArray]:
-    """Per node state and type: (C, G, T) GPUs that hold a slice of t, (C, G, T) wholly free
-    GPUs t accepts, (C, T) host fit (CPU and memory), (C, T) GPU fit (slice or enough cards)."""
-    allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, T)
+def _gpu_fit_parts(
+    wl: WorkloadArrays, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray
+) -> tuple[BoolArray, BoolArray, BoolArray]:
+    """Per node state and GPU shape: (C, G, S) GPUs that hold a slice of it, (C, G, S) wholly
+    free GPUs it accepts, (C, S) GPU fit (slice or enough cards)."""
+    allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, S)
     need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]
-    fits = allowed & (free[:, :, None] >= need - EPS)  # GPU holds a slice of type t
+    fits = allowed & (free[:, :, None] >= need - EPS)  # GPU holds a slice of the shape
     full = allowed & (free >= cap - EPS)[:, :, None]
-    host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
     gpu_fit = np.where(wl.is_slice[None, :], fits.any(axis=1), full.sum(axis=1) >= wl.whole[None, :])
-    return fits, full, host, gpu_fit
-
-
-def type_capacity(
-    wl: WorkloadArrays,
-    free: FloatArray,
-    cap: FloatArray,
-    model: IntArray,
-    usable: BoolArray,
-    cpu: FloatArray,
-    mem: FloatArray,
-) -> FloatArray:
-    """(C, T): how many tasks of type t each of C node states could still take, one after another.
-
-    A slice type: the slices that fit on its GPUs side by side; a whole-card type: its free
-    cards over the cards it asks; both bounded by the CPU and memory. A type asking for no
-    GPU: the CPU and memory alone.
-    """
-    fits, full, _, _ = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
-    slots, _ = _gpu_slots(wl, free, cap, fits, full)
-    gpu = np.where(wl.is_cpu[None, :], np.inf, slots)
-    host = _host_slots(wl, cpu, mem)
-    return np.asarray(np.maximum(np.minimum(gpu, host), 0.0))
+    return fits, full, gpu_fit
 
 
 def gpu_cards(wl: WorkloadArrays) -> FloatArray:
@@ -285,6 +397,12 @@ def bound_demand_per_free_card(wl: WorkloadArrays, free_cards: FloatArray) -> Fl
     return np.asarray(np.divide(demand, free_cards, out=np.zeros_like(demand), where=free_cards > 0))
 
 
+def row_bytes(rows: FloatArray) -> list[bytes]:
+    """Each row's exact bytes (a key that tells every distinct row apart), in one call."""
+    rows = np.ascontiguousarray(rows, dtype=np.float64)
+    return list(rows.view(f"V{rows.shape[1] * 8}").ravel().tolist())
+
+
 def row_hash_weights(width: int) -> FloatArray:
     """Fixed random weights: equal rows get equal hashes, distinct rows (almost surely) not."""
     if width not in _HASH_WEIGHTS:
@@ -298,13 +416,11 @@ _HASH_WEIGHTS: dict[int, FloatArray] = {}
 def distinct_gpus(state: ClusterState, cand: BoolArray) -> BoolArray:
     """Drop candidate GPUs equal (free, size, model) to an earlier candidate on the same node."""
     rows = np.flatnonzero(cand.any(axis=1))  # only nodes with a candidate: often a few of many
-    free, cap, model, c = state.free[rows], state.cap[rows], state.model[rows], cand[rows]
-    same = (
-        (free[:, :, None] == free[:, None, :])
-        & (cap[:, :, None] == cap[:, None, :])
-        & (model[:, :, None] == model[:, None, :])
-        & c[:, None, :]
-    )
+    c = cand[rows]
+    # Equal GPUs hash alike; distinct ones (almost surely) not.
+    weights = row_hash_weights(3)
+    gpu = state.free[rows] * weights[0] + state.cap[rows] * weights[1] + state.model[rows] * weights[2]
+    same = (gpu[:, :, None] == gpu[:, None, :]) & c[:, None, :]
     earlier = np.tril(np.ones((cand.shape[1], cand.shape[1]), dtype=bool), k=-1)
     kept = np.zeros_like(cand)
     kept[rows] = c & ~(same & earlier).any(axis=2)
