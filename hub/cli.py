@@ -119,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     placement.add_argument("--seeds", type=int, default=1, help="replays per policy, seeds 0..N-1 (default 1)")
     placement.add_argument("--json", action="store_true", help="print JSON (the only format for now)")
+    placement.add_argument(
+        "--oracle",
+        action="store_true",
+        help="tell each policy the whole list's popularity (default: the arrivals so far)",
+    )
+    placement.add_argument("--bound", action="store_true", help="also the limit: the relaxation and hindsight packing")
     spawn = benches.add_parser("spawn", help="spawn-to-ready time, gpuslice vs plain JupyterHub")
     spawn.add_argument("--runs", type=int, default=5, help="timed spawns per hub (default 5)")
     klass = benches.add_parser("class", help="N users start servers at once, gpuslice vs plain JupyterHub")
@@ -363,7 +369,7 @@ def _scheduler_extender(args: argparse.Namespace) -> int:
 
 
 def _bench_placement(args: argparse.Namespace) -> int:
-    from bench.placement import TraceError, bench, read_nodes, read_tasks  # bench sits above hub: import on use
+    from bench.placement import Knowledge, TraceError, bench, read_nodes, read_tasks  # bench sits above hub
 
     if args.seeds < 1:
         print("gpuslice: --seeds must be at least 1", file=sys.stderr)
@@ -374,7 +380,12 @@ def _bench_placement(args: argparse.Namespace) -> int:
     except TraceError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
-    result = bench(nodes, tasks, args.policy or list(POLICIES), args.seeds)
+    knowledge = Knowledge.ORACLE if args.oracle else Knowledge.LIVE
+    result = bench(nodes, tasks, args.policy or list(POLICIES), args.seeds, knowledge)
+    if args.bound:
+        with _bench_extra():
+            from bench.bound import add_limit  # the relaxation needs scipy (the bench extra)
+        add_limit(result, nodes, tasks, args.seeds)
     print(json.dumps(result, indent=2))
     return 0
 
