@@ -337,9 +337,11 @@ def _gpu_slots(
 
 def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatArray:
     """(C, T): the tasks of each type the node's CPU and memory alone could take."""
-    by_cpu = np.floor((cpu[:, None] + EPS) / np.where(wl.cpu > 0, wl.cpu, np.nan)[None, :])
-    by_mem = np.floor((mem[:, None] + EPS) / np.where(wl.mem > 0, wl.mem, np.nan)[None, :])
-    return np.asarray(np.fmin(np.nan_to_num(by_cpu, nan=np.inf), np.nan_to_num(by_mem, nan=np.inf)))
+    shape = (cpu.size, wl.cpu.size)
+    # A type that asks for no CPU (or memory) is not bounded by it: infinitely many.
+    by_cpu = np.divide(cpu[:, None] + EPS, wl.cpu[None, :], out=np.full(shape, np.inf), where=wl.cpu[None, :] > 0)
+    by_mem = np.divide(mem[:, None] + EPS, wl.mem[None, :], out=np.full(shape, np.inf), where=wl.mem[None, :] > 0)
+    return np.asarray(np.minimum(np.floor(by_cpu), np.floor(by_mem)))
 
 
 def _gpu_fit_parts(
