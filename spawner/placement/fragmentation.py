@@ -67,7 +67,8 @@ class Workload:
         its most popular type, the slots left go to the next most popular types, and every type
         left out adds its weight to the most popular kept type of its shape.
         """
-        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], rank_key(wd[1])))
+        pairs = zip(self.weights, self.demands, strict=True)
+        ranked = list(pairs) if self.ranked else sorted(pairs, key=lambda wd: (-wd[0], rank_key(wd[1])))
         head: dict[object, Demand] = {}  # each shape's most popular type
         for _, demand in ranked:
             head.setdefault(gpu_shape(demand), demand)
@@ -89,6 +90,7 @@ def rank_key(demand: Demand) -> str:
     return repr(demand)
 
 
+@lru_cache(maxsize=4096)
 def gpu_shape(demand: Demand) -> tuple[object, ...]:
     """What of a demand decides which free GPU it can use: cards or slice, and allowed models."""
     models = tuple(sorted(demand.models)) if demand.models else ()

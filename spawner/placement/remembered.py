@@ -30,9 +30,9 @@ from spawner.placement.state import BoolArray, Demand, FloatArray, IntArray
 # (types, free, cap, model, usable, cpu, mem) -> (K, C, T): K values per node state and type.
 Scorer = Callable[[WorkloadArrays, FloatArray, FloatArray, IntArray, BoolArray, FloatArray, FloatArray], FloatArray]
 
-# 16,384 states of up to 128 types and two values each: at most 32 MB, written only as used.
+# 16,384 states of up to 192 types and two values each: at most 48 MB, written only as used.
 SLOTS = 16_384
-MAX_TYPES = 128
+MAX_TYPES = 192
 
 
 class TypeValues:
@@ -70,8 +70,10 @@ class TypeValues:
         """The column of each type, numbering the new ones (and starting again when full)."""
         new = [d for d in dict.fromkeys(demands) if d not in self._column]
         if len(self._column) + len(new) > self.max_types:
-            if len(set(demands)) > self.max_types:
-                raise ValueError(f"at most {self.max_types} task types can be scored at once, not {len(demands)}")
+            asked = len(set(demands))
+            if asked > self.max_types:  # a target wider than the table: widen it
+                self.max_types = asked
+                self._table = np.zeros((self.width, self._known.size, asked))
             self._column.clear()
             self._slot.clear()
             self.generation += 1
@@ -119,6 +121,10 @@ class TypeValues:
 
     def _slots(self, keys: list[bytes]) -> IntArray:
         """The table row of each state; states not seen get a row that knows no type."""
+        if len(keys) > self._known.size:  # more distinct states at once than rows: more rows
+            self._table = np.zeros((self.width, len(keys), self.max_types))
+            self._known = np.zeros(len(keys), dtype=np.int64)
+            self._slot.clear()
         slots = list(map(self._slot.get, keys))
         new = [i for i, s in enumerate(slots) if s is None]
         if new and len(self._slot) + len(new) > self._known.size:

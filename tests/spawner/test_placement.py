@@ -28,7 +28,9 @@ from spawner.placement import (
     known_workload,
     make_policy,
     type_capacity,
+    type_fragment,
 )
+from spawner.placement.remembered import TypeValues
 from spawner.shares import GiB, GpuRequest
 
 
@@ -191,6 +193,26 @@ def test_a_policy_told_the_arrivals_so_far_decides_as_one_made_afresh_for_each(
             mine.commit(choice, demand)
             theirs.commit(choice, demand)
     assert 40 < placed < 160  # the cluster filled up: later arrivals were refused
+
+
+def test_remembered_values_stay_right_when_the_table_fills_and_starts_again() -> None:
+    """A table of three states and two types, asked for more of both: it starts again (and widens
+    for a target of three types) and still answers what scoring afresh answers."""
+
+    def score(types: WorkloadArrays, *state: np.ndarray) -> np.ndarray:
+        return np.asarray(type_fragment(types, *state))[None]
+
+    small = TypeValues(score, 1, ["T4"], slots=3, max_types=2)
+    fresh = TypeValues(score, 1, ["T4"], remember=False)
+    shapes = [slice_(0.25), slice_(0.5), Demand(gpus=1), Demand(gpus=2)]
+    rng = np.random.default_rng(5)
+    for step in range(30):
+        target = [shapes[i] for i in rng.choice(4, size=1 + step % 3, replace=False)]
+        s = state(rng.choice([0, 250, 500, 1000], size=(4, 2)).tolist())
+        asked = (s.free, s.cap, s.model, s.usable, s.cpu, s.mem)
+        mine, theirs = small.columns(target), fresh.columns(target)  # the types first, then their values
+        assert small.values(*asked)[0][:, mine].tolist() == fresh.values(*asked)[0][:, theirs].tolist()
+    assert small.generation > 0 and small.max_types == 3
 
 
 def test_the_known_workload_is_every_arrival_so_far_and_the_one_arriving() -> None:
