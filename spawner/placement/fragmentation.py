@@ -69,17 +69,20 @@ class Workload:
         """
         pairs = zip(self.weights, self.demands, strict=True)
         ranked = list(pairs) if self.ranked else sorted(pairs, key=lambda wd: (-wd[0], rank_key(wd[1])))
+        shapes = [gpu_shape(demand) for _, demand in ranked]
         head: dict[object, Demand] = {}  # each shape's most popular type
-        for _, demand in ranked:
-            head.setdefault(gpu_shape(demand), demand)
+        for shape, (_, demand) in zip(shapes, ranked, strict=True):
+            head.setdefault(shape, demand)
         kept = set(head.values())
         for _, demand in ranked:
             if len(kept) >= max_types:
                 break
             kept.add(demand)
-        weight: dict[Demand, float] = dict.fromkeys((d for _, d in ranked if d in kept), 0.0)
-        for w, demand in ranked:
-            weight[demand if demand in kept else head[gpu_shape(demand)]] += w
+        # Kept types in the order ranked (a shape's head comes before the types it stands for).
+        weight: dict[Demand, float] = {}
+        for shape, (w, demand) in zip(shapes, ranked, strict=True):
+            into = demand if demand in kept else head[shape]
+            weight[into] = weight.get(into, 0.0) + w
         return Workload(tuple(weight), tuple(weight.values()))
 
 

@@ -35,6 +35,20 @@ class Demand:
     slice_fraction: float | None = None  # or as a share of the card (0..1)
     models: frozenset[str] | None = None  # allowed GPU models; None: any
 
+    def __hash__(self) -> int:
+        # Demands key the counts of the arrivals so far, which a live policy ranks and groups at
+        # every decision: hash the fields once (the same value the dataclass would compute).
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            fields = (self.cpu_milli, self.memory_bytes, self.gpus, self.slice_units, self.slice_fraction, self.models)
+            cached = hash(fields)
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without the cached hash: another process hashes strings differently."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @classmethod
     def from_request(
         cls, request: GpuRequest, *, cpu_milli: int = 0, memory_bytes: int = 0, models: Iterable[str] | None = None
