@@ -333,8 +333,12 @@ def render_limits(
             f"| {case.name} | {case.capacity:.0f} | {case.lowest():.1f} | {case.hindsight():.1f} | {cells}"
             f" | {ratios} | {case.limits[0].hindsight.packer} |"
         )
-    out += ["", "| policy | cases | mean vs hindsight | mean vs relaxation | gap at most half fgd's |"]
-    out.append("| --- | --- | ---: | ---: | ---: |")
+    out += [
+        "",
+        "| policy | cases | mean vs hindsight | mean vs relaxation | gap to hindsight, GPUs (sum) | gap / fgd's (sums)"
+        " | cases with gap at most half fgd's |",
+    ]
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for p in policies:
         for what, cases in (("visible lists", visible), ("mixes", mixes)):
             cases = [c for c in cases if c.limits]
@@ -342,9 +346,11 @@ def render_limits(
                 continue
             above = statistics.fmean(c.above_hindsight(p) for c in cases)
             over_lp = statistics.fmean((c.unallocated(p) - c.lowest()) / c.lowest() for c in cases)
-            half = sum(c.gap_ratio(p) <= 0.5 for c in cases) if p in ours else None
-            half_text = f"{half} of {len(cases)}" if half is not None else ""
-            out.append(f"| {p} | {what} | {above:+.1%} | {over_lp:+.1%} | {half_text} |")
+            gap = sum(c.unallocated(p) - c.hindsight() for c in cases)
+            fgd_gap = sum(c.unallocated(BASELINE) - c.hindsight() for c in cases) if BASELINE in policies else 0.0
+            ratio = f"{gap / fgd_gap:.2f}" if fgd_gap > 0 else ""
+            half = f"{sum(c.gap_ratio(p) <= 0.5 for c in cases)} of {len(cases)}" if p in ours else ""
+            out.append(f"| {p} | {what} | {above:+.1%} | {over_lp:+.1%} | {gap:.1f} | {ratio} | {half} |")
     return out
 
 
