@@ -230,18 +230,20 @@ class FitParts:
 
     The GPU side is worked out once per GPU *shape* (cards or slice, allowed models: S of them,
     far fewer than the types, which differ mostly in CPU and memory), then spread to the types;
-    the host side (CPU, memory) per type.
+    the host side (CPU, memory) per type. Slice shapes come first (``slices`` of them): which
+    cards hold a slice matters only to them, which cards are wholly free only to the others.
     """
 
     wl: WorkloadArrays
     shape: IntArray  # (T,): each type's GPU shape
-    shapes: WorkloadArrays  # the S shapes (their CPU and memory are those of one type each: unused)
+    shapes: WorkloadArrays  # the S shapes, slices first (CPU and memory those of one type each: unused)
+    slices: int
     free: FloatArray
     cap: FloatArray
     frac: FloatArray  # (C, G): each usable GPU's free share of its card
     total: FloatArray  # (C,): free GPU in cards
-    fits: BoolArray  # (C, G, S): GPUs that hold a slice of the shape
-    full: BoolArray  # (C, G, S): wholly free GPUs the shape accepts
+    fits: BoolArray  # (C, G, slices): GPUs that hold a slice of the shape
+    full: BoolArray  # (C, G, S - slices): wholly free GPUs the shape accepts
     host: BoolArray  # (C, T): CPU and memory fit
     gpu_fit: BoolArray  # (C, S): the slice fits a GPU, or enough cards are wholly free
     cpu: FloatArray
@@ -259,11 +261,12 @@ class FitParts:
         mem: FloatArray,
     ) -> FitParts:
         shapes, shape = gpu_shapes(wl)
+        slices = int(shapes.is_slice.sum())
         safe_cap = np.where(cap > 0, cap, 1.0)
         frac = np.where(usable, free / safe_cap, 0.0)
-        fits, full, gpu_fit = _gpu_fit_parts(shapes, free, cap, model, usable)
+        fits, full, gpu_fit = _gpu_fit_parts(shapes, slices, free, cap, model, usable)
         host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
-        return cls(wl, shape, shapes, free, cap, frac, frac.sum(axis=1), fits, full, host, gpu_fit, cpu, mem)
+        return cls(wl, shape, shapes, slices, free, cap, frac, frac.sum(axis=1), fits, full, host, gpu_fit, cpu, mem)
 
     def fragment(
         self, *, cpu_tasks_fragment: bool = True, filled: bool = False, filled_host: bool = True
@@ -271,7 +274,7 @@ class FitParts:
         """(C, T): ``type_fragment``."""
         wl, total = self.wl, self.total
         if filled:
-            slots, cards_per_slot = _gpu_slots(self.shapes, self.free, self.cap, self.fits, self.full)
+            slots, cards_per_slot = self._slots()
             frag = filled_fragment(
                 slots[:, self.shape],
                 cards_per_slot[:, self.shape],
@@ -282,29 +285,46 @@ class FitParts:
         else:
             slice_frag = np.einsum("cg,cgs->cs", self.frac, ~self.fits)
             whole_frag = np.einsum("cg,cgs->cs", self.frac, ~self.full)
-            frag = np.where(self.shapes.is_slice[None, :], slice_frag, whole_frag)[:, self.shape]
+            frag = np.concatenate((slice_frag, whole_frag), axis=1)[:, self.shape]
         per_type = np.where(self.host & self.gpu_fit[:, self.shape], frag, total[:, None])
         cpu_value = total[:, None] if cpu_tasks_fragment else np.where(self.host, 0.0, total[:, None])
         return np.asarray(np.where(wl.is_cpu[None, :], cpu_value, per_type))
 
     def places(self) -> FloatArray:
         """(C, T): ``type_capacity``."""
-        slots, _ = _gpu_slots(self.shapes, self.free, self.cap, self.fits, self.full)
+        slots, _ = self._slots()
         gpu = np.where(self.wl.is_cpu[None, :], np.inf, slots[:, self.shape])
         host = _host_slots(self.wl, self.cpu, self.mem)
         return np.asarray(np.maximum(np.minimum(gpu, host), 0.0))
 
+    def _slots(self) -> tuple[FloatArray, FloatArray]:
+        """(C, S) each: the tasks of each GPU shape the GPUs alone could take one after another
+        (slices side by side on the GPUs that hold one; free cards over the cards asked), and the
+        GPU each of those tasks takes, in cards."""
+        shapes, n = self.shapes, self.slices
+        need = shapes.frac[None, None, :n] * self.cap[:, :, None] + shapes.units[None, None, :n]  # (C, G, slices)
+        per_gpu = np.where(self.fits, np.floor((self.free[:, :, None] + EPS) / np.where(need > 0, need, 1.0)), 0.0)
+        slice_slots = per_gpu.sum(axis=1)
+        slice_cards = (per_gpu * need / np.where(self.cap > 0, self.cap, 1.0)[:, :, None]).sum(axis=1)
+        per_slice = np.divide(slice_cards, slice_slots, out=np.zeros_like(slice_cards), where=slice_slots > 0)
+        whole = np.where(shapes.whole[n:] > 0, shapes.whole[n:], 1.0)[None, :]
+        whole_slots = np.floor(self.full.sum(axis=1) / whole)
+        cards = np.broadcast_to(whole, whole_slots.shape)
+        return np.concatenate((slice_slots, whole_slots), axis=1), np.concatenate((per_slice, cards), axis=1)
+
 
 def gpu_shapes(wl: WorkloadArrays) -> tuple[WorkloadArrays, IntArray]:
-    """The distinct GPU shapes of the types (cards, slice, allowed models), and each type's."""
+    """The distinct GPU shapes of the types (cards, slice, allowed models), slices first, and each
+    type's."""
     key = np.column_stack((wl.whole, wl.frac, wl.units, wl.is_slice, wl.is_cpu, wl.model_mask.T)).astype(np.float64)
     rows = row_bytes(key)
     first: dict[bytes, int] = {}  # each shape's first type
     for i, row in enumerate(rows):
         first.setdefault(row, i)
-    number = {row: n for n, row in enumerate(first)}
+    firsts = sorted(first.values(), key=lambda i: not wl.is_slice[i])  # slices first, stable
+    number = {rows[i]: n for n, i in enumerate(firsts)}
     shape = np.array([number[row] for row in rows], dtype=np.int64)
-    return wl.subset(np.array(list(first.values()), dtype=np.int64)), shape
+    return wl.subset(np.array(firsts, dtype=np.int64)), shape
 
 
 def filled_fragment(
@@ -324,41 +344,33 @@ def filled_fragment(
     return np.asarray(np.maximum(total[:, None] - taken * cards_per_slot, 0.0))
 
 
-def _gpu_slots(
-    wl: WorkloadArrays, free: FloatArray, cap: FloatArray, fits: BoolArray, full: BoolArray
-) -> tuple[FloatArray, FloatArray]:
-    """(C, T) each: the tasks of each GPU type the GPUs alone could take one after another
-    (slices side by side on the GPUs that hold one; free cards over the cards asked), and the
-    GPU each of those tasks takes, in cards."""
-    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]  # (C, G, T)
-    per_gpu = np.where(fits, np.floor((free[:, :, None] + EPS) / np.where(need > 0, need, 1.0)), 0.0)
-    slice_slots = per_gpu.sum(axis=1)
-    slice_cards = (per_gpu * need / np.where(cap > 0, cap, 1.0)[:, :, None]).sum(axis=1)
-    whole = np.where(wl.whole > 0, wl.whole, 1.0)[None, :]
-    slots = np.where(wl.is_slice[None, :], slice_slots, np.floor(full.sum(axis=1) / whole))
-    per_slice = np.divide(slice_cards, slice_slots, out=np.zeros_like(slice_cards), where=slice_slots > 0)
-    return np.asarray(slots), np.asarray(np.where(wl.is_slice[None, :], per_slice, whole))
-
-
 def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatArray:
     """(C, T): the tasks of each type the node's CPU and memory alone could take."""
-    shape = (cpu.size, wl.cpu.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_cpu = np.floor((cpu[:, None] + EPS) / wl.cpu[None, :])
+        by_mem = np.floor((mem[:, None] + EPS) / wl.mem[None, :])
+    slots = np.minimum(by_cpu, by_mem)
     # A type that asks for no CPU (or memory) is not bounded by it: infinitely many.
-    by_cpu = np.divide(cpu[:, None] + EPS, wl.cpu[None, :], out=np.full(shape, np.inf), where=wl.cpu[None, :] > 0)
-    by_mem = np.divide(mem[:, None] + EPS, wl.mem[None, :], out=np.full(shape, np.inf), where=wl.mem[None, :] > 0)
-    return np.asarray(np.minimum(np.floor(by_cpu), np.floor(by_mem)))
+    unbounded = (wl.cpu <= 0) | (wl.mem <= 0)
+    if unbounded.any():
+        slots[:, unbounded] = np.where(wl.cpu[unbounded] > 0, by_cpu[:, unbounded], np.inf)
+        slots[:, unbounded] = np.minimum(
+            slots[:, unbounded], np.where(wl.mem[unbounded] > 0, by_mem[:, unbounded], np.inf)
+        )
+    return np.asarray(slots)
 
 
 def _gpu_fit_parts(
-    wl: WorkloadArrays, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray
+    wl: WorkloadArrays, slices: int, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray
 ) -> tuple[BoolArray, BoolArray, BoolArray]:
-    """Per node state and GPU shape: (C, G, S) GPUs that hold a slice of it, (C, G, S) wholly
-    free GPUs it accepts, (C, S) GPU fit (slice or enough cards)."""
+    """Per node state and GPU shape (the first ``slices`` of them slices): (C, G, slices) GPUs that
+    hold a slice of it, (C, G, S - slices) wholly free GPUs it accepts, (C, S) GPU fit (the slice
+    fits a GPU, or enough cards are wholly free)."""
     allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, S)
-    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]
-    fits = allowed & (free[:, :, None] >= need - EPS)  # GPU holds a slice of the shape
-    full = allowed & (free >= cap - EPS)[:, :, None]
-    gpu_fit = np.where(wl.is_slice[None, :], fits.any(axis=1), full.sum(axis=1) >= wl.whole[None, :])
+    need = wl.frac[None, None, :slices] * cap[:, :, None] + wl.units[None, None, :slices]
+    fits = allowed[:, :, :slices] & (free[:, :, None] >= need - EPS)  # GPU holds a slice of the shape
+    full = allowed[:, :, slices:] & (free >= cap - EPS)[:, :, None]
+    gpu_fit = np.concatenate((fits.any(axis=1), full.sum(axis=1) >= wl.whole[None, slices:]), axis=1)
     return fits, full, gpu_fit
 
 

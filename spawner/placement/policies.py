@@ -30,7 +30,7 @@ from spawner.placement.fragmentation import (
     expected_overflow,
     gpu_cards,
 )
-from spawner.placement.remembered import TypeValues
+from spawner.placement.remembered import TypeValues, zeros_in_small_pages
 from spawner.placement.state import (
     BoolArray,
     Choice,
@@ -246,7 +246,7 @@ class FragmentationGradientDescent:
         values = self._values
         n = len(state.names)
         if self._now_generation != values.generation or self._now.shape[1] != n:
-            self._now = np.zeros((values.width, n, values.max_types))
+            self._now = zeros_in_small_pages((values.width, n, values.max_types))
             self._now_known = np.zeros(n, dtype=np.int64)
             self._now_seen = state.version.copy()
             self._now_generation = values.generation

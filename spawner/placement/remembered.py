@@ -20,6 +20,7 @@ afresh).
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -33,6 +34,20 @@ Scorer = Callable[[WorkloadArrays, FloatArray, FloatArray, IntArray, BoolArray, 
 # 16,384 states of up to 192 types and two values each: at most 48 MB, written only as used.
 SLOTS = 16_384
 MAX_TYPES = 192
+
+
+def zeros_in_small_pages(shape: tuple[int, ...]) -> FloatArray:
+    """Zeros, in the kernel's small pages. The table is written a few rows at a time as states
+    come; numpy asks for huge pages on large arrays, and a first write into one can hold a
+    decision for milliseconds while the kernel assembles 2 MB (decisions of 10-12 ms that had
+    nothing new to score, on the shared test machine)."""
+    size = int(np.prod(shape)) * 8
+    if size == 0:
+        return np.zeros(shape)
+    memory = mmap.mmap(-1, size)  # anonymous: zero-filled
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, dtype=np.float64).reshape(shape)
 
 
 class TypeValues:
@@ -58,7 +73,7 @@ class TypeValues:
         self._column: dict[Demand, int] = {}
         self.types = WorkloadArrays.build(Workload((), ()), self.model_names)  # the known types
         self._slot: dict[bytes, int] = {}
-        self._table = np.zeros((width, slots if remember else 0, max_types))
+        self._table = zeros_in_small_pages((width, slots if remember else 0, max_types))
         self._known = np.zeros(slots if remember else 0, dtype=np.int64)  # types scored, per slot
 
     @property
@@ -73,7 +88,7 @@ class TypeValues:
             asked = len(set(demands))
             if asked > self.max_types:  # a target wider than the table: widen it
                 self.max_types = asked
-                self._table = np.zeros((self.width, self._known.size, asked))
+                self._table = zeros_in_small_pages((self.width, self._known.size, asked))
             self._column.clear()
             self._slot.clear()
             self.generation += 1
@@ -122,7 +137,7 @@ class TypeValues:
     def _slots(self, keys: list[bytes]) -> IntArray:
         """The table row of each state; states not seen get a row that knows no type."""
         if len(keys) > self._known.size:  # more distinct states at once than rows: more rows
-            self._table = np.zeros((self.width, len(keys), self.max_types))
+            self._table = zeros_in_small_pages((self.width, len(keys), self.max_types))
             self._known = np.zeros(len(keys), dtype=np.int64)
             self._slot.clear()
         slots = list(map(self._slot.get, keys))
