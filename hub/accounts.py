@@ -30,7 +30,7 @@ from __future__ import annotations
 import dbm
 import os
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ from firstuseauthenticator import FirstUseAuthenticator
 from traitlets import Set, Unicode
 
 from hub.settings import Settings
+from spawner import environ
+from spawner.quotas import GroupRules
 
 MIN_PASSWORD_LENGTH = 7  # FirstUseAuthenticator's own minimum
 NO_PASSWORD_YET = (
@@ -68,9 +70,9 @@ def known_names(settings: Settings) -> set[str]:
     return roster_names(settings.admin_users, settings.groups)
 
 
-def roster_names(admins: Iterable[str], groups: Iterable[Mapping[str, Any]]) -> set[str]:
-    """``admins`` and every member of ``groups`` ({"members": [...]}, from gpuslice.yaml or the chart), lowercased."""
-    members = {str(m).lower() for group in groups for m in group.get("members") or ()}
+def roster_names(admins: Iterable[str], groups: Iterable[GroupRules]) -> set[str]:
+    """``admins`` and every member of ``groups`` (from gpuslice.yaml or the chart), lowercased."""
+    members = {m.lower() for group in groups for m in group.members}
     return members | {a.lower() for a in admins}
 
 
@@ -172,7 +174,7 @@ def admin_password(source: str) -> str | None:
         return None
     kind, _, where = source.partition(":")
     if kind == "env":
-        value = os.environ.get(where, "")
+        value = environ.named(where)
         if not value:
             raise AccountsError(f"admin_password_from names ${where}, which is not set; export it or use file:PATH")
         return value
@@ -202,9 +204,7 @@ def ensure_admin_passwords(settings: Settings, data_dir: Path) -> dict[str, str]
 def signup_words(settings: Settings) -> str:
     """What the login page accepts, in the words the startup banner prints."""
     known = "admins log in with the password gpuslice gave them; class members join once at /hub/join with their code"
-    if settings.open_signup:
-        return f"{known}; any other new name sets its own password at first login (open_signup: true)"
-    return f"{known}; nobody else can sign up (open_signup: false)"
+    return f"{known}; {settings.signup_words()}"
 
 
 class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]

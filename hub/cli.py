@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from hub import settings as settings_mod
+from hub import state_cli
 from spawner import environ
 from spawner.placement import POLICIES
+from spawner.quotas import GroupRules
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,57 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--policy", choices=POLICIES, default="default", help="placement policy (default: default)")
     ext.add_argument("--api-server", help="Kubernetes API URL (default: in-cluster, with the service account)")
 
-    bench_parser = commands.add_parser("bench", help="benchmarks")
-    benches = bench_parser.add_subparsers(dest="bench", required=True)
-    placement = benches.add_parser("placement", help="replay a cluster trace through placement policies")
-    placement.add_argument(
-        "--nodes", type=Path, required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)"
-    )
-    placement.add_argument("--pods", type=Path, required=True, help="pod list CSV (name,cpu_milli,...,gpu_spec)")
-    placement.add_argument(
-        "--policy", action="append", choices=POLICIES, help="a policy to replay (repeatable; default: all)"
-    )
-    placement.add_argument("--seeds", type=int, default=1, help="replays per policy, seeds 0..N-1 (default 1)")
-    placement.add_argument("--json", action="store_true", help="print JSON (the only format for now)")
-    placement.add_argument(
-        "--oracle",
-        action="store_true",
-        help="tell each policy the whole list's popularity (default: the arrivals so far)",
-    )
-    placement.add_argument("--bound", action="store_true", help="also the limit: the relaxation and hindsight packing")
-    spawn = benches.add_parser("spawn", help="spawn-to-ready time, gpuslice vs plain JupyterHub")
-    spawn.add_argument("--runs", type=int, default=5, help="timed spawns per hub (default 5)")
-    klass = benches.add_parser("class", help="N users start servers at once, gpuslice vs plain JupyterHub")
-    klass.add_argument("--users", type=int, default=50, help="students pressing Start together (default 50)")
-    klass.add_argument(
-        "--portal-sessions",
-        type=int,
-        default=0,
-        help="browser sessions (headless Chromium) refreshing the portal while gpuslice's class spawns (default 0)",
-    )
-    alerts = benches.add_parser("alerts", help="replay a simulated week with injected faults through the alert rules")
-    alerts.add_argument("--days", type=float, default=7.0, help="days to simulate (default 7)")
-    alerts.add_argument("--seed", type=int, default=2, help="random seed (default 2; the rules were tuned on seed 1)")
-    alerts.add_argument("--faults-per-kind", type=int, default=3, help="injected faults of each kind (default 3)")
-    day = benches.add_parser("class-day", help="a simulated teaching day: retry vs the waiting line vs reclaiming")
-    day.add_argument(
-        "--design-seeds", action="store_true", help="run the seeds the model was designed on (1-5), not 101-120"
-    )
-    day.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    day.add_argument(
-        "--validate",
-        action="store_true",
-        help="live a short day on the real platform (a hub, servers, the line, the reclaimer) beside the model",
-    )
-    day.add_argument(
-        "--sweep",
-        metavar="FIELD=V1,V2,...",
-        help="line+reclaim against retry with one number of the day varied, e.g. gpu_idle_timeout=15,10,5 (minutes)",
-    )
-    day.add_argument("--seed", type=int, default=101, help="with --validate: the day's seed (default 101)")
-    day.add_argument(
-        "--scale", type=float, default=3.0, help="with --validate: real seconds per model minute (default 3)"
-    )
+    state_cli.add_commands(commands)  # backup, restore, upgrade
+    _plugin_commands(commands)
     return parser
 
 
@@ -177,77 +129,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _scheduler_extender(args)
     if args.command == "oncall-config":
         return _oncall_config(args)
-    if args.bench == "spawn":
-        with _bench_extra():
-            from bench.spawn import run
-
-        print(json.dumps(run(args.runs), indent=2))
-        return 0
-    if args.bench == "class":
-        with _bench_extra():
-            from bench.classroom import run as run_class
-
-        print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
-        return 0
-    if args.bench == "alerts":
-        from bench.alerts import main as bench_alerts  # bench sits above hub: import on use
-
-        return bench_alerts(
-            ["--days", str(args.days), "--seed", str(args.seed), "--faults-per-kind", str(args.faults_per_kind)]
-        )
-    if args.bench == "class-day" and args.validate:
-        with _bench_extra():
-            from bench.classday_real import report as report_real
-            from bench.classday_real import validate
-
-        checked = validate(args.seed, scale_s=args.scale)
-        print(json.dumps(checked, indent=2) if args.json else report_real(checked))
-        return 0
-    if args.bench == "class-day":
-        from bench.classday import DESIGN_SEEDS, REPORT_SEEDS, report, report_sweep, sweep
-        from bench.classday import run as run_day
-
-        seeds = DESIGN_SEEDS if args.design_seeds else REPORT_SEEDS
-        if args.sweep:
-            name, values = _sweep_argument(args.sweep)
-            try:
-                result = sweep(name, values, seeds)
-            except ValueError as exc:
-                raise SystemExit(f"gpuslice bench class-day --sweep: {exc}") from None
-            print(json.dumps(result, indent=2) if args.json else report_sweep(result))
-            return 0
-        result = run_day(seeds)
-        print(json.dumps(result, indent=2) if args.json else report(result))
-        return 0
-    return _bench_placement(args)
+    if args.command in state_cli.COMMANDS:
+        return state_cli.run(args)
+    return int(args.run(args))  # a command a plugin registered (_plugin_commands)
 
 
-def _sweep_argument(text: str) -> tuple[str, list[float]]:
-    """``FIELD=V1,V2,...`` as a name and its numbers, or exit saying how to write it."""
-    name, _, listed = text.partition("=")
-    try:
-        values = [float(v) for v in listed.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not name.strip() or not values:
-        raise SystemExit(
-            f"gpuslice bench class-day --sweep {text!r}: write FIELD=V1,V2,..., e.g. gpu_idle_timeout=15,10,5"
-        )
-    return name.strip(), values
+# Commands from other packages (the benchmarks: bench/cli.py) register themselves under this
+# entry-point group (pyproject.toml): the command never imports a package above it.
+COMMANDS_GROUP = "gpuslice.commands"
 
 
-BENCH_EXTRA = "pip install -e '.[bench]'"
-
-
-@contextlib.contextmanager
-def _bench_extra() -> Iterator[None]:
-    """The benchmarks' own dependencies (psutil, playwright) come with the bench extra: say so."""
-    try:
-        yield
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] in ("bench", "psutil", "playwright"):
-            raise SystemExit(f"gpuslice bench needs the bench extra ({exc.name} is missing): {BENCH_EXTRA}") from None
-        raise
+def _plugin_commands(commands: Any) -> None:
+    """Let each installed ``gpuslice.commands`` entry point add its subcommands (with a ``run`` default)."""
+    for entry in entry_points(group=COMMANDS_GROUP):
+        try:
+            register = entry.load()
+        except ModuleNotFoundError:  # its package is not in this install (the images carry no benchmarks)
+            continue
+        register(commands)
 
 
 JOIN_WORDS = "each member opens /hub/join and types their name, code and the password they choose; a code works once."
@@ -287,15 +186,15 @@ def _class_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[dict[str, Any], ...]]:
+def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[GroupRules, ...]]:
     """The data folder holding the passwords and invite codes, and the classes: from the chart's values
     (--kube-values, or environ.KUBE_VALUES in the hub's pod) or from the single-machine settings."""
     from hub.kube_values import load_kube_values
 
-    kube_values = args.kube_values or (None if args.config else environ.KUBE_VALUES.get() or None)
+    kube_values = args.kube_values or (None if args.config else environ.read().get(environ.KUBE_VALUES) or None)
     if kube_values:
         values = load_kube_values(Path(kube_values))
-        return values.data_dir, values.group_list()
+        return values.data_dir, values.groups
     settings = settings_mod.load(args.config)
     return settings.data_dir, settings.groups
 
@@ -368,28 +267,6 @@ def _scheduler_extender(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_placement(args: argparse.Namespace) -> int:
-    from bench.placement import Knowledge, TraceError, bench, read_nodes, read_tasks  # bench sits above hub
-
-    if args.seeds < 1:
-        print("gpuslice: --seeds must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        nodes = read_nodes(args.nodes)
-        tasks = read_tasks(args.pods)
-    except TraceError as exc:
-        print(f"gpuslice: {exc}", file=sys.stderr)
-        return 2
-    knowledge = Knowledge.ORACLE if args.oracle else Knowledge.LIVE
-    result = bench(nodes, tasks, args.policy or list(POLICIES), args.seeds, knowledge)
-    if args.bound:
-        with _bench_extra():
-            from bench.bound import add_limit  # the relaxation needs scipy (the bench extra)
-        add_limit(result, nodes, tasks, args.seeds)
-    print(json.dumps(result, indent=2))
-    return 0
-
-
 def _monitoring_auth(settings: settings_mod.Settings) -> tuple[str, str] | None:
     """gpuslice up's Prometheus asks for basic auth; its password is in the data folder (0600)."""
     from hub.platform import monitoring_password_path  # lazy, as `up`: the platform's imports are heavy
@@ -454,7 +331,7 @@ def _usage(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    url = args.prometheus or f"http://127.0.0.1:{settings.monitoring['prometheus_port']}"
+    url = args.prometheus or f"http://127.0.0.1:{settings.monitoring.prometheus_port}"
     end = datetime.now(UTC)
     try:
         query = PrometheusConnect(url, auth=_monitoring_auth(settings)).custom_query_range

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from spawner import extender
+from spawner import environ, extender
 from spawner.backends import Backend
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -52,13 +52,11 @@ class RestKubeClient:
 
     @classmethod
     def in_cluster(cls) -> RestKubeClient:
-        import os
-
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
+        url = environ.read().kube_api_url()
+        if url is None:
             raise RuntimeError("not in a Kubernetes pod: give --api-server URL")
         token = (SERVICE_ACCOUNT / "token").read_text().strip()
-        return cls(f"https://{host}:{port}", token, str(SERVICE_ACCOUNT / "ca.crt"))
+        return cls(url, token, str(SERVICE_ACCOUNT / "ca.crt"))
 
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         headers = {**self.headers, "Content-Type": content_type}

@@ -20,7 +20,7 @@ from types import FrameType
 
 import yaml
 
-from hub import monitoring, recovery, userenv
+from hub import monitoring, recovery, state, userenv
 from hub.accounts import AccountsError, ensure_admin_passwords, service_token_file, signup_words, write_private
 from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
@@ -62,6 +62,8 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     # The hub's database, cookie secret, passwords, tokens, ledger and markets live here: only
     # the platform's account may enter, whoever made the folder and whatever the umask was.
     data_dir.chmod(0o700)
+    if (data_dir / "jupyterhub.sqlite").exists():  # a platform that ran before, maybe under an older release
+        state.upgrade(data_dir, config_path, market_url(settings.model_copy(update={"data_dir": data_dir})))
     dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
@@ -92,9 +94,7 @@ def prepare_market(settings: Settings) -> tuple[str, Path]:
     url, models = market_url(settings), models_root(settings)
     store = Store(url)
     store.migrate()
-    result = seeding.seed(
-        store, Path(settings.market["images_catalog"]), Path(settings.market["models_catalog"]), models
-    )
+    result = seeding.seed(store, Path(settings.market.images_catalog), Path(settings.market.models_catalog), models)
     for problem in result.problems:
         print(f"gpuslice: catalog: {problem}")
     report = result.report
@@ -147,7 +147,7 @@ def monitoring_password(data_dir: Path) -> Path:
 def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[Child]:
     """The exporter, and Prometheus, Alertmanager and node-exporter when installed (not started)."""
     options = settings.monitoring
-    if not options["enabled"]:
+    if not options.enabled:
         print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
         return []
     folder = monitoring_folder(data_dir)
@@ -157,10 +157,10 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
     found = monitoring.binaries()
     ports = monitoring.Ports(
         settings.hub_port,
-        options["exporter_port"],
-        options["prometheus_port"],
-        options["alertmanager_port"],
-        options["node_exporter_port"],
+        options.exporter_port,
+        options.prometheus_port,
+        options.alertmanager_port,
+        options.node_exporter_port,
     )
     exporter = [
         sys.executable,
@@ -192,13 +192,13 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             ports,
             hub_token(data_dir),
             node_exporter=node,
-            interval=options["scrape_interval"],
+            interval=options.scrape_interval,
             node=default_hostname(),
             password_file=password_file,
         )
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         (folder / "alertmanager.yml").write_text(
-            yaml.safe_dump(monitoring.alertmanager_config(options["webhook_url"], options["oncall"]), sort_keys=False)
+            yaml.safe_dump(monitoring.alertmanager_config(options.webhook_url, options.oncall), sort_keys=False)
         )
         commands["alertmanager"] = [
             str(found["alertmanager"]),
@@ -268,5 +268,10 @@ def up(settings: Settings, config_path: Path | None) -> int:
 
 def _monitoring_urls(settings: Settings, supervisor: Supervisor) -> list[tuple[str, int]]:
     names = {child.name for child in supervisor.children}
-    labels = {"exporter": "GPU metrics", "prometheus": "Prometheus", "alertmanager": "Alertmanager"}
-    return [(label, settings.monitoring[f"{name}_port"]) for name, label in labels.items() if name in names]
+    ports = settings.monitoring
+    labels = {
+        "exporter": ("GPU metrics", ports.exporter_port),
+        "prometheus": ("Prometheus", ports.prometheus_port),
+        "alertmanager": ("Alertmanager", ports.alertmanager_port),
+    }
+    return [(label, port) for name, (label, port) in labels.items() if name in names]

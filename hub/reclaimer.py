@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -44,11 +43,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
 from hub.exporter import OwnerOf, Source, owner_from_proc
+from spawner import environ
 from spawner.backends import ANNOTATION_BACKEND
 from spawner.gpus import GpuSample
 from spawner.inventory import SERVERNAME, USERNAME, holds_resources
 from spawner.ledger import Ledger, server_key
 from spawner.waitline import (
+    GPU_IDLE_TIMEOUT_S,
     GpuTrace,
     Holder,
     activity_report_interval,
@@ -258,15 +259,18 @@ def nvml_source() -> Source | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", type=Path, required=True, help="the ledger's SQLite file")
-    parser.add_argument("--gpu-idle-timeout", type=float, default=900.0, help="seconds idle before reclaiming")
+    parser.add_argument(
+        "--gpu-idle-timeout", type=float, default=GPU_IDLE_TIMEOUT_S, help="seconds idle before reclaiming"
+    )
     parser.add_argument("--warn-before", type=float, default=180.0, help="seconds between the warning and the stop")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks")
     parser.add_argument("--kube-namespace", default="", help="on Kubernetes: the notebook pods' namespace")
     args = parser.parse_args(argv)
+    env = environ.read()
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
     reclaimer = Reclaimer(
-        os.environ["JUPYTERHUB_API_URL"],
-        os.environ["JUPYTERHUB_API_TOKEN"],
+        env.require(environ.HUB_API_URL),
+        env.require(environ.HUB_API_TOKEN),
         Ledger(args.ledger),
         args.gpu_idle_timeout,
         args.warn_before,

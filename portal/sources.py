@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 from hub.kube_values import KubeValues, load_kube_values
-from hub.settings import MONITORING_USER, Settings, duration_s, load, market_url
+from hub.settings import MONITORING_USER, Settings, duration_s, from_environment, market_url
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError, Store, market_store
 from portal.data import access, cluster, hub, prometheus
@@ -29,6 +28,7 @@ from spawner import environ, line_admin, usage
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
 from spawner.line_admin import Waiting
+from spawner.quotas import GroupRules
 from spawner.waitline import Manager, Reservation, WaitStats
 
 if TYPE_CHECKING:
@@ -39,12 +39,16 @@ if TYPE_CHECKING:
 
 @st.cache_resource
 def settings() -> Settings:
-    path = environ.SETTINGS.get()
-    return load(Path(path) if path else None)
+    """The settings `gpuslice up` named, with the data folder and markets it handed down (hub/settings.py)."""
+    return from_environment()
+
+
+def _env() -> environ.Environment:
+    return environ.read()
 
 
 def _hub_api_url() -> str:
-    return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+    return _env().get(environ.HUB_API_URL)
 
 
 @st.cache_resource
@@ -56,7 +60,7 @@ def kube_values() -> KubeValues:
 @st.cache_resource
 def hub_client() -> HubClient:
     """The portal service's own token: it reads users, servers and groups, and nothing more."""
-    return HubClient(_hub_api_url(), os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+    return HubClient(_hub_api_url(), _env().get(environ.HUB_API_TOKEN))
 
 
 def acting_client(identity: Identity) -> HubClient:
@@ -65,7 +69,7 @@ def acting_client(identity: Identity) -> HubClient:
 
 
 def _monitoring_on() -> None:
-    if not settings().monitoring["enabled"]:
+    if not settings().monitoring.enabled:
         raise prometheus.MetricsUnavailableError("monitoring is off in the settings (monitoring.enabled)")
 
 
@@ -73,12 +77,12 @@ def prometheus_url() -> str:
     if _kubernetes():
         return _chart_url(kube_values().prometheus_url, "monitoring.prometheusUrl", "Prometheus")
     _monitoring_on()
-    return environ.PROMETHEUS_URL.get() or f"http://127.0.0.1:{settings().monitoring['prometheus_port']}"
+    return _env().get(environ.PROMETHEUS_URL) or f"http://127.0.0.1:{settings().monitoring.prometheus_port}"
 
 
 def monitoring_auth() -> tuple[str, str] | None:
     """Prometheus's and Alertmanager's basic auth, from the 0600 file gpuslice up made (None: none asked)."""
-    path = environ.MONITORING_PASSWORD_FILE.get()
+    path = _env().get(environ.MONITORING_PASSWORD_FILE)
     return (MONITORING_USER, Path(path).read_text().strip()) if path else None
 
 
@@ -91,7 +95,7 @@ def alertmanager_url() -> str:
     if _kubernetes():
         return _chart_url(kube_values().alertmanager_url, "monitoring.alertmanagerUrl", "Alertmanager")
     _monitoring_on()
-    return environ.ALERTMANAGER_URL.get() or f"http://127.0.0.1:{settings().monitoring['alertmanager_port']}"
+    return _env().get(environ.ALERTMANAGER_URL) or f"http://127.0.0.1:{settings().monitoring.alertmanager_port}"
 
 
 def _chart_url(url: str, key: str, what: str) -> str:
@@ -123,9 +127,9 @@ def servers(identity: Identity) -> list[ServerRow]:
     return hub.servers_in_scope(_hub_users(), scope(identity))
 
 
-def group_rules() -> tuple[dict[str, Any], ...]:
+def group_rules() -> tuple[GroupRules, ...]:
     """The classes' rules (max_slice, budget, ...), as the spawner reads them: the chart's or the settings'."""
-    return kube_values().group_list() if _kubernetes() else settings().groups
+    return kube_values().groups if _kubernetes() else settings().groups
 
 
 @st.cache_data(ttl=30)
@@ -134,12 +138,12 @@ def groups() -> dict[str, list[str]]:
 
 
 def _ledger_path() -> Path:
-    return Path(environ.DATA_DIR.get() or settings().data_dir) / "ledger.sqlite"
+    return settings().data_dir / "ledger.sqlite"
 
 
 def _kubernetes() -> bool:
     """In the Helm chart the portal reads the Kubernetes API instead of a local ledger."""
-    return environ.BACKEND.get() == "kubernetes"
+    return _env().on_kubernetes
 
 
 @st.cache_resource
@@ -148,7 +152,7 @@ def kube_client() -> cluster.KubeClient:
 
 
 def _namespace() -> str:
-    return os.environ.get("POD_NAMESPACE", "default")
+    return _env().pod_namespace
 
 
 @st.cache_data(ttl=LIVE_S, show_spinner=False)
@@ -157,8 +161,8 @@ def _all_inventory() -> tuple[Inventory, list[Held]]:
         return cluster.kube_inventory(
             kube_client(),
             _namespace(),
-            environ.SHARING_BACKEND.get(),
-            gpushare_memory_unit=environ.GPUSHARE_MEMORY_UNIT.get(),
+            _env().get(environ.SHARING_BACKEND),
+            gpushare_memory_unit=_env().get(environ.GPUSHARE_MEMORY_UNIT),
         )
     return cluster.local_inventory(_ledger_path(), settings().simulate)
 
@@ -337,7 +341,7 @@ def alertmanager_client() -> Alertmanager:
 
 @st.cache_resource
 def incident_store() -> IncidentStore:
-    path = Path(environ.DATA_DIR.get() or settings().data_dir) / "incidents.sqlite"
+    path = settings().data_dir / "incidents.sqlite"
     try:
         return IncidentStore(path)
     except (OSError, sqlite3.Error) as exc:  # a read-only volume: say where, not a traceback
@@ -348,7 +352,7 @@ def incident_store() -> IncidentStore:
 
 def escalation() -> Escalation:
     """The on-call tiers' waits (monitoring.oncall), for the timeline's "escalated" entries."""
-    oncall = kube_values().oncall if _kubernetes() else settings().monitoring["oncall"]
+    oncall = kube_values().oncall if _kubernetes() else settings().monitoring.oncall
     return Escalation(
         second_line=oncall.second_line.name if oncall.second_line else "",
         escalate_after_s=duration_s(oncall.escalate_after),
@@ -492,22 +496,22 @@ def spawn_success() -> float | None:
 @st.cache_resource
 def market() -> Store:
     if _kubernetes():
-        url = kube_values().market_url()
+        url = kube_values().market_url(_env())
         if url.startswith("sqlite"):  # on the hub's volume, which only the hub's pod mounts
             raise MarketError(
                 "on Kubernetes the portal reaches the markets only in a database server: the chart's "
                 "markets.existingSecret is empty, so they live in SQLite on the hub's volume. Ask an admin to set it."
             )
         return market_store(url)
-    return market_store(environ.MARKET_URL.get() or market_url(settings()))
+    return market_store(market_url(settings()))
 
 
 def proposals_per_hour() -> int:
-    return kube_values().proposals_per_hour if _kubernetes() else int(settings().market["proposals_per_hour"])
+    return kube_values().proposals_per_hour if _kubernetes() else settings().market.proposals_per_hour
 
 
 def models_root() -> Path:
-    return Path(environ.MODELS_ROOT.get() or settings_models_root(settings()))
+    return settings_models_root(settings())
 
 
 def image_usage() -> dict[str, int]:

@@ -13,16 +13,17 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from traitlets import Dict, Integer, List, Unicode, default
+from traitlets import Any as AnyTrait
+from traitlets import Integer, List, TraitError, Unicode, default, validate
 
 from spawner.backends import ServerGpuSpec
 from spawner.form import FormChoice, WaitOffer, form_gpu_value, render_spawn_form, whole_gpus_allowed
-from spawner.gpus import Machine, machine
+from spawner.gpus import DEFAULT_SIMULATE, Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
 from spawner.ledger import Held, server_key
 from spawner.placement import Choice, ClusterState, Demand, arrived_counts, explain, known_workload, make_policy
-from spawner.quotas import GroupQuota, Usage, check, group_quota, largest_slice
+from spawner.quotas import GroupQuota, GroupRules, GroupRulesError, Usage, check, largest_slice, read_groups, rules_for
 from spawner.request import OPTION_KEYS, GpuRefused, options_from_form, read_request
 from spawner.shares import (
     DEFAULT_SMALLEST_SLICE,
@@ -51,14 +52,16 @@ class GpuShareMixin(ImagesMixin):
     """
 
     gpu_simulate = Unicode(
-        "2x16GiB:T4,1x80GiB:H100",
+        DEFAULT_SIMULATE,
         help="GPUs to simulate when NVML finds none: COUNTxSIZE[:MODEL], comma-separated.",
     ).tag(config=True)
     gpu_policy = Unicode("default", help="Placement policy (see spawner.placement.POLICIES).").tag(config=True)
     gpu_groups = List(
-        Dict(),
+        AnyTrait(),
         help="""Group rules, each a dict: name, max_slice ("4GiB"), max_gpus, budget ("40GiB"),
-        servers_per_user, images (list of image ids). Members come from JupyterHub groups.""",
+        servers_per_user, images (list of image ids); read once into GroupRules (spawner/quotas.py).
+        Members come from JupyterHub groups; users in none get the group named "default" (or the
+        built-in default rules: a small slice, no whole cards, one server).""",
     ).tag(config=True)
     gpu_default_memory = Unicode("0", help='gpu_memory when a request names none ("0": CPU only).').tag(config=True)
     gpu_smallest_slice = Unicode(
@@ -94,9 +97,23 @@ class GpuShareMixin(ImagesMixin):
     def _machine(self) -> Machine:
         return machine(self.gpu_simulate)
 
+    @validate("gpu_groups")
+    def _typed_groups(self, proposal: dict[str, Any]) -> list[GroupRules]:
+        """Each group's rules read once, here (the config may give dicts, as z2jh's values do)."""
+        try:
+            return list(read_groups(proposal["value"]))
+        except GroupRulesError as exc:
+            raise TraitError(f"{type(self).__name__}.gpu_groups: {exc}") from None
+
+    @property
+    def gpu_group_rules(self) -> list[GroupRules]:
+        """``gpu_groups`` as the GroupRules they were read into."""
+        return [rules for rules in self.gpu_groups if isinstance(rules, GroupRules)]
+
     def _quota_groups(self) -> list[GroupQuota]:
-        mine = {g.name for g in self.user.groups}  # type: ignore[attr-defined]
-        return [group_quota(g) for g in self.gpu_groups if g.get("name") in mine]
+        """The rules that hold for this user: their groups' in configured order, else the default rules."""
+        mine = [g.name for g in self.user.groups]  # type: ignore[attr-defined]
+        return [rules.quota for rules in rules_for(mine, self.gpu_group_rules)]
 
     # -- reading the request ------------------------------------------------------------
 

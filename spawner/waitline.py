@@ -188,6 +188,13 @@ def put_first(entries: Iterable[Entry], key: str) -> list[Entry]:
     return [replace(e, priority=top + 1) if e.key == key else e for e in entries]
 
 
+# While anyone waits: seconds a GPU server may be idle before its slice is reclaimed (the
+# settings' gpu_idle_timeout; every deployment's default comes from here), and the longest
+# a request may wait in the line (line_max_wait).
+GPU_IDLE_TIMEOUT_S = 900
+LINE_MAX_WAIT_S = 4 * 3600
+
+
 def warning_lead(gpu_idle_timeout: float) -> float:
     """Seconds between the reclaimer's warning and the stop: 3 minutes, less for short timeouts."""
     return min(180.0, gpu_idle_timeout / 3)
@@ -305,7 +312,12 @@ def with_gpu_activity(holders: Iterable[Holder], traces: Mapping[str, GpuTrace],
 
 
 def reclaim(
-    holders: Iterable[Holder], *, waiting: int, now: float, gpu_idle_timeout: float = 900.0, warn_before: float = 180.0
+    holders: Iterable[Holder],
+    *,
+    waiting: int,
+    now: float,
+    gpu_idle_timeout: float = GPU_IDLE_TIMEOUT_S,
+    warn_before: float = 180.0,
 ) -> tuple[list[str], list[str]]:
     """GPU-aware reclaiming while anyone waits: (servers to warn, servers to stop), longest idle first.
 

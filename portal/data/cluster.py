@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import requests
 from portal.data import access
 from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
+from spawner import environ
 from spawner.backends import Backend
 from spawner.gpus import machine
 from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, Inventory, build_kube, build_local
@@ -67,9 +67,11 @@ class KubeClient:
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+        url = environ.read().kube_api_url()
+        if url is None:
+            raise RuntimeError("not in a Kubernetes pod: KUBERNETES_SERVICE_HOST is not set")
         account = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-        return cls(f"https://{host}:{port}", (account / "token").read_text(), str(account / "ca.crt"))
+        return cls(url, (account / "token").read_text(), str(account / "ca.crt"))
 
     def items(self, path: str) -> list[dict[str, Any]]:
         try:

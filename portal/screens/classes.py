@@ -3,12 +3,11 @@ import time
 import streamlit as st
 
 from portal import sources, views
-from spawner.quotas import group_quota
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Classes")
-rules = {g["name"]: group_quota(g) for g in sources.group_rules()}
+rules = {g.name: g.quota for g in sources.group_rules()}
 groups = sources.visible_groups(identity)
 _, holds = sources.inventory(identity)
 rows = views.class_rows(groups, rules, holds, sources.servers(identity), idle_after_s=1800, now_ts=time.time())

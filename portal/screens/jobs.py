@@ -7,6 +7,7 @@ import streamlit as st
 from portal import sources, views
 from portal.data.errors import SourceUnavailableError
 from spawner.line_admin import Waiting
+from spawner.quotas import classes as class_rules
 from spawner.shares import format_bytes, parse_quantity
 from spawner.waitline import may_manage
 
@@ -171,9 +172,7 @@ if booked:
 else:
     st.caption("No GPU memory is reserved for a class.")
 
-classes = sorted(
-    {str(rule.get("name", "")) for rule in sources.group_rules()} if manager.admin else set(manager.classes)
-)
+classes = sorted({rule.name for rule in class_rules(sources.group_rules())} if manager.admin else set(manager.classes))
 if classes:
     with st.form("reserve"):
         st.caption("Keep GPU memory for a class's students for a time (UTC): others cannot take it meanwhile.")

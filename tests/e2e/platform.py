@@ -20,6 +20,11 @@ from spawner.ports import free_port
 
 GPUSLICE = str(Path(sys.executable).with_name("gpuslice"))
 PASSWORD = "a-long-password"  # every test account's; admins' and class members' set before the hub starts
+# The users these tests sign up are in no class and are the subjects of other things (the
+# line, isolation, the portal): no limits for them, and sign-up open even beside a class, as
+# explicit choices. A test of the defaults passes open_signup=None and a default group of its own
+# in groups ({}: the built-in default rules).
+NO_LIMITS = {"max_slice": None, "max_gpus": None, "budget": None, "servers_per_user": None}
 
 
 def process_alive(pid: int) -> bool:
@@ -56,12 +61,15 @@ class Platform:
             # One account for every user, as on a personal machine: these tests are about other
             # things. tests/e2e/test_attacker.py passes isolation=None to run under the defaults.
             "isolation": "none",
+            "open_signup": True,
         }
         admin_password = self.root / "admin-password"
         write_private(admin_password, PASSWORD)
         base["admin_password_from"] = f"file:{admin_password}"
         self.config = self.root / "gpuslice.yaml"
         merged = {**base, **self.settings}
+        if merged.get("groups") is not None or "groups" not in self.settings:
+            merged["groups"] = {"default": NO_LIMITS, **(merged.get("groups") or {})}
         self.config.write_text(yaml.safe_dump({k: v for k, v in merged.items() if v is not None}))
         self.log = self.root / "platform.log"
 

@@ -259,7 +259,7 @@ def _server_pid(platform: Platform, user: str) -> int:
     raise AssertionError(f"no pid recorded for {user}")
 
 
-PLATFORM_PACKAGES = ("hub", "spawner", "portal", "market", "bench")
+PLATFORM_PACKAGES = ("hub", "spawner", "portal", "market", "bench", "sizes")
 
 
 def _notebooks_see_only_the_kernel_hook(pid: int, env: dict[str, str]) -> None:

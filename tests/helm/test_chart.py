@@ -10,8 +10,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hub import roles
-
 REPO = Path(__file__).parents[2]
 CHART = REPO / "helm" / "gpuslice"
 ALL_FEATURES = Path(__file__).with_name("all-features.yaml")
@@ -40,12 +38,14 @@ def render(*values: Path, api_versions: tuple[str, ...] = ()) -> list[dict[str, 
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_helm_lint_strict(values: tuple[Path, ...]) -> None:
     result = run_helm("lint", "--strict", str(CHART), *[a for v in values for a in ("--values", str(v))])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_every_object_is_valid_kubernetes_1_30(values: tuple[Path, ...]) -> None:
     docs = render(*values)
@@ -55,6 +55,7 @@ def test_every_object_is_valid_kubernetes_1_30(values: tuple[Path, ...]) -> None
             kubernetes_validate.validate(doc, "1.30", strict=True)
 
 
+@pytest.mark.process
 def test_unknown_values_are_refused_by_the_schema(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("hub: {replicas: 3}\ngpuSharing: {backend: magic}\n")
@@ -68,6 +69,7 @@ def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return list(doc["spec"]["template"]["spec"]["containers"])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_secure_defaults_on_every_workload(values: tuple[Path, ...]) -> None:
     workloads = [d for d in render(*values) if d["kind"] in LONG_RUNNING]
@@ -85,6 +87,7 @@ def test_secure_defaults_on_every_workload(values: tuple[Path, ...]) -> None:
             assert container["livenessProbe"] and container["readinessProbe"], container["name"]
 
 
+@pytest.mark.process
 def test_no_secret_value_in_configmaps_or_env() -> None:
     for doc in render(ALL_FEATURES):
         if doc["kind"] == "ConfigMap":
@@ -103,6 +106,7 @@ def test_no_secret_value_in_configmaps_or_env() -> None:
                         }, env
 
 
+@pytest.mark.process
 def test_the_prometheus_rule_is_the_platforms_rule_files() -> None:
     rules = [d for d in render(api_versions=("monitoring.coreos.com/v1",)) if d["kind"] == "PrometheusRule"]
     assert len(rules) == 1
@@ -113,6 +117,7 @@ def test_the_prometheus_rule_is_the_platforms_rule_files() -> None:
     assert rules[0]["spec"]["groups"] == expected
 
 
+@pytest.mark.process
 def test_operator_auto_detection_and_plain_scrape_annotations() -> None:
     plain = render()
     assert not [d for d in plain if d["kind"] in CRDS]
@@ -122,6 +127,7 @@ def test_operator_auto_detection_and_plain_scrape_annotations() -> None:
     assert {d["kind"] for d in with_operator} >= CRDS
 
 
+@pytest.mark.process
 def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
     values = tmp_path / "dcgm.yaml"
     values.write_text("exporter: {dcgmExporterPresent: true}\n")
@@ -132,6 +138,7 @@ def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
     assert with_attribution["spec"]["template"]["spec"]["hostPID"] is True
 
 
+@pytest.mark.process
 def test_the_exporter_listens_on_the_pod_ip_and_names_its_node() -> None:
     # Read with gpuslice's own argument parser: its default address is 127.0.0.1, which no
     # Prometheus, readiness probe or Service outside the container reaches.
@@ -151,6 +158,7 @@ def test_the_exporter_listens_on_the_pod_ip_and_names_its_node() -> None:
     assert node in container["env"]
 
 
+@pytest.mark.process
 def test_rbac_is_minimal() -> None:
     docs = render()
     role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-hub")
@@ -172,8 +180,11 @@ def test_z2jh_values_plug_gpuslice_into_zero_to_jupyterhub() -> None:
     assert config["KubeGpuSpawner"]["gpu_backend"] in {"gpushare", "hami", "timeslicing", "mig", "whole"}
     assert values["hub"]["services"]["portal"]["url"].endswith(":8502")
     assert "apiToken" not in values["hub"]["services"]["portal"]  # z2jh generates it
-    # The reader's token as the chart's own hub gives it: the GPU line's Queue acts with it.
-    assert values["hub"]["services"]["portal"]["oauth_client_allowed_scopes"] == roles.PORTAL_OAUTH_SCOPES
+    # The portal's OAuth scopes and roles, the rules and the GPU line come from the one hub wiring
+    # (hub/wiring.py), as on the chart's hub: the values file does not restate them.
+    assert "oauth_client_allowed_scopes" not in values["hub"]["services"]["portal"]
+    assert "loadRoles" not in values["hub"]
+    assert "configure_z2jh_hub(c, z2jh.get_config)" in values["hub"]["extraConfig"]["gpuslice"]
     assert values["hub"]["image"]["name"].endswith("/hub")
 
 
@@ -225,6 +236,7 @@ def restricted_violations(doc: dict[str, Any]) -> list[str]:
     return found
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_every_component_meets_the_restricted_pod_security_profile(values: tuple[Path, ...]) -> None:
     for doc in render(*values):
@@ -234,6 +246,7 @@ def test_every_component_meets_the_restricted_pod_security_profile(values: tuple
             assert unexplained == [], (name, unexplained)
 
 
+@pytest.mark.process
 def test_the_restricted_check_catches_a_privileged_pod() -> None:
     hub = next(d for d in render() if d["kind"] == "Deployment" and d["metadata"]["name"] == "gs-gpuslice-hub")
     hub["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = True
@@ -242,6 +255,7 @@ def test_the_restricted_check_catches_a_privileged_pod() -> None:
     assert "hub: privileged" in violations and any(v.startswith("volume root") for v in violations)
 
 
+@pytest.mark.process
 def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar(tmp_path: Path) -> None:
     dashboards = [d for d in render() if d["metadata"]["name"].endswith("-grafana-dashboard")]
     assert len(dashboards) == 1 and dashboards[0]["kind"] == "ConfigMap"
@@ -260,6 +274,7 @@ def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar(tmp_path: Path) ->
     }
 
 
+@pytest.mark.process
 def test_the_portal_has_a_writable_volume_of_its_own_for_the_incident_store(tmp_path: Path) -> None:
     from spawner import environ  # the variable the portal reads the data folder from
 

@@ -6,6 +6,7 @@ import yaml
 from hub.accounts import AccountsError, has_password, invites_path, passwords_path, redeem_invite
 from hub.cli import main
 from hub.settings import load
+from spawner.quotas import GroupRules
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +78,7 @@ def test_class_add_writes_the_group_and_keeps_other_settings(
     loaded = load(settings)
     assert loaded.port == 9000 and loaded.admin_users == ("teacher",)
     assert loaded.groups == (
-        {"name": "ml101", "max_slice": "4GiB", "budget": "40GiB", "servers_per_user": 1, "members": ["alice", "bob"]},
+        GroupRules(name="ml101", max_slice="4GiB", budget="40GiB", servers_per_user=1, members=("alice", "bob")),
     )
 
 
@@ -131,7 +132,7 @@ def test_class_add_keeps_the_files_comments_and_order(tmp_path: Path, capsys: py
     for comment in ("# Our lab's platform", "# the firewall opens this one", "# the autumn class"):
         assert comment in text
     assert text.index("ml100") < text.index("ml101")
-    assert load(settings).groups[1] == {"name": "ml101", "budget": "8GiB", "members": ["alice"]}
+    assert load(settings).groups[1] == GroupRules(name="ml101", budget="8GiB", members=("alice",))
 
 
 def test_a_size_without_its_unit_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,7 +156,7 @@ def test_without_config_it_writes_where_gpuslice_up_reads(
     out = capsys.readouterr().out
     assert f"written to {tmp_path / 'gpuslice.yaml'}; `gpuslice up` run in this folder reads it" in out
     found = config_path(None)  # what `gpuslice up` without --config loads
-    assert found is not None and load(found).groups[0]["members"] == ["alice"]
+    assert found is not None and load(found).groups[0].members == ("alice",)
 
 
 def test_a_lost_code_is_renewed_and_the_old_one_stops_working(

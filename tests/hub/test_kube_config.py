@@ -12,6 +12,7 @@ from traitlets import import_item
 from traitlets.config import Config, PyFileConfigLoader
 
 from spawner.images import SpawnImage
+from spawner.quotas import GroupRules
 
 REPO = Path(__file__).parents[2]
 ADMIN_PASSWORD = "correct horse battery staple"
@@ -39,7 +40,9 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     assert config.JupyterHub.spawner_class == "spawner.kube.KubeGpuSpawner"
     assert (spawner.gpu_backend, spawner.gpu_policy, spawner.namespace) == ("hami", "fgd", "jupyter")
     assert spawner.gpushare_memory_unit == "MiB"
-    assert spawner.gpu_groups == [{"name": "ml101", "max_slice": "4GiB", "servers_per_user": 1}]
+    assert spawner.gpu_groups == [
+        GroupRules(name="ml101", members=("alice",), max_slice="4GiB", servers_per_user=1, profiles=("t4",))
+    ]
     assert spawner.gpu_profile_groups == {"t4": ["ml101"]}
     assert spawner.gpu_models_volume == {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}}
     assert config.JupyterHub.cleanup_servers is False  # a hub restart must not stop notebooks

@@ -13,6 +13,7 @@ from portal.data import access, errors, hub, prometheus
 from portal.data.access import Scope
 from portal.data.alertmanager import Alertmanager
 from portal.identity import Identity
+from spawner.quotas import read_groups
 
 ALICE = {
     "kind": "user",
@@ -115,10 +116,14 @@ def test_server_counts_are_the_clusters_without_names() -> None:
 
 def test_a_teacher_lists_their_class_members_servers() -> None:
     teacher = access.scope_of(
-        Identity("tina"), [{"name": "ml101", "teachers": ["tina"], "members": ["ghost"]}], {"ml101": ["alice", "bob"]}
+        Identity("tina"),
+        read_groups([{"name": "ml101", "teachers": ["tina"], "members": ["ghost"]}]),
+        {"ml101": ["alice", "bob"]},
     )
     assert {r.user for r in hub.servers_in_scope(hub.every_user(FakeHub()), teacher)} == {"alice"}
-    student = access.scope_of(Identity("bob"), [{"name": "ml101", "teachers": ["tina"]}], {"ml101": ["alice", "bob"]})
+    student = access.scope_of(
+        Identity("bob"), read_groups([{"name": "ml101", "teachers": ["tina"]}]), {"ml101": ["alice", "bob"]}
+    )
     assert not student.sees("alice") and student.sees("bob") and not student.teaches
 
 
@@ -274,6 +279,7 @@ def within(seconds: float, call: Callable[[], object]) -> object:
         pool.shutdown(wait=False)
 
 
+@pytest.mark.process
 def test_a_hung_prometheus_times_out_instead_of_hanging_the_page(hung_server: str) -> None:
     client = prometheus.connect(hung_server, timeout_s=1)
     for query in (lambda: prometheus.summary(client), lambda: prometheus.trend(client, "up", 1)):
@@ -281,17 +287,20 @@ def test_a_hung_prometheus_times_out_instead_of_hanging_the_page(hung_server: st
             within(10, query)
 
 
+@pytest.mark.process
 def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
     with pytest.raises(prometheus.MetricsUnavailableError, match=r"Alertmanager did not answer \(timed out\)"):
         within(10, lambda: Alertmanager(hung_server, timeout_s=1).rows())
 
 
+@pytest.mark.process
 def test_a_hung_hub_is_reported_as_unavailable(hung_server: str) -> None:
     client = hub.HubClient(f"{hung_server}/hub/api", "token", timeout_s=1)
     with pytest.raises(errors.SourceUnavailableError, match=r"JupyterHub did not answer \(timed out\)"):
         within(10, lambda: hub.every_user(client))
 
 
+@pytest.mark.process
 def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server: str) -> None:
     class Gateway(requests.Session):
         def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:

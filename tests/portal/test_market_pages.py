@@ -12,6 +12,7 @@ from market.store import Image, Model, Store
 from portal import sources
 from portal.data import markets
 from portal.identity import Identity
+from spawner.quotas import read_groups
 from tests.portal.test_pages import fakes, run  # noqa: F401  (fixture)
 
 REPO = Path(__file__).parents[2]
@@ -53,7 +54,9 @@ def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, obj
     # goes through the reader's own client (issue 13).
     monkeypatch.setattr(sources, "hub_client", lambda: RecordingHub(403, "the portal service may not start servers"))
     monkeypatch.setattr(sources, "acting_client", lambda identity: hub)
-    monkeypatch.setattr(sources, "group_rules", lambda: ({"name": "ml101", "max_slice": "4GiB", "members": ["ann"]},))
+    monkeypatch.setattr(
+        sources, "group_rules", lambda: read_groups([{"name": "ml101", "max_slice": "4GiB", "members": ["ann"]}])
+    )
     monkeypatch.setattr(sources, "my_groups", lambda identity: {"ml101"} if identity.name == "ann" else set())
     store.hub = hub  # type: ignore[attr-defined]
     yield store

@@ -21,6 +21,7 @@ from portal.incidents import Alert, Incident, Silence
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, Ledger, ServerEvent
+from spawner.quotas import read_groups
 from spawner.usage import UsageRow
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
@@ -300,6 +301,7 @@ def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not at.title  # nothing else rendered
 
 
+@pytest.mark.process
 def test_classes_page_on_kubernetes_reads_the_charts_classes(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -372,6 +374,7 @@ def _ledger_with_a_waiter(path: Path, user: str, group: str) -> Ledger:
     return ledger
 
 
+@pytest.mark.process
 def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -407,6 +410,7 @@ def test_the_overview_shows_wait_percentiles_per_class_and_day_in_the_viewers_sc
     assert "Nobody waited in line in these days." in texts(run())
 
 
+@pytest.mark.process
 def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -526,6 +530,7 @@ def test_an_unwritable_incident_store_is_a_message_not_a_traceback(
     monkeypatch.undo()  # the real incident_store, on a data directory that cannot hold a database
     (tmp_path / "data").write_text("a file where a folder should be")
     monkeypatch.setenv("GPUSLICE_DATA_DIR", str(tmp_path / "data"))
+    sources.settings.clear()  # the settings, with the data folder, are read once per process
     sources.incident_store.clear()
     with pytest.raises(MetricsUnavailableError, match="give the portal a writable GPUSLICE_DATA_DIR"):
         sources.incident_store()
@@ -577,9 +582,9 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
 
 def test_on_kubernetes_a_teacher_named_in_the_charts_classes_sees_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
     # The chart's classes, not the single-machine settings (which have none here), say who teaches.
-    chart_classes = [{"name": "ml101", "teachers": ["tina"]}]
+    chart_classes = read_groups([{"name": "ml101", "teachers": ["tina"]}])
     monkeypatch.setattr(sources, "_kubernetes", lambda: True)
-    monkeypatch.setattr(sources, "kube_values", lambda: SimpleNamespace(group_list=lambda: chart_classes))
+    monkeypatch.setattr(sources, "kube_values", lambda: SimpleNamespace(groups=chart_classes))
     monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
     assert sources.scope(Identity("tina")).sees("alice")
     assert not sources.scope(Identity("bob")).sees("alice")
