@@ -287,15 +287,21 @@ class FitParts:
             whole_frag = np.einsum("cg,cgs->cs", self.frac, ~self.full)
             frag = np.concatenate((slice_frag, whole_frag), axis=1)[:, self.shape]
         per_type = np.where(self.host & self.gpu_fit[:, self.shape], frag, total[:, None])
-        cpu_value = total[:, None] if cpu_tasks_fragment else np.where(self.host, 0.0, total[:, None])
-        return np.asarray(np.where(wl.is_cpu[None, :], cpu_value, per_type))
+        if wl.is_cpu.any():  # a type that asks for no GPU: only its own columns
+            cpu_types = np.flatnonzero(wl.is_cpu)
+            total_there = np.broadcast_to(total[:, None], (total.size, cpu_types.size))
+            per_type[:, cpu_types] = (
+                total_there if cpu_tasks_fragment else np.where(self.host[:, cpu_types], 0.0, total_there)
+            )
+        return np.asarray(per_type)
 
     def places(self) -> FloatArray:
         """(C, T): ``type_capacity``."""
         slots, _ = self._slots()
-        gpu = np.where(self.wl.is_cpu[None, :], np.inf, slots[:, self.shape])
-        host = _host_slots(self.wl, self.cpu, self.mem)
-        return np.asarray(np.maximum(np.minimum(gpu, host), 0.0))
+        gpu = slots[:, self.shape]
+        gpu[:, self.wl.is_cpu] = np.inf  # a type that asks for no GPU: its CPU and memory alone
+        places = np.minimum(gpu, _host_slots(self.wl, self.cpu, self.mem))
+        return np.asarray(np.maximum(places, 0.0) if (places < 0).any() else places)
 
     def _slots(self) -> tuple[FloatArray, FloatArray]:
         """(C, S) each: the tasks of each GPU shape the GPUs alone could take one after another
