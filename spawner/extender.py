@@ -137,7 +137,7 @@ def seen_workload(pods: Iterable[Obj], backend: Backend, demand: Demand) -> Work
 
 def decide(cluster: Cluster, names: Iterable[str], policy: str) -> tuple[str, Choice] | None:
     state = cluster.only(names)
-    choice = make_policy(policy, cluster.workload).choose(state, cluster.demand)
+    choice = make_policy(policy, cluster.workload, once=True).choose(state, cluster.demand)
     return None if choice is None else (state.names[choice.node], choice)
 
 

@@ -149,7 +149,7 @@ class GpuShareMixin(ImagesMixin):
         demand = Demand.from_request(request)
         state = ClusterState.from_inventory(inventory)
         workload = known_workload(arrived_counts(held), demand)
-        choice = make_policy(self.gpu_policy, workload).choose(state, demand)
+        choice = make_policy(self.gpu_policy, workload, once=True).choose(state, demand)
         if choice is None:
             refused = GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
             refused.waitable = True

@@ -121,7 +121,7 @@ def admit(
             blocked_groups.add(entry.group)
             continue
         others = arrived - Counter({entry.demand: 1})  # known_workload adds the one being placed
-        choice = make_policy(policy, known_workload(others, entry.demand)).choose(state, entry.demand)
+        choice = make_policy(policy, known_workload(others, entry.demand), once=True).choose(state, entry.demand)
         if choice is None:
             break  # strict: nobody behind the first that does not fit goes ahead of it
         kept = kept_for_others(reservations, entry.group, used, now)

@@ -467,12 +467,14 @@ class DefaultPolicy(FragmentationGradientDescent):
 POLICIES = ("random-fit", "best-fit", "spread", "dot-product", "fgd", "default")
 
 
-def make_policy(name: str, workload: Workload | None = None, seed: int = 0) -> Policy:
-    """A policy by name; ``fgd`` and ``default`` need the target workload."""
+def make_policy(name: str, workload: Workload | None = None, seed: int = 0, *, once: bool = False) -> Policy:
+    """A policy by name; ``fgd`` and ``default`` need the target workload. ``once``: it decides
+    once (the extender and the hub make one per decision), so it remembers no node state."""
     if name in {"fgd", "default"}:
         if workload is None:
             raise ValueError(f"policy {name!r} needs a target workload")
-        return FragmentationGradientDescent(workload) if name == "fgd" else DefaultPolicy(workload)
+        kind = FragmentationGradientDescent if name == "fgd" else DefaultPolicy
+        return kind(workload, remember_states=not once)
     simple: dict[str, Policy] = {
         "random-fit": RandomFit(seed),
         "best-fit": BestFit(),
