@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -70,32 +69,37 @@ class Workload:
         pairs = zip(self.weights, self.demands, strict=True)
         ranked = list(pairs) if self.ranked else sorted(pairs, key=lambda wd: (-wd[0], rank_key(wd[1])))
         shapes = [gpu_shape(demand) for _, demand in ranked]
-        head: dict[object, Demand] = {}  # each shape's most popular type
-        for shape, (_, demand) in zip(shapes, ranked, strict=True):
-            head.setdefault(shape, demand)
+        # By place in ``ranked`` (the types are distinct): no demand hashed in the loops below.
+        head: dict[object, int] = {}  # each shape's most popular type
+        for i, shape in enumerate(shapes):
+            head.setdefault(shape, i)
         kept = set(head.values())
-        for _, demand in ranked:
+        for i in range(len(ranked)):
             if len(kept) >= max_types:
                 break
-            kept.add(demand)
+            kept.add(i)
         # Kept types in the order ranked (a shape's head comes before the types it stands for).
-        weight: dict[Demand, float] = {}
-        for shape, (w, demand) in zip(shapes, ranked, strict=True):
-            into = demand if demand in kept else head[shape]
+        weight: dict[int, float] = {}
+        for i, (shape, (w, _)) in enumerate(zip(shapes, ranked, strict=True)):
+            into = i if i in kept else head[shape]
             weight[into] = weight.get(into, 0.0) + w
-        return Workload(tuple(weight), tuple(weight.values()))
+        return Workload(tuple(ranked[i][1] for i in weight), tuple(weight.values()))
 
 
-@lru_cache(maxsize=4096)
 def rank_key(demand: Demand) -> str:
-    """The order of types equally popular: their text, computed once per demand (a live
+    """The order of types equally popular: their text, worked out once per demand (a live
     policy ranks the arrivals so far at every decision)."""
-    return repr(demand)
+    text: str = demand.cached("_rank_key", repr)
+    return text
 
 
-@lru_cache(maxsize=4096)
 def gpu_shape(demand: Demand) -> tuple[object, ...]:
     """What of a demand decides which free GPU it can use: cards or slice, and allowed models."""
+    shape: tuple[object, ...] = demand.cached("_gpu_shape", _gpu_shape)
+    return shape
+
+
+def _gpu_shape(demand: Demand) -> tuple[object, ...]:
     models = tuple(sorted(demand.models)) if demand.models else ()
     return (demand.gpus, demand.slice_fraction, demand.slice_units, models)
 

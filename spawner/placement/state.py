@@ -8,9 +8,9 @@ Alibaba trace. A slice is asked for either in units or as a share of a card.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -46,8 +46,17 @@ class Demand:
         return cached
 
     def __getstate__(self) -> dict[str, object]:
-        """Pickled without the cached hash: another process hashes strings differently."""
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        """Pickled without what is cached on it (``_hash`` and the like): another process hashes
+        and orders strings differently."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def cached(self, name: str, compute: Callable[[Demand], object]) -> Any:
+        """``compute(self)``, worked out once per demand (a live policy asks at every decision)."""
+        value = self.__dict__.get(name)
+        if value is None:
+            value = compute(self)
+            object.__setattr__(self, name, value)
+        return value
 
     @classmethod
     def from_request(
