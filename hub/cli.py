@@ -11,7 +11,7 @@ from typing import Any
 
 from hub import settings as settings_mod
 from hub import state_cli
-from spawner import environ
+from spawner import environ, sharing
 from spawner.placement import POLICIES
 from spawner.quotas import GroupRules
 
@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument(
         "--address", default="127.0.0.1", help="address (default 127.0.0.1: only kube-scheduler in the same pod)"
     )
-    ext.add_argument("--backend", choices=["gpushare", "hami", "whole"], required=True, help="the GPU sharing backend")
+    ext.add_argument("--backend", choices=sharing.names(extender=True), required=True, help="the GPU sharing backend")
     ext.add_argument("--policy", choices=POLICIES, default="default", help="placement policy (default: default)")
     ext.add_argument("--api-server", help="Kubernetes API URL (default: in-cluster, with the service account)")
 
@@ -253,7 +253,6 @@ def _exporter(args: argparse.Namespace) -> int:
 
 def _scheduler_extender(args: argparse.Namespace) -> int:
     from hub.extender import RestKubeClient, serve
-    from spawner.backends import Backend
 
     try:
         client = RestKubeClient(args.api_server) if args.api_server else RestKubeClient.in_cluster()
@@ -263,7 +262,7 @@ def _scheduler_extender(args: argparse.Namespace) -> int:
     print(
         f"gpuslice scheduler-extender: {args.policy} on {args.backend}, http://{args.address}:{args.port}", flush=True
     )
-    serve(client, Backend(args.backend), args.policy, args.address, args.port)
+    serve(client, sharing.backend(args.backend), args.policy, args.address, args.port)
     return 0
 
 

@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from spawner import environ, extender
-from spawner.backends import Backend
+from spawner.sharing import SharingBackend
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -87,7 +87,7 @@ class RestKubeClient:
 
 
 def make_app(
-    client: KubeClient, backend: Backend, policy: str = "default", clock: Callable[[], int] = time.time_ns
+    client: KubeClient, backend: SharingBackend, policy: str = "default", clock: Callable[[], int] = time.time_ns
 ) -> web.Application:
     """The extender's HTTP app. One decision at a time: a bind changes what the next filter sees."""
     lock = asyncio.Lock()
@@ -137,5 +137,5 @@ def make_app(
     return app
 
 
-def serve(client: KubeClient, backend: Backend, policy: str, address: str, port: int) -> None:
+def serve(client: KubeClient, backend: SharingBackend, policy: str, address: str, port: int) -> None:
     web.run_app(make_app(client, backend, policy), host=address, port=port, print=None)

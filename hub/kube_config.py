@@ -15,7 +15,7 @@ from hub.accounts import passwords_path, read_admin_password, roster_names, set_
 from hub.kube_values import load_kube_values
 from hub.wiring import Accounts, HubParts, configure_hub
 from market.store import Store
-from spawner import environ
+from spawner import environ, sharing
 
 env = environ.read()
 values = load_kube_values(Path(env.get(environ.KUBE_VALUES)))
@@ -41,6 +41,7 @@ c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = env.pod_namespace
 c.KubeGpuSpawner.gpu_backend = values.backend
 c.KubeGpuSpawner.gpushare_memory_unit = values.gpushare_memory_unit
+c.KubeGpuSpawner.gpu_backend_settings = sharing.settings_from_values(values.backend, values.backend_settings)
 c.KubeGpuSpawner.gpu_policy = values.policy
 c.KubeGpuSpawner.gpu_profile_groups = {
     profile: [rules.name for rules in values.groups if profile in rules.profiles]

@@ -19,13 +19,12 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from hub.settings import Contact, Market, OnCall, Platform, read_oncall
-from spawner import environ
-from spawner.backends import Backend
+from spawner import environ, sharing
 from spawner.checked import PositiveInt, UrlOrEmpty, one_of, problems
 from spawner.placement import POLICIES
 
 DATA_DIR = "/srv/gpuslice/data"  # the hub's PersistentVolumeClaim, mounted by the chart
-KUBE_BACKENDS = tuple(b.value for b in Backend if b is not Backend.LOCAL)  # the cluster's ways to share GPUs
+KUBE_BACKENDS = tuple(sharing.names(kubernetes=True))  # the cluster's ways to share GPUs (spawner/sharing/)
 
 
 # monitoring.oncall.existingSecret is mounted here (0440) in the pod that runs `gpuslice oncall-config`.
@@ -93,11 +92,16 @@ class KubeValues(Platform):
     backend: one_of(*KUBE_BACKENDS) = Field(  # type: ignore[valid-type]
         default="gpushare", description="How the cluster shares GPUs (docs/kubernetes.md)."
     )
+    backend_settings: dict[str, Any] = Field(
+        default_factory=dict, description="gpuSharing.<backend>: the backend's own settings (dra, kai)."
+    )
     policy: one_of(*POLICIES) = Field(  # type: ignore[valid-type]
         default="default", description="The placement policy the hub checks a request with (docs/placement.md)."
     )
-    gpushare_memory_unit: one_of("GiB", "MiB") = Field(  # type: ignore[valid-type]
-        default="GiB", description="gpushare's device plugin --memory-unit: the unit of aliyun.com/gpu-mem."
+    gpushare_memory_unit: one_of("", "GiB", "MiB") = Field(  # type: ignore[valid-type]
+        default="",
+        description="gpushare's device plugin --memory-unit: the unit of aliyun.com/gpu-mem (empty: inferred "
+        "from the nodes, as gpushare's inspect tool does).",
     )
     singleuser: dict[str, Any] = Field(default_factory=dict, description="hub.singleuser: KubeSpawner's pod settings.")
     notebook_image: str = Field(description="The notebook image (images.notebook).")

@@ -44,10 +44,10 @@ from kubernetes_asyncio.config import ConfigException
 
 from hub.exporter import OwnerOf, Source, owner_from_proc
 from spawner import environ
-from spawner.backends import ANNOTATION_BACKEND
 from spawner.gpus import GpuSample
 from spawner.inventory import SERVERNAME, USERNAME, holds_resources
 from spawner.ledger import Ledger, server_key
+from spawner.sharing.base import ANNOTATION_BACKEND
 from spawner.waitline import (
     GPU_IDLE_TIMEOUT_S,
     GpuTrace,

@@ -19,7 +19,6 @@ import aiohttp
 from traitlets import Instance, Unicode
 
 from spawner import environ
-from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, stop_message
 from spawner.line import WaitingLineMixin, usage_of
@@ -27,6 +26,8 @@ from spawner.placement import Choice, Demand
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.sharing.base import ServerGpuSpec, Target
+from spawner.sharing.local import Local
 from spawner.waitline import activity_report_interval
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
@@ -153,11 +154,11 @@ class LedgerGpuMixin(WaitingLineMixin):
 
     def _spec_for(self, request: GpuRequest, holds: list[Held]) -> ServerGpuSpec:
         if not holds:
-            return render(request, Backend.LOCAL)
+            return Local().render(request)
         by_index = {g.index: g for g in self._machine.gpus}
         cards = [by_index[h.gpu_index] for h in holds]
         devices = tuple(g.uuid if not g.simulated else str(g.index) for g in cards)
-        return render(request, Backend.LOCAL, card_bytes=cards[0].memory_bytes, devices=devices)
+        return Local().render(request, Target(card_bytes=cards[0].memory_bytes, devices=devices))
 
     # -- the spawner lifecycle ----------------------------------------------------------
 

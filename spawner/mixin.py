@@ -16,7 +16,6 @@ from typing import Any
 from traitlets import Any as AnyTrait
 from traitlets import Integer, List, TraitError, Unicode, default, validate
 
-from spawner.backends import ServerGpuSpec
 from spawner.form import FormChoice, WaitOffer, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import DEFAULT_SIMULATE, Machine, machine
 from spawner.images import ImagesMixin
@@ -34,6 +33,7 @@ from spawner.shares import (
     parse_request,
     quantity_text,
 )
+from spawner.sharing.base import ServerGpuSpec
 
 
 def asked_bytes(request: GpuRequest, inventory: Inventory) -> int:

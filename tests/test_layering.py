@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     # 1. pure core: no I/O, imports nothing of ours but each other.
     "sizes": CORE,  # amounts of memory ("4GiB"): below the markets and the spawners, which both read them
     "spawner.shares": CORE,
-    "spawner.backends": CORE,
+    "spawner.sharing": CORE,  # one module per sharing backend (pods, inventory, extender, form words)
     "spawner.inventory": CORE,
     "spawner.placement": CORE,  # and its split modules (spawner.placement_*, spawner.placement.*)
     "spawner.quotas": CORE,

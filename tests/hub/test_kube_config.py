@@ -40,6 +40,7 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     assert config.JupyterHub.spawner_class == "spawner.kube.KubeGpuSpawner"
     assert (spawner.gpu_backend, spawner.gpu_policy, spawner.namespace) == ("hami", "fgd", "jupyter")
     assert spawner.gpushare_memory_unit == "MiB"
+    assert spawner.gpu_backend_settings == {}  # hami: no settings in the values
     assert spawner.gpu_groups == [
         GroupRules(name="ml101", members=("alice",), max_slice="4GiB", servers_per_user=1, profiles=("t4",))
     ]
@@ -74,6 +75,19 @@ def load_kube_config(values: dict[str, object], monkeypatch: pytest.MonkeyPatch,
     password.write_text(ADMIN_PASSWORD)
     monkeypatch.setenv("GPUSLICE_ADMIN_PASSWORD_FILE", str(password))
     return PyFileConfigLoader("kube_config.py", path=str(REPO / "hub")).load_config()
+
+
+def test_the_chart_values_give_the_kai_backend_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {
+        "backend": "kai",
+        "backendSettings": {"defaultQueue": "lab", "queues": {"ml101": "teaching"}, "createQueues": True},
+        "notebookImage": "nb",
+        "proxyApiUrl": "http://gs-proxy-api:8001",
+        "dataDir": str(tmp_path),
+    }
+    spawner = load_kube_config(values, monkeypatch, tmp_path).KubeGpuSpawner
+    # The chart's own keys (createQueues) stay out; the backend's are its fields' names.
+    assert spawner.gpu_backend_settings == {"default_queue": "lab", "queues": {"ml101": "teaching"}}
 
 
 def test_a_fresh_install_migrates_the_market_so_the_first_spawn_lists_images(

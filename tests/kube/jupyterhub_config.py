@@ -41,7 +41,7 @@ c.JupyterHub.load_roles = [
 
 c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = "gpuslice"
-c.KubeGpuSpawner.gpu_backend = "gpushare"
+c.KubeGpuSpawner.gpu_backend = os.environ.get("GPUSLICE_TEST_BACKEND", "gpushare")  # dra, kai: test_dra_kai.py
 c.KubeGpuSpawner.gpu_inventory_ttl = 1.0
 c.KubeGpuSpawner.gpu_groups = [
     {"name": "ml101", "max_slice": "4GiB", "teachers": ["tina"]},

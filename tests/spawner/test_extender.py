@@ -3,10 +3,10 @@
 from collections import Counter
 from typing import Any
 
-from spawner.backends import Backend
 from spawner.extender import pod_demand, seen_workload
 from spawner.placement import Demand, known_workload
 from spawner.shares import GiB
+from spawner.sharing import backend
 
 
 def pod(name: str, gib: int, *, node: str = "", phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
@@ -25,8 +25,9 @@ def test_the_extender_knows_the_pods_placed_and_pending_and_the_one_it_places() 
     pending = [pod("d", 12, phase="Pending")]  # no node could take it: it waits, and is seen
     gone = [pod("e", 16, node="n1", phase="Succeeded"), pod("f", 16, node="n2", deleting=True)]
     asking = Demand(cpu_milli=2000, memory_bytes=4 * GiB, slice_units=float(2 * GiB))
-    seen = seen_workload([*placed, *pending, *gone], Backend.GPUSHARE, asking)
-    arrived = Counter(pod_demand(p, Backend.GPUSHARE) for p in [*placed, *pending])
+    gpushare = backend("gpushare")
+    seen = seen_workload([*placed, *pending, *gone], gpushare, asking)
+    arrived = Counter(pod_demand(p, gpushare) for p in [*placed, *pending])
     assert seen == known_workload(arrived, asking)
     weights = {d.slice_units: w for d, w in zip(seen.demands, seen.weights, strict=True)}
     assert weights == {4 * GiB: 0.4, 8 * GiB: 0.2, 12 * GiB: 0.2, 2 * GiB: 0.2}  # 16 GiB pods have left
