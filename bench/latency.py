@@ -8,7 +8,9 @@ Every policy replays the same arrivals on its own copy of the full node list (1,
 so a burst of load from other processes falls on all of them. Each knows what it would know
 live (the arrivals so far, ``spawner.placement.knowledge``; ``--oracle``: the whole list), and
 a decision's time includes working that out. ``--busy N`` keeps N other processes spinning on
-the CPU for the whole run: the machine busy with other work, the same for every policy.
+the CPU for the whole run: the machine busy with other work, the same for every policy
+(``--busy-nice 19``: work that yields to the decisions, as a scheduler given its CPU share would
+see it).
 Printed: p50, p99 and max of a decision's wall time per policy, the ratios to ``fgd-fresh``
 (FGD scoring every candidate state afresh, as before node states were remembered) and to
 ``fgd``, the p50 and p99 of its CPU time (what the decision costs, whatever else runs), and
@@ -54,16 +56,18 @@ def policies(workload: Workload) -> dict[str, Policy]:
     }
 
 
-def _spin(stop: Event) -> None:
+def _spin(stop: Event, niceness: int) -> None:
+    os.nice(niceness)
     while not stop.is_set():
         sum(range(10_000))
 
 
 @contextmanager
-def busy(workers: int) -> Iterator[None]:
-    """``workers`` processes spinning on the CPU until the block ends (stopped and joined even on error)."""
+def busy(workers: int, niceness: int = 0) -> Iterator[None]:
+    """``workers`` processes spinning on the CPU until the block ends (stopped and joined even on
+    error), at ``niceness`` (0: the same priority as the decisions; 19: work that yields)."""
     stop = multiprocessing.Event()
-    spinners = [multiprocessing.Process(target=_spin, args=(stop,), daemon=True) for _ in range(workers)]
+    spinners = [multiprocessing.Process(target=_spin, args=(stop, niceness), daemon=True) for _ in range(workers)]
     for spinner in spinners:
         spinner.start()
     try:
@@ -84,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--oracle", action="store_true", help="hand every policy the whole list's popularity")
     parser.add_argument("--busy", type=int, default=0, help="other processes kept spinning meanwhile (default 0)")
+    parser.add_argument(
+        "--busy-nice", type=int, default=0, help="their niceness (default 0: as the decisions; 19: background work)"
+    )
     parser.add_argument("--limit", type=int, help="decide only the first N arrivals")
     parser.add_argument("--variant", action="append", default=[], help="also time this bench.report variant")
     args = parser.parse_args(argv)
@@ -102,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     same = Counter[str]()
     seen: Counter[Demand] = Counter()
     load = os.getloadavg()[0]
-    with busy(args.busy):
+    with busy(args.busy, args.busy_nice):
         for i, task in enumerate(arrived):
             demand = task.demand()
             order = names[i % len(names) :] + names[: i % len(names)]
@@ -124,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = sum(n.gpus for n in nodes)
     print(
         f"{args.list}, seed {args.seed}, {knowledge} knowledge: {len(arrived)} decisions on {gpus} GPUs;"
-        f" {args.busy} other processes spinning; load average {load:.1f} at the start,"
+        f" {args.busy} other processes spinning (nice {args.busy_nice}); load average {load:.1f} at the start,"
         f" {os.getloadavg()[0]:.1f} at the end"
     )
     for mine, twin in TWINS.items():
