@@ -28,7 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from spawner.inventory import Inventory, cpu_milli, holds_resources, memory_bytes
-from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
+from spawner.placement import (
+    Choice,
+    ClusterState,
+    Demand,
+    Workload,
+    arrived_counts,
+    explain,
+    known_workload,
+    make_policy,
+)
 from spawner.sharing import SharingBackend, read
 from spawner.sharing.base import GFD_PRODUCT, Listing, containers
 
@@ -87,16 +96,16 @@ class Cluster:
 
 
 def seen_workload(pods: Iterable[Obj], sharing: SharingBackend, demand: Demand) -> Workload:
-    """The target workload is the demands of the pods placed so far plus the one being placed:
-    the extender never sees the future, only the arrivals so far (CPU-only pods included, as
-    the trace's workload includes them)."""
-    placed = [pod_demand(p, sharing) for p in pods if p.get("spec", {}).get("nodeName") and holds_resources(p)]
-    return Workload.from_demands([*placed, demand])
+    """The target workload: what the policy knows live (``known_workload``, the code the benchmark
+    replays), the pods arrived so far, placed or still pending (a pod no node could take waits,
+    and is seen), and the one being placed. Finished pods have left. CPU-only pods count, as the
+    trace's workload includes them."""
+    return known_workload(arrived_counts(pod_demand(p, sharing) for p in pods if holds_resources(p)), demand)
 
 
 def decide(cluster: Cluster, names: Iterable[str], policy: str) -> tuple[str, Choice] | None:
     state = cluster.only(names)
-    choice = make_policy(policy, cluster.workload).choose(state, cluster.demand)
+    choice = make_policy(policy, cluster.workload, once=True).choose(state, cluster.demand)
     return None if choice is None else (state.names[choice.node], choice)
 
 

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import random
+from collections import Counter
 from enum import StrEnum
 from typing import Any
 
@@ -14,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from bench.placement import TraceNode, TraceTask, arrivals, read_nodes, read_tasks
 from hub.extender import RestKubeClient, make_app
 from spawner.extender import pod_demand
-from spawner.placement import ClusterState, Demand, Workload, make_policy
+from spawner.placement import ClusterState, Demand, known_workload, make_policy
 from spawner.sharing import backend as sharing
 from spawner.sharing import build_kube
 from tests.kube.apiserver import ApiServer
@@ -84,17 +85,17 @@ def workload(backend: Backend) -> list[dict[str, Any]]:
 def direct(
     backend: Backend, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
 ) -> list[tuple[str, tuple[int, ...]]]:
-    """The policy called directly: the same arrivals, the seen-so-far workload, commits in memory."""
+    """The policy called directly: the same arrivals, what it knows live (every arrival so far: a
+    refused pod stays pending, and is seen), commits in memory."""
     inventory = build_kube(nodes, [], sharing(backend))
     state = ClusterState.from_inventory(inventory)
-    held: list[Demand] = []
+    arrived: Counter[Demand] = Counter()
     decisions: list[tuple[str, tuple[int, ...]]] = []
     for p in pods:
         demand = pod_demand(p, sharing(backend))
-        held.append(demand)
-        choice = make_policy("default", Workload.from_demands(held)).choose(state, demand)
+        choice = make_policy("default", known_workload(arrived, demand)).choose(state, demand)
+        arrived[demand] += 1
         if choice is None:
-            held.pop()  # a refused pod is not in the cluster
             decisions.append(("", ()))
             continue
         state.commit(choice, demand)
