@@ -29,11 +29,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 
 from hub.extender import RestKubeClient, make_app
 from spawner.sharing import backend as sharing
 from tests.kube.apiserver import ApiServer
+
+pytestmark = pytest.mark.process  # the extender's HTTP server and the API double on loopback sockets
 
 Obj = dict[str, Any]
 NOW_NS = 1_700_000_000_123_456_789
