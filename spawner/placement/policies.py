@@ -269,14 +269,23 @@ class FragmentationGradientDescent:
         known = values.known
         stale = np.flatnonzero(self._now_known < known)
         if stale.size:
-            fresh = self._values_of(state, stale, state.free[stale], state.cpu[stale], state.mem[stale]).every()
-            for plane in self._whole_planes():
-                # Whole numbers: the sum changes exactly, and is what summing every node would give.
-                before = _finite(self._now[plane, stale, :known]).sum(axis=0)
-                self._now_total[plane, :known] += _finite(fresh[plane]).sum(axis=0) - before
-            self._now[:, stale, :known] = fresh
-            self._now_known[stale] = known
+            # Nodes changed since (none of their values hold), then nodes that lack only the types
+            # known since (every node, when a type arrives for the first time): those types alone.
+            behind = self._now_known[stale]
+            for rows in (stale[behind == 0], stale[behind > 0]):
+                if rows.size:
+                    self._rescore(state, rows, int(self._now_known[rows].min()), known)
         return self._now[:, :, :known]
+
+    def _rescore(self, state: ClusterState, rows: IntArray, since: int, known: int) -> None:
+        """The values now of the nodes ``rows``, for the known types from ``since`` on."""
+        fresh = self._values_of(state, rows, state.free[rows], state.cpu[rows], state.mem[rows]).every(since)
+        for plane in self._whole_planes():
+            # Whole numbers: the sum changes exactly, and is what summing every node would give.
+            before = _finite(self._now[plane, rows, since:known]).sum(axis=0)
+            self._now_total[plane, since:known] += _finite(fresh[plane]).sum(axis=0) - before
+        self._now[:, rows, since:known] = fresh
+        self._now_known[rows] = known
 
     def _whole_planes(self) -> tuple[int, ...]:
         """The planes of the remembered values that are whole numbers, summed over the nodes

@@ -71,9 +71,9 @@ class Distinct:
         """(C, known): every state's ``k``-th value per type."""
         return np.asarray(self.of_each[k][self.inverse])
 
-    def every(self) -> FloatArray:
-        """(K, C, known): every state's values."""
-        return np.asarray(self.of_each[:, self.inverse])
+    def every(self, since: int = 0) -> FloatArray:
+        """(K, C, known - since): every state's values, of the known types from ``since`` on."""
+        return np.asarray(self.of_each[:, :, since:][:, self.inverse])
 
 
 class TypeValues:
