@@ -116,9 +116,10 @@ def test_the_schema_refuses_a_misspelt_or_wrong_value(tmp_path: Path, bad: dict[
     assert run_helm("template", "gs", str(CHART), "--values", str(path)).returncode != 0
 
 
-def test_all_features_renders_both(tmp_path: Path) -> None:
+def test_all_features_renders_the_cronjobs_and_the_recorder(tmp_path: Path) -> None:
     result = run_helm("template", "gs", str(CHART), "--namespace", "jupyter", "--values", str(ALL_FEATURES))
     assert result.returncode == 0, result.stderr
     kinds = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(result.stdout) if o}
     assert ("CronJob", "gs-gpuslice-renew-alertmanager") in kinds
+    assert ("CronJob", "gs-gpuslice-idle-notices") in kinds
     assert ("Secret", "gs-gpuslice-incident-recorder") in kinds
