@@ -144,6 +144,6 @@ def _home_limit(user: str) -> int:
     return limits_for(settings.limits, _classes_of.get(user, [])).home_bytes
 
 
-metrics.register_allocations(metrics.HomeCollector(lambda: _home_sizes.sizes, _home_limit))
+metrics.register_allocations(metrics.HomeCollector(_home_sizes.latest, _home_limit))
 # ... and told to the user on the hub's home page and in JupyterLab (hub/notice.py).
 c.JupyterHub.template_vars.update({homes.HOME_NOTICE: homes.home_notice(_home_sizes, _home_limit)})  # lazy until set
