@@ -1,18 +1,19 @@
 import streamlit as st
 
-from portal import sources, views
+from portal import views
 from portal.data.prometheus import MetricsUnavailableError
+from portal.sources import alerts
 
 st.title("Alerts")
 try:
-    alerts = sources.active_alerts()
+    firing = alerts.active_alerts()
 except MetricsUnavailableError as exc:
     st.warning(f"Alertmanager is unavailable: {exc}.")
     st.stop()
-if not alerts:
+if not firing:
     st.success("No alerts are firing.")
 icons = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
-for alert in alerts:
+for alert in firing:
     with st.container(border=True):
         st.markdown(f"{icons.get(alert.severity, '')} **{alert.name}** ({alert.severity}): {alert.summary}")
         st.caption(views.plain(alert.description))

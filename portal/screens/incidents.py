@@ -5,10 +5,11 @@ from datetime import UTC, datetime
 
 import streamlit as st
 
-from portal import sources, views
+from portal import views
 from portal.data.incident_store import Recorded
 from portal.data.prometheus import MetricsUnavailableError
 from portal.incidents import Silence, acknowledgements, timeline
+from portal.sources import alerts
 
 identity = st.session_state["identity"]
 st.title("Incidents")
@@ -16,7 +17,7 @@ if not identity.admin:  # the page is not listed for others; this stops a direct
     st.error("Incidents are for admins. The Alerts page lists what fires.")
     st.stop()
 try:
-    recorded, silences = sources.incidents(identity)
+    recorded, silences = alerts.incidents(identity)
 except MetricsUnavailableError as exc:
     st.warning(f"Alertmanager is unavailable: {exc}.")
     st.stop()
@@ -44,7 +45,7 @@ def show(record: Recorded, silences: list[Silence]) -> None:
     st.markdown(f"{ICONS.get(incident.severity, '')} **{views.plain(incident.title)}** · {incident.severity} · {state}")
     st.caption(f"Incident {incident.id}")
     st.markdown("**Timeline**")
-    for event in timeline(incident, silences, sources.escalation(), now, record.resolved_at):
+    for event in timeline(incident, silences, alerts.escalation(), now, record.resolved_at):
         st.markdown(f"- {when(event.at)} · *{event.what}* · {views.plain(event.text)}")
     st.markdown(f"**Alerts in this incident** ({len(incident.alerts)})")
     for alert in incident.alerts:
@@ -57,22 +58,22 @@ def show(record: Recorded, silences: list[Silence]) -> None:
             comment = st.text_input("Acknowledge: what you are doing", key=f"ack-text-{incident.id}")
             hours = st.number_input("Silence for hours", 0.5, 72.0, 2.0, 0.5, key=f"ack-hours-{incident.id}")
             if st.form_submit_button("Acknowledge", type="primary"):
-                sources.acknowledge(identity, incident, comment, hours)
+                alerts.acknowledge(identity, incident, comment, hours)
                 st.rerun()
-    notes = sources.incident_notes(identity, incident.id)
+    notes = alerts.incident_notes(identity, incident.id)
     st.markdown(f"**Notes** ({len(notes)})")
     for note in notes:
         st.markdown(f"- {when(note.at)} · **{views.plain(note.author)}**: {views.plain(note.text)}")
     with st.form(f"note-{incident.id}", clear_on_submit=True):
         text = st.text_area("Add a note", key=f"note-text-{incident.id}")
         if st.form_submit_button("Add note"):
-            _save(lambda: sources.add_incident_note(identity, incident.id, text))
+            _save(lambda: alerts.add_incident_note(identity, incident.id, text))
     if record.summary:
         st.markdown(f"**Post-incident summary** by {views.plain(record.summary_by)}: {views.plain(record.summary)}")
     with st.form(f"summary-{incident.id}"):
         summary = st.text_area("Post-incident summary", record.summary, key=f"summary-text-{incident.id}")
         if st.form_submit_button("Save summary"):
-            _save(lambda: sources.set_incident_summary(identity, incident.id, summary))
+            _save(lambda: alerts.set_incident_summary(identity, incident.id, summary))
 
 
 if not recorded:

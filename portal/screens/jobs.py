@@ -4,8 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import streamlit as st
 
-from portal import sources, views
+from portal import views
 from portal.data.errors import SourceUnavailableError
+from portal.sources import classes, clients, line, servers
 from spawner.line_admin import Waiting
 from spawner.shares import format_bytes, parse_quantity
 from spawner.waitline import may_manage
@@ -31,13 +32,13 @@ def _act(action: Callable[[], object], done: str) -> None:
         st.success(done)
 
 
-@st.fragment(run_every=sources.REFRESH_S)
+@st.fragment(run_every=clients.REFRESH_S)
 def live_table() -> list[views.JobRow]:
     """The table and the reasons, re-read twice a second without reloading the page."""
     now = time.time()
     try:
         jobs = views.job_rows(
-            sources.servers(identity), sources.inventory(identity)[1], sources.server_events(identity), now_ts=now
+            servers.servers(identity), servers.inventory(identity)[1], servers.server_events(identity), now_ts=now
         )
     except SourceUnavailableError as exc:  # inside a fragment the app's handler does not see it
         st.error(f"{exc}. This page needs it; reload in a moment.")
@@ -82,7 +83,7 @@ with st.expander("History of a server"):
     chosen = st.selectbox("Server", shown, format_func=_label, key="history")
     if chosen is not None:
         try:
-            history = sources.server_history(identity, chosen.user, chosen.server)
+            history = servers.server_history(identity, chosen.user, chosen.server)
         except PermissionError as exc:
             st.error(str(exc))
         else:
@@ -96,10 +97,10 @@ stoppable = [j for j in shown if j.state in ("running", "pending") and (identity
 if stoppable:
     choice = st.selectbox("Stop a server", stoppable, format_func=_label)
     if st.button("Stop", type="primary") and choice is not None:
-        _act(lambda: sources.stop_server(identity, choice.user, choice.server), f"Stopping {_label(choice)}.")
+        _act(lambda: servers.stop_server(identity, choice.user, choice.server), f"Stopping {_label(choice)}.")
 
 st.subheader("Queue")
-waiting = sources.waiting_line(identity)
+waiting = line.waiting_line(identity)
 if not waiting:
     st.caption("Nobody waits for a GPU." if identity.admin else "You are not waiting for a GPU.")
 else:
@@ -127,7 +128,7 @@ else:
         " waiting in this hub (hub restarted), or fewer GPU servers run than are ahead."
     )
 
-manager = sources.line_manager(identity)
+manager = line.line_manager(identity)
 
 
 def _waiting_label(w: Waiting) -> str:
@@ -142,17 +143,17 @@ if manageable:
     first_col, cancel_col = st.columns(2)
     if first_col.button("Put first") and chosen_wait is not None:
         _act(
-            lambda: sources.put_first(identity, chosen_wait.user, chosen_wait.server),
+            lambda: line.put_first(identity, chosen_wait.user, chosen_wait.server),
             f"{views.plain(chosen_wait.user)} goes first.",
         )
     if cancel_col.button("Cancel the request") and chosen_wait is not None:
         _act(
-            lambda: sources.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),
+            lambda: line.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),
             f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.",
         )
 
 st.subheader("Reserved GPU memory")
-booked = sources.reservations(identity)
+booked = line.reservations(identity)
 if booked:
     st.dataframe(
         [
@@ -171,13 +172,13 @@ if booked:
 else:
     st.caption("No GPU memory is reserved for a class.")
 
-classes = sorted(
-    {str(rule.get("name", "")) for rule in sources.group_rules()} if manager.admin else set(manager.classes)
+taught = sorted(
+    {str(rule.get("name", "")) for rule in classes.group_rules()} if manager.admin else set(manager.classes)
 )
-if classes:
+if taught:
     with st.form("reserve"):
         st.caption("Keep GPU memory for a class's students for a time (UTC): others cannot take it meanwhile.")
-        group = st.selectbox("Class", classes)
+        group = st.selectbox("Class", taught)
         size_text = st.text_input("GPU memory", "8GiB")
         now_utc = datetime.now(UTC)
         day = st.date_input("Day", now_utc.date())
@@ -188,7 +189,7 @@ if classes:
             try:
                 size = parse_quantity(size_text.strip())
                 end = start + timedelta(hours=hours)
-                sources.reserve(identity, group or "", size, start.timestamp(), end.timestamp())
+                line.reserve(identity, group or "", size, start.timestamp(), end.timestamp())
             except (ValueError, PermissionError) as exc:  # a size that is not one, a window that does not fit
                 st.error(f"Not reserved: {exc}")
             else:
@@ -200,4 +201,4 @@ if classes:
         )
         if st.button("Remove the reservation") and dropped is not None and dropped.id is not None:
             reservation, group_name = dropped.id, dropped.group
-            _act(lambda: sources.drop_reservation(identity, reservation), f"Removed the reservation for {group_name}.")
+            _act(lambda: line.drop_reservation(identity, reservation), f"Removed the reservation for {group_name}.")

@@ -148,19 +148,6 @@ def test_on_kubernetes_the_queue_counts_the_servers_the_pods_hold(tmp_path: Path
     assert [(w.position, w.user) for w in kube_line] == [(1, "bo"), (2, "ann")]
 
 
-def test_the_hubs_estimated_starts_join_the_rows_by_user_and_server() -> None:
-    rows = [
-        line_admin.Waiting(1, "bo", "", "4 GiB of one GPU", None, 100.0, False),
-        line_admin.Waiting(2, "ann", "lab", "4 GiB of one GPU", None, 50.0, False),
-    ]
-    told = [
-        line_admin.Waiting(2, "ann", "lab", "4 GiB of one GPU", None, 50.0, False, estimated_start=900.0),
-        line_admin.Waiting(1, "ann", "", "4 GiB of one GPU", None, 50.0, False, estimated_start=600.0),
-    ]
-    joined = line_admin.with_estimates(rows, told)
-    assert [(w.user, w.server, w.estimated_start) for w in joined] == [("bo", "", None), ("ann", "lab", 900.0)]
-
-
 def test_a_teacher_manages_only_their_class_in_the_line(tmp_path: Path) -> None:
     from spawner.placement import Demand
     from spawner.waitline import Entry

@@ -10,18 +10,21 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from portal import auth, sources, views
+from portal import auth, views
 from portal.data.alertmanager import AlertRow
+from portal.data.deployment import OneMachine
 from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ServerRow
 from portal.data.incident_store import IncidentStore
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
 from portal.incidents import Alert, Incident, Silence
+from portal.sources import alerts, classes, clients, line, metrics, servers
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, Ledger, ServerEvent
 from spawner.usage import UsageRow
+from tests.portal.line_hub import serve_line
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
@@ -50,12 +53,12 @@ def fake_inventory() -> tuple[object, list[Held]]:
 
 
 @pytest.fixture
-def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+def fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, object]]:
     # Cached reads (the line, the hub's users) live in this process across tests: each test starts empty.
     st.cache_data.clear()
     state: dict[str, object] = {"identity": Identity("teacher", admin=True), "metrics_down": False, "stopped": []}
 
-    def metrics(value: object) -> object:
+    def readings(value: object) -> object:
         def call(*args: object) -> object:
             if state["metrics_down"]:
                 raise MetricsUnavailableError("Prometheus did not answer (ConnectionError)")
@@ -64,10 +67,10 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
         return call
 
     monkeypatch.setattr(auth, "require_identity", lambda: state["identity"])
-    monkeypatch.setattr(sources, "_all_inventory", fake_inventory)
-    monkeypatch.setattr(sources, "servers", lambda identity: [s for s in SERVERS if visible(identity, s.user)])
+    monkeypatch.setattr(servers, "_all_inventory", fake_inventory)
+    monkeypatch.setattr(servers, "servers", lambda identity: [s for s in SERVERS if visible(identity, s.user)])
     monkeypatch.setattr(
-        sources, "server_events", lambda identity: {k: e for k, e in EVENTS.items() if visible(identity, k[:-1])}
+        servers, "server_events", lambda identity: {k: e for k, e in EVENTS.items() if visible(identity, k[:-1])}
     )
 
     def history(identity: Identity, user: str, server: str) -> list[ServerEvent]:
@@ -75,21 +78,21 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
             raise PermissionError("not yours")
         return [EVENTS[f"{user}/{server}"]]
 
-    monkeypatch.setattr(sources, "server_history", history)
-    monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
-    monkeypatch.setattr(sources, "server_counts", lambda: {"running": 5, "starting": 1, "users": 4})
-    monkeypatch.setattr(sources, "gpu_readings", metrics({("localhost", "0"): GpuReading(40, 3 * GiB, 60, 35, 0)}))
+    monkeypatch.setattr(servers, "server_history", history)
+    monkeypatch.setattr(classes, "groups", lambda: {"ml101": ["alice", "bob"]})
+    monkeypatch.setattr(servers, "server_counts", lambda: {"running": 5, "starting": 1, "users": 4})
+    monkeypatch.setattr(metrics, "gpu_readings", readings({("localhost", "0"): GpuReading(40, 3 * GiB, 60, 35, 0)}))
     monkeypatch.setattr(
-        sources, "summary", metrics({"gpuslice:gpu_memory_used_bytes:sum": 0, "gpuslice:gpu_utilization:avg": 20})
+        metrics, "summary", readings({"gpuslice:gpu_memory_used_bytes:sum": 0, "gpuslice:gpu_utilization:avg": 20})
     )
-    monkeypatch.setattr(sources, "trend", metrics([(NOW, 1.0), (NOW, 2.0)]))
-    monkeypatch.setattr(sources, "spawn_success", metrics(0.75))
-    heat = metrics({"localhost GPU 0": [(NOW, 10.0), (NOW, 50.0)]})
-    monkeypatch.setattr(sources, "utilization_heatmap", lambda hours, per_node=False: heat())
+    monkeypatch.setattr(metrics, "trend", readings([(NOW, 1.0), (NOW, 2.0)]))
+    monkeypatch.setattr(metrics, "spawn_success", readings(0.75))
+    heat = readings({"localhost GPU 0": [(NOW, 10.0), (NOW, 50.0)]})
+    monkeypatch.setattr(metrics, "utilization_heatmap", lambda hours, per_node=False: heat())
     monkeypatch.setattr(
-        sources,
+        alerts,
         "active_alerts",
-        metrics(
+        readings(
             [
                 AlertRow(
                     "GpuXidError",
@@ -103,8 +106,12 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
             ]
         ),
     )
-    monkeypatch.setattr(sources, "_usage_rows", lambda weeks: list(USAGE))
+    monkeypatch.setattr(metrics, "_usage_rows", lambda weeks: list(USAGE))
+    # The GPU line: the hub's API over a ledger (empty unless a test puts someone in line).
+    serve_line(monkeypatch, tmp_path / "ledger.sqlite", lambda: classes.group_rules(), lambda: classes.groups())
+    st.cache_resource.clear()  # the deployment: a test's (Kubernetes) must not stay for the next
     yield state
+    st.cache_resource.clear()
 
 
 USAGE = [
@@ -175,8 +182,8 @@ def test_a_hub_that_does_not_answer_gets_a_message_not_a_traceback(
     def busy(*args: object) -> object:
         raise SourceUnavailableError("JupyterHub did not answer (timed out)")
 
-    monkeypatch.setattr(sources, "servers", busy)
-    monkeypatch.setattr(sources, "groups", busy)
+    monkeypatch.setattr(servers, "servers", busy)
+    monkeypatch.setattr(classes, "groups", busy)
     at = run(page)  # run() asserts no exception reached the page
     assert "JupyterHub did not answer (timed out). This page needs it; reload in a moment." in texts(at)
 
@@ -204,7 +211,6 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     monkeypatch.setattr(
         hub, "stop_server", lambda client, identity, user, server: stopped.append((identity.name, user, server))
     )
-    monkeypatch.setattr(sources, "hub_client", lambda: None)
     at = run("screens/jobs.py")
     table = at.dataframe[0].value
     assert list(table["user"]) == ["alice", "bob", "carl"]
@@ -244,8 +250,8 @@ def test_jobs_page_for_a_user_shows_only_their_servers_and_events(fakes: dict[st
 def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     from spawner.line_admin import Waiting
 
-    line = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
-    monkeypatch.setattr(sources, "waiting_line", lambda identity: line if identity.admin else [])
+    queue = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
+    monkeypatch.setattr(line, "waiting_line", lambda identity: queue if identity.admin else [])
     at = run("screens/jobs.py")
     queue = at.dataframe[2].value
     assert list(queue["position"]) == [1] and list(queue["user"]) == ["dan"]
@@ -257,11 +263,8 @@ def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatc
 def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     from hub.settings import from_mapping
 
-    monkeypatch.setattr(
-        sources,
-        "settings",
-        lambda: from_mapping({"groups": {"ml101": {"members": ["alice", "bob"], "budget": "16GiB"}}}, "t"),
-    )
+    settings = from_mapping({"groups": {"ml101": {"members": ["alice", "bob"], "budget": "16GiB"}}}, "t")
+    monkeypatch.setattr(clients, "deployment", lambda: OneMachine(settings))
     at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
     metrics = {m.label: m.value for m in at.metric}
@@ -307,8 +310,8 @@ def test_classes_page_on_kubernetes_reads_the_charts_classes(
 
     monkeypatch.setenv("GPUSLICE_BACKEND", "kubernetes")
     monkeypatch.setenv("GPUSLICE_KUBE_VALUES", str(rendered_values(tmp_path, CLASSES)))
-    sources.kube_values.clear()  # type: ignore[attr-defined]
-    assert sources.prometheus_url() == "http://prometheus-operated.monitoring:9090"
+    clients.deployment.clear()  # type: ignore[attr-defined]
+    assert metrics.prometheus_url() == "http://prometheus-operated.monitoring:9090"
     at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
     assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # the chart's budget
@@ -327,12 +330,13 @@ def two_holders(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> No
 
     holds = [*HOLDS, Held("bob/", 0, "bob", "", 2 * GiB, group="ml101", pid=11)]
     monkeypatch.setattr(
-        sources,
+        servers,
         "_all_inventory",
         lambda: (build_local(simulated_gpus("2x16GiB:T4"), [(h.gpu_index, h.allocation()) for h in holds]), holds),
     )
     rules = {"ml101": {"members": ["alice", "bob"], "teachers": ["tina"], "budget": "16GiB"}}
-    monkeypatch.setattr(sources, "settings", lambda: from_mapping({"groups": rules}, "t"))
+    settings = from_mapping({"groups": rules}, "t")
+    monkeypatch.setattr(clients, "deployment", lambda: OneMachine(settings))
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -376,7 +380,6 @@ def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "dan", "ml101")
-    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
     at = run("screens/jobs.py")
     next(b for b in at.button if b.label == "Cancel the request").click().run()
     assert not at.exception, at.exception
@@ -391,7 +394,6 @@ def test_the_overview_shows_wait_percentiles_per_class_and_day_in_the_viewers_sc
     for user, group in (("dan", "ml101"), ("eve", "ml101"), ("carl", "cv202")):
         _ledger_with_a_waiter(tmp_path / "ledger.sqlite", user, group)
         assert ledger.leave_line(f"{user}/")
-    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
     at = run()
     rows = at.dataframe[0].value.to_dict("records")
     assert [(r["class"], r["waits"], r["left without a GPU"]) for r in rows] == [("cv202", 1, 1), ("ml101", 2, 2)]
@@ -411,14 +413,13 @@ def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "carl", "ml101")
-    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
     fakes["identity"] = Identity("carl")
     at = run("screens/jobs.py")
     labels = {b.label for b in at.button}
     assert not labels & {"Put first", "Cancel the request", "Remove the reservation"}
     assert not at.get("form")  # no reservation form either
     with pytest.raises(PermissionError, match="carl may not change the GPU line"):
-        sources.cancel_waiting(Identity("carl"), "carl", "")
+        line.cancel_waiting(Identity("carl"), "carl", "")
     assert [e.key for e in ledger.line()] == ["carl/"]
 
 
@@ -456,9 +457,9 @@ def incidents(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_pat
             ),
         ]
     )
-    monkeypatch.setattr(sources, "alertmanager_client", lambda: manager)
+    monkeypatch.setattr(alerts, "alertmanager_client", lambda: manager)
     store = IncidentStore(tmp_path / "incidents.sqlite")
-    monkeypatch.setattr(sources, "incident_store", lambda: store)
+    monkeypatch.setattr(alerts, "incident_store", lambda: store)
     return manager
 
 
@@ -495,7 +496,7 @@ def test_incidents_are_for_admins_only(incidents: RecordingAlertmanager, fakes: 
     assert at.error[0].value == "Incidents are for admins. The Alerts page lists what fires."
     assert "NodeDown" not in markdown_text(at)
     with pytest.raises(PermissionError, match="alice may not read incidents"):
-        sources.incidents(Identity("alice"))
+        alerts.incidents(Identity("alice"))
 
 
 def test_usage_page_per_viewer_with_worst_holders_trend_and_csv(two_holders: None, fakes: dict[str, object]) -> None:
@@ -526,9 +527,9 @@ def test_an_unwritable_incident_store_is_a_message_not_a_traceback(
     monkeypatch.undo()  # the real incident_store, on a data directory that cannot hold a database
     (tmp_path / "data").write_text("a file where a folder should be")
     monkeypatch.setenv("GPUSLICE_DATA_DIR", str(tmp_path / "data"))
-    sources.incident_store.clear()
+    alerts.incident_store.clear()
     with pytest.raises(MetricsUnavailableError, match="give the portal a writable GPUSLICE_DATA_DIR"):
-        sources.incident_store()
+        alerts.incident_store()
 
 
 def test_anomalies_page_shows_each_finding_with_its_evidence(
@@ -558,7 +559,7 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
         "errors": {("n1", "0"): [0.0] * minutes, ("n1", "1"): errors},
         "held": {card: [10.0 * GiB] * minutes for card in cards},
     }
-    monkeypatch.setattr(sources, "card_history", lambda: (NOW - timedelta(days=3), history))
+    monkeypatch.setattr(metrics, "card_history", lambda: (NOW - timedelta(days=3), history))
     at = run("screens/anomalies.py")
     assert [m.value.split(",")[0] for m in at.markdown] == [
         "**hot for its load** on n1 GPU 0",
@@ -572,14 +573,13 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
     with pytest.raises(ValueError, match="Could not find a navigation page"):
         run("screens/anomalies.py")
     with pytest.raises(PermissionError):
-        sources.anomalies(Identity("alice"))
+        metrics.anomalies(Identity("alice"))
 
 
 def test_on_kubernetes_a_teacher_named_in_the_charts_classes_sees_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
     # The chart's classes, not the single-machine settings (which have none here), say who teaches.
     chart_classes = [{"name": "ml101", "teachers": ["tina"]}]
-    monkeypatch.setattr(sources, "_kubernetes", lambda: True)
-    monkeypatch.setattr(sources, "kube_values", lambda: SimpleNamespace(group_list=lambda: chart_classes))
-    monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
-    assert sources.scope(Identity("tina")).sees("alice")
-    assert not sources.scope(Identity("bob")).sees("alice")
+    monkeypatch.setattr(clients, "deployment", lambda: SimpleNamespace(group_rules=lambda: chart_classes))
+    monkeypatch.setattr(classes, "groups", lambda: {"ml101": ["alice", "bob"]})
+    assert classes.scope(Identity("tina")).sees("alice")
+    assert not classes.scope(Identity("bob")).sees("alice")

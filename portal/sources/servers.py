@@ -1,0 +1,72 @@
+"""Notebook servers: the hub's view of them, their events and history, the GPUs they hold; stopping one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from portal.data import access, hub
+from portal.data.hub import ServerRow
+from portal.identity import Identity
+from portal.sources import classes, clients
+from portal.sources.clients import LIVE_S
+from spawner.inventory import Inventory
+from spawner.ledger import Held, ServerEvent
+
+
+@st.cache_data(ttl=LIVE_S, show_spinner=False)
+def _hub_users() -> list[dict[str, Any]]:
+    return hub.every_user(clients.hub_client())
+
+
+def servers(identity: Identity) -> list[ServerRow]:
+    return hub.servers_in_scope(_hub_users(), classes.scope(identity))
+
+
+@st.cache_data(ttl=LIVE_S, show_spinner=False)
+def _all_inventory() -> tuple[Inventory, list[Held]]:
+    return clients.deployment().inventory()
+
+
+def inventory(identity: Identity) -> tuple[Inventory, list[Held]]:
+    """GPUs and holds; the holds of people outside the viewer's scope without their names."""
+    found, held = _all_inventory()
+    viewer = classes.scope(identity)
+    return access.inventory(found, viewer), access.holds(held, viewer)
+
+
+@st.cache_data(ttl=LIVE_S, show_spinner=False)
+def _all_server_events() -> dict[str, ServerEvent]:
+    return clients.deployment().server_events()
+
+
+def server_events(identity: Identity) -> dict[str, ServerEvent]:
+    return access.events(_all_server_events(), classes.scope(identity))
+
+
+def server_history(identity: Identity, user: str, server: str) -> list[ServerEvent]:
+    return clients.deployment().server_history(classes.scope(identity), user, server)
+
+
+def stop_server(identity: Identity, user: str, server: str) -> None:
+    """Stop a server (admins any, users their own), noting who asked."""
+    hub.check_may_stop(identity, user)
+    # Before the stop: the spawner reads the note when it stops the server.
+    clients.deployment().note_stop(classes.scope(identity), user, server)
+    hub.stop_server(clients.acting_client(identity), identity, user, server)  # the reader's own authority
+    forget_servers()
+
+
+def forget_servers() -> None:
+    """After a start or stop from the portal: the next read asks the hub, not the cache."""
+    _hub_users.clear()
+    _all_server_events.clear()
+
+
+def server_counts() -> dict[str, int]:
+    return hub.server_counts(_hub_users())
+
+
+def image_usage() -> dict[str, int]:
+    return hub.image_usage(_hub_users())
