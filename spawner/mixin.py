@@ -16,7 +16,7 @@ from typing import Any
 from traitlets import Dict, Integer, List, Unicode, default
 
 from spawner.backends import ServerGpuSpec
-from spawner.form import FormChoice, WaitOffer, form_gpu_value, render_spawn_form, whole_gpus_allowed
+from spawner.form import FormChoice, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
@@ -77,7 +77,6 @@ class GpuShareMixin(ImagesMixin):
     gpu_option_keys = OPTION_KEYS
     _gpu_starting = False
     _gpu_models: dict[str, Path] | None = None
-    _gpu_offer: WaitOffer | None = None  # the last refusal's buttons, for the form shown again
 
     # -- helpers over JupyterHub's spawner attributes ---------------------------------
 
@@ -146,24 +145,22 @@ class GpuShareMixin(ImagesMixin):
         return lambda spawner: spawner.render_form()
 
     def render_form(self) -> str:
-        """The spawn form: free memory per GPU, quota left, and the choices allowed now."""
+        """The spawn form: free memory per GPU, the class's rules, and every choice they can grant."""
         inventory, usage = self.form_state()
         groups = self._quota_groups()
         largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
-        ceiling = largest_slice(groups, usage, largest_card)
+        largest_free = max((g.free_bytes for g in inventory.gpus() if g.healthy), default=0)
         machine_ = self._machine
-        simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
-        most_cards = whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus))
         return render_spawn_form(
             self,
             inventory,
             groups,
             usage,
-            ceiling,
-            most_cards,
-            simulated,
-            self._previous_choice(largest_card),
-            self._gpu_offer,
+            allowed=largest_slice(groups, Usage(), largest_card),  # what the rules grant, whoever holds what
+            startable_now=min(largest_free, largest_slice(groups, usage, largest_card)),
+            most_cards=whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus), largest_card),
+            simulated=machine_.simulated,
+            previous=self._previous_choice(largest_card),
         )
 
     def _previous_choice(self, largest_card: int) -> FormChoice | None:

@@ -102,11 +102,19 @@ def _first_failure(
     if group.budget_bytes is not None and slice_bytes:
         held = usage.group_bytes.get(group.name, 0)
         left = max(0, group.budget_bytes - held)
-        if slice_bytes > left:
+        budget, asked = format_bytes(group.budget_bytes), format_bytes(slice_bytes)
+        if slice_bytes > group.budget_bytes:
+            return "budget", f"{label} has a GPU budget of {budget} in all, less than the {asked} you asked for."
+        if slice_bytes > left and not left:
             return "budget", (
-                f"{label} has a GPU budget of {format_bytes(group.budget_bytes)}, {format_bytes(held)} of it in use: "
-                f"{format_bytes(left)} left, less than the {format_bytes(slice_bytes)} you asked for."
-                + (f" Ask for {format_bytes(left)} or less." if left else " Wait for classmates to stop their servers.")
+                f"{label}'s GPU budget of {budget} is all in use by its members now."
+                " Wait for classmates to stop their servers."
+            )
+        if slice_bytes > left:
+            held_text, left_text = format_bytes(held), format_bytes(left)
+            return "budget", (
+                f"{label}'s GPU budget is {budget} and its members hold {held_text}: {left_text} left,"
+                f" less than the {asked} you asked for. Ask for {left_text} or less."
             )
     return None
 

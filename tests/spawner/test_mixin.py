@@ -42,13 +42,14 @@ def test_form_escapes_what_admins_and_users_wrote() -> None:
         build_local(gpus),
         [GroupQuota("<img src=x>", max_slice_bytes=4 * GiB)],
         Usage(),
-        4 * GiB,
-        1,
-        "NVML: no driver",
+        allowed=4 * GiB,
+        startable_now=4 * GiB,
+        most_cards=1,
+        simulated=True,
     )
     assert "<script>" not in form and "&lt;script&gt;" in form
     assert "<img" not in form and "<i>T4" not in form and 'x"><b>' not in form
     assert '<option value="4GiB" selected>4 GiB of one GPU</option>' in form
-    assert "(simulated)" in form and "no NVIDIA GPU was found (NVML: no driver)" in form
+    assert "(simulated)" in form and "this machine has no NVIDIA GPU" in form
     assert '<option value="gpus:1">1 whole GPU</option>' in form
     assert '<input type="checkbox" name="models" value="langid-97" checked> &lt;b&gt;langid' in form

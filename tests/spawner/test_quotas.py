@@ -34,10 +34,14 @@ def test_group_budget_counts_what_classmates_hold() -> None:
     usage = Usage(group_bytes={"ml101": 38 * GiB})
     decision = check(FOUR, 4 * GiB, "pytorch", [CLASS], usage)
     assert decision.rule == "budget"
-    assert "budget of 40 GiB, 38 GiB of it in use: 2 GiB left" in str(decision)
+    assert "GPU budget is 40 GiB and its members hold 38 GiB: 2 GiB left" in str(decision)
     assert "Ask for 2 GiB or less." in str(decision)
     spent = check(FOUR, 4 * GiB, "pytorch", [CLASS], Usage(group_bytes={"ml101": 40 * GiB}))
-    assert "Wait for classmates" in str(spent)
+    assert "budget of 40 GiB is all in use by its members now. Wait for classmates" in str(spent)
+    assert "0 B" not in str(spent)
+    lab = GroupQuota("lab", budget_bytes=40 * GiB)
+    whole_card = check(GpuRequest(gpus=1), 48 * GiB, "pytorch", [lab], Usage())
+    assert str(whole_card) == "Group 'lab' has a GPU budget of 40 GiB in all, less than the 48 GiB you asked for."
 
 
 def test_servers_per_user() -> None:
