@@ -57,9 +57,11 @@ from spawner.waitline import (
     follow_gpu_memory,
     reclaim,
     still_freeing,
+    stop_at,
     stop_due,
     with_gpu_activity,
 )
+from spawner.words import instant
 
 log = logging.getLogger("gpuslice.reclaimer")
 
@@ -208,19 +210,26 @@ class Reclaimer:
             warn_before=self.warn_before,
         )
         self.warned = {k: t for k, t in self.warned.items() if k in {*warn, *stop}}  # active again: forgotten
+        report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
         for key in [*warn, *stop]:
             if key not in self.warned:
                 self.warned[key] = now
-                message = f"idle while others wait for a GPU: stopped in {self.warn_before:.0f} s unless used"
-                self.ledger.record(key, "warned", 100, message)
+                at = instant(stop_at(now, self.warn_before, report_every))
+                self.ledger.record(key, "warned", 100, f"idle while others wait for a GPU: stops at {at} unless used")
                 log.info("gpuslice reclaimer: warned %s", key)
-        report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
         due = [key for key in stop if stop_due(self.warned[key], now, self.warn_before, report_every)]
         for key in due:
             if self._stop(key):
                 self.freeing[key] = now
             self.warned.pop(key, None)
         return due
+
+    def next_look(self, now: float, interval: float) -> float:
+        """Seconds until the next look: ``interval``, or sooner when a warned server's announced stop comes first
+        (the stop happens at the time the warning said, not up to an interval later)."""
+        report_every = activity_report_interval(self.warn_before)
+        stops = [stop_at(at, self.warn_before, report_every) - now for at in self.warned.values()]
+        return max(0.1, min([interval, *stops]))
 
     def _stop(self, key: str) -> bool:
         # Before the stop: the spawner names who stopped it from this note, as for the portal's.
@@ -279,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
                 reclaimer.step(time.time())
             except (requests.RequestException, OSError, ApiException, ConfigException) as exc:
                 log.warning("gpuslice reclaimer: the hub or the cluster did not answer (%s); trying again", exc)
-            time.sleep(args.interval)
+            time.sleep(reclaimer.next_look(time.time(), args.interval))
     except KeyboardInterrupt:  # the hub stops its services with SIGINT: end quietly, not with a traceback
         return
 

@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "spawner.anomaly": CORE,  # per-card anomaly models (scikit-learn): series in, findings out
     "spawner.usage": CORE,  # utilization reports: GPU-hours per user, class and week (CLI and portal)
     "spawner.scope": CORE,  # whose servers and names a viewer may see (the portal and the hub's line API)
+    "spawner.words": CORE,  # times and places in the words people read (instants the pages localize)
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,

@@ -79,11 +79,12 @@ def test_stop_messages_name_the_actor_where_it_is_known() -> None:
 
     note = ServerEvent("ann/", "stopping", 90, "tina in the portal", 1000.0)
     assert stop_message(note, 1010.0) == "stopped by tina in the portal"
-    assert stop_message(note, 1000.0 + 600).startswith("stopped (from JupyterHub")  # an old note is not why
+    assert stop_message(note, 1000.0 + 600).startswith("stopped from the hub")  # an old note is not why
     started = ServerEvent("ann/", "started", 50, "answering", 0.0)
     idle = stop_message(started, 10_000.0, last_activity=10_000.0 - 3700, idle_timeout_s=3600)
     assert idle == "stopped by the idle culler: no activity for 61 min"
-    assert stop_message(started, 10_000.0, last_activity=9_990.0, idle_timeout_s=3600).startswith("stopped (from")
+    recent = stop_message(started, 10_000.0, last_activity=9_990.0, idle_timeout_s=3600)
+    assert recent.startswith("stopped from the hub")
 
 
 def test_last_activity_is_words_never_none() -> None:
