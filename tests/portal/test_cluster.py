@@ -55,7 +55,7 @@ def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
         ("stopped", None),
     ]
     assert rows[0].detail.startswith("placed: 4 GiB of GPU 0")
-    assert rows[1].detail.startswith("Group 'ml101' allows") and rows[1].slice == "8GiB"
+    assert rows[1].detail.startswith("Group 'ml101' allows") and rows[1].slice == "8 GiB"  # as every size is written
     assert views.duration_text(rows[2].age_s) == "3 h 1 min" and rows[2].slice == "CPU only"
     assert rows[3].age_s is None and rows[3].idle_s is None and rows[3].slice == ""
 

@@ -218,7 +218,7 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     assert list(table["last activity"])[1:] == ["never", "never"]  # not "None"
     reasons = " ".join(m.value for m in at.markdown).replace("\\", "")  # the full reasons, wrapped
     assert "carl/(default)** (refused): Nothing can hold 12 GiB of one GPU right now." in reasons
-    assert list(table["slice"]) == ["4 GiB", "0.5", "12GiB"]
+    assert list(table["slice"]) == ["4 GiB", "0.5 of a GPU", "12 GiB"]  # sizes written one way
     assert list(table["why"]) == [
         "",
         "placed: 8 GiB of GPU 1 (T4); starting the server",
@@ -254,10 +254,11 @@ def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatc
     monkeypatch.setattr(line, "waiting_line", lambda identity: queue if identity.admin else [])
     at = run("screens/jobs.py")
     queue = at.dataframe[2].value
-    assert list(queue["position"]) == [1] and list(queue["user"]) == ["dan"]
-    assert list(queue["asked for"]) == ["4 GiB of one GPU"] and list(queue["group"]) == ["ml101"]
+    assert list(queue["place"]) == ["1st"] and list(queue["user"]) == ["dan"]
+    assert list(queue["asked for"]) == ["4 GiB of one GPU"] and list(queue["class"]) == ["ml101"]
+    assert list(queue["expected start"]) == ["not known"]
     fakes["identity"] = Identity("carl")
-    assert "You are not waiting for a GPU." in [c.value for c in run("screens/jobs.py").caption]
+    assert "Nobody you can see waits for a GPU." in [c.value for c in run("screens/jobs.py").caption]
 
 
 def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
