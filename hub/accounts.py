@@ -218,8 +218,10 @@ class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
 
     async def authenticate(self, handler: Any, data: dict[str, str]) -> str | None:
         name = self.normalize_username(data["username"])
-        if name in self.known_names and not has_password(Path(self.dbm_path), name):
-            if self.data_dir and has_password(invites_path(Path(self.data_dir)), name):
+        # A name with an invite waiting is known too: a member a teacher added while the hub runs.
+        invited = bool(self.data_dir) and has_password(invites_path(Path(self.data_dir)), name)
+        if (name in self.known_names or invited) and not has_password(Path(self.dbm_path), name):
+            if invited:
                 handler.custom_login_error = USE_THE_INVITE.format(url=handler.hub.base_url + "join")
             else:
                 handler.custom_login_error = NO_PASSWORD_YET.format(name=name)

@@ -40,6 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--servers-per-user", type=int, help="running servers per student")
     add.add_argument("--max-gpus", type=int, help="whole cards per server (0: none)")
     add.add_argument("--invites", type=Path, help="write the new members' invite codes to this file (mode 0600)")
+    add.add_argument("--teachers", help="the class's teachers, comma-separated: they see it and manage its roster")
+    remove = class_commands.add_parser("remove", help="take a class out (nobody's server stops)")
+    remove.add_argument("name", help="the class (group) name")
+    remove.add_argument(
+        "--config",
+        type=Path,
+        default=settings_mod.DEFAULT_CONFIG,
+        help="settings file to update (default ./gpuslice.yaml, which gpuslice up reads)",
+    )
 
     users = commands.add_parser("user", help="manage accounts")
     user_commands = users.add_subparsers(dest="user_command", required=True)
@@ -160,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "up":
         return _up(args.config)
     if args.command == "class":
-        return _class_add(args)
+        return _class_add(args) if args.class_command == "add" else _class_remove(args)
     if args.command == "user":
         return _invite(args) if args.user_command == "invite" else _set_password(args)
     if args.command == "exporter":
@@ -249,27 +258,31 @@ JOIN_WORDS = "each member opens /hub/join and types their name, code and the pas
 
 def _class_add(args: argparse.Namespace) -> int:
     from hub.accounts import invite_codes, write_private
-    from hub.classes import add_class, read_roster
+    from hub.classes import HUB_HAS_IT, add_class, read_roster, tell_running_hub
 
     rules = {
         "max_slice": args.max_slice,
         "budget": args.budget,
         "servers_per_user": args.servers_per_user,
         "max_gpus": args.max_gpus,
+        "teachers": [t.strip().lower() for t in args.teachers.split(",") if t.strip()] if args.teachers else None,
     }
     try:
         members = read_roster(args.roster)
-        add_class(args.config, args.name, members, rules)
+        written_rules = add_class(args.config, args.name, members, rules)
         settings = settings_mod.load(args.config)
+        live = {k: v for k, v in written_rules.items() if k in LIVE_RULE_KEYS}
+        told = tell_running_hub(settings, {"action": "put-class", "name": args.name, "rules": live, "members": members})
     except settings_mod.SettingsError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
     written = args.config.absolute()
-    if written == settings_mod.DEFAULT_CONFIG.absolute():
-        how = "`gpuslice up` run in this folder reads it"
-    else:
-        how = f"start with `gpuslice up --config {written}` to apply it"
-    print(f"class {args.name}: {len(members)} students written to {written}; {how} (a running hub: restart it).")
+    if told != HUB_HAS_IT:  # no hub runs: say how the file gets used
+        if written == settings_mod.DEFAULT_CONFIG.absolute():
+            told = "`gpuslice up` run in this folder reads it"
+        else:
+            told = f"start with `gpuslice up --config {written}` to apply it"
+    print(f"class {args.name}: {len(members)} students written to {written}; {told}.")
     codes = invite_codes(settings.data_dir, members)
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())
     if args.invites and codes:
@@ -278,6 +291,24 @@ def _class_add(args: argparse.Namespace) -> int:
     elif codes:
         print(f"Invite codes (shown once): {JOIN_WORDS}")
         print(lines, end="")
+    return 0
+
+
+# The rules a running hub takes from `class add` (hub/classes_api.py RULE_KEYS; members apart).
+LIVE_RULE_KEYS = ("max_slice", "budget", "servers_per_user", "max_gpus", "images", "teachers")
+
+
+def _class_remove(args: argparse.Namespace) -> int:
+    from hub.classes import remove_class, tell_running_hub
+
+    try:
+        removed = remove_class(args.config, args.name)
+        told = tell_running_hub(settings_mod.load(args.config), {"action": "remove-class", "name": args.name})
+    except settings_mod.SettingsError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    where = f"taken out of {args.config.absolute()}" if removed else f"not in {args.config.absolute()}"
+    print(f"class {args.name}: {where}; {told}.")
     return 0
 
 

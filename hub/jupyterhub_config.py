@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hub import metrics, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
+from hub.classes_api import add_live_classes
 from hub.line_api import LINE_HANDLERS
 from hub.settings import load
 from spawner import environ
@@ -43,14 +44,18 @@ c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
 c.GpusliceAuthenticator.dbm_path = str(passwords_path(data_dir))
 c.GpusliceAuthenticator.create_users = settings.open_signup
 c.GpusliceAuthenticator.data_dir = str(data_dir)  # invite codes (/hub/join)
-c.GpusliceAuthenticator.known_names = known_names(settings)
 c.Authenticator.admin_users = set(settings.admin_users)
-members = {m for g in settings.groups for m in g["members"]}
+# Classes live in a store the hub, its spawners and `gpuslice class` share: they change without a
+# restart (hub/classes_api.py); its members at start are known names too. A member added later
+# becomes a hub user with an invite code at once, so they may join and log in.
+c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in settings.groups}
+add_live_classes(c, "LocalGpuSpawner", data_dir / "classes.sqlite", data_dir, settings.groups)
+members = {m for group in c.JupyterHub.load_groups.values() for m in group["users"]}
+c.GpusliceAuthenticator.known_names = known_names(settings) | members
 if settings.open_signup:
     c.Authenticator.allow_all = True
 else:
     c.Authenticator.allowed_users = members | set(settings.admin_users)
-c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in settings.groups}
 
 # Notebook servers with GPU slices.
 # Our pages first (the spawn-pending page's words for the GPU line); JupyterHub's for the rest.

@@ -104,7 +104,9 @@ c.JupyterHub.load_roles = [
 # The GPU line (spawns that wait for room, "wait": true) in the ledger's SQLite file on the hub's
 # PVC, kept across restarts (the pods stay the allocations); its pages, and the reclaimer that
 # gives idle GPU servers to it after a warning (hub/kube_line.py).
-add_gpu_line(c, str(data / "ledger.sqlite"), c.KubeGpuSpawner.namespace, values.gpu_idle_timeout)
+add_gpu_line(
+    c, str(data / "ledger.sqlite"), c.KubeGpuSpawner.namespace, values.gpu_idle_timeout, list(values.group_list())
+)
 if values.portal_enabled:
     c.JupyterHub.services.append(
         {

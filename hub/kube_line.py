@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import roles
+from hub.classes_api import add_live_classes
 from hub.line_api import LINE_HANDLERS
 from spawner.waitline import warning_lead
 
@@ -51,11 +52,18 @@ def reclaimer_service(ledger_path: str, namespace: str, idle_timeout_s: int) -> 
     }
 
 
-def add_gpu_line(c: Any, ledger_path: str, namespace: str, idle_timeout_s: int = 900) -> None:
-    """Configure the line's file, pages and reclaimer on JupyterHub's config ``c`` (adds to what is there).
+def add_gpu_line(
+    c: Any, ledger_path: str, namespace: str, idle_timeout_s: int = 900, classes: list[dict[str, Any]] | None = None
+) -> None:
+    """Configure the line's file, pages and reclaimer on JupyterHub's config ``c`` (adds to what is there),
+    and the classes that change live beside it (hub/classes_api.py; ``classes``: the configured ones,
+    default the spawner's gpu_groups).
 
     ``idle_timeout_s`` is the reclaimer's and the spawner's (the line's estimated start times use it).
     """
+    volume = Path(ledger_path).parent
+    declared = classes if classes is not None else list(c.KubeGpuSpawner.get("gpu_groups", None) or [])
+    add_live_classes(c, "KubeGpuSpawner", volume / "gpuslice-classes.sqlite", volume, declared)
     c.KubeGpuSpawner.gpu_ledger_path = ledger_path
     c.KubeGpuSpawner.gpu_idle_timeout = idle_timeout_s
     # Activity is what each server reports, not the proxy's traffic: an open JupyterLab page polls

@@ -18,8 +18,8 @@ the single-machine portal applies to the file (spawner/line_admin.py, spawner/sc
   ``{"action": "drop-reservation", "id"}``: only admins, and a class's teachers for that
   class (``may_manage``, checked again inside the ledger's transaction); 403 with why otherwise.
 
-The classes' rules (who teaches what) are the spawner's ``gpu_groups``; a class's members are
-the hub's group of that name and the rule's ``members``.
+The classes' rules (who teaches what) are the spawner's (``gpu_group_rules``: the class store, live);
+a class's members are the hub's group of that name and the rule's ``members``.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class LineHandler(APIHandler):  # type: ignore[misc]
         spawner = user.spawner
         if not isinstance(spawner, WaitingLineMixin):
             raise web.HTTPError(404, "this hub's spawner keeps no GPU line")
-        rules = [dict(r) for r in spawner.gpu_groups]
+        rules = spawner.gpu_group_rules()
         groups = {} if user.admin else {g.name: [u.name for u in g.users] for g in self.db.query(orm.Group)}
         scope, manager = viewer_of(user.name, bool(user.admin), rules, groups)
         return spawner, Path(spawner.gpu_ledger_path), scope, manager

@@ -204,7 +204,7 @@ class WaitingLineMixin(GpuShareMixin):
             return self._decide(request, image, holds), None  # nobody waits: the direct path and its refusals
         inventory = self._inventory(holds)
         me = self._entry(request, image, inventory, holds, mine, now)
-        budgets = {q.name: q.budget_bytes for q in map(group_quota, self.gpu_groups)}
+        budgets = {q.name: q.budget_bytes for q in map(group_quota, self.gpu_group_rules())}
         why = never_fits(me, inventory, budgets)
         if why:
             raise GpuRefused(409, f"{request.describe()} cannot wait in line: {why}.", "capacity")
@@ -314,7 +314,7 @@ class WaitingLineMixin(GpuShareMixin):
             words += " No start time can be told yet: it depends on when others stop their servers."
         if view and view.budget_group:
             budget = next(
-                (q.budget_bytes for q in map(group_quota, self.gpu_groups) if q.name == view.budget_group), None
+                (q.budget_bytes for q in map(group_quota, self.gpu_group_rules()) if q.name == view.budget_group), None
             )
             in_all = f" ({format_bytes(budget)})" if budget else ""
             words += (

@@ -16,6 +16,7 @@ from typing import Any
 from traitlets import Dict, Integer, List, Unicode, default
 
 from spawner.backends import ServerGpuSpec
+from spawner.class_store import ClassStore
 from spawner.form import FormChoice, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import Machine, machine
 from spawner.images import ImagesMixin
@@ -60,6 +61,11 @@ class GpuShareMixin(ImagesMixin):
         help="""Group rules, each a dict: name, max_slice ("4GiB"), max_gpus, budget ("40GiB"),
         servers_per_user, images (list of image ids). Members come from JupyterHub groups.""",
     ).tag(config=True)
+    gpu_classes_path = Unicode(
+        "",
+        help="""The class store (spawner/class_store.py) the hub and `gpuslice class` share: the classes' rules
+        are read from it at every spawn, so classes change without a restart. Empty: gpu_groups as configured.""",
+    ).tag(config=True)
     gpu_default_memory = Unicode("0", help='gpu_memory when a request names none ("0": CPU only).').tag(config=True)
     gpu_smallest_slice = Unicode(
         quantity_text(DEFAULT_SMALLEST_SLICE),
@@ -93,9 +99,19 @@ class GpuShareMixin(ImagesMixin):
     def _machine(self) -> Machine:
         return machine(self.gpu_simulate)
 
+    def gpu_group_rules(self) -> list[dict[str, Any]]:
+        """The classes' rules now: the class store's when there is one (live), else the configured gpu_groups."""
+        if self.gpu_classes_path:
+            return list(ClassStore(self.gpu_classes_path).classes())
+        return [dict(g) for g in self.gpu_groups]
+
     def _quota_groups(self) -> list[GroupQuota]:
+        """The user's classes' rules: those whose hub group or ``members`` list names the user."""
+        name = self.user.name  # type: ignore[attr-defined]
         mine = {g.name for g in self.user.groups}  # type: ignore[attr-defined]
-        return [group_quota(g) for g in self.gpu_groups if g.get("name") in mine]
+        return [
+            group_quota(g) for g in self.gpu_group_rules() if g.get("name") in mine or name in (g.get("members") or ())
+        ]
 
     # -- reading the request ------------------------------------------------------------
 

@@ -172,7 +172,7 @@ def group_rules(name: str, raw: Mapping[str, Any] | None) -> dict[str, Any]:
     for key in ("max_slice", "budget"):
         if rules.get(key) is not None:
             try:
-                parse_quantity(str(rules[key]))
+                size_rule(str(rules[key]), None if key == "max_slice" else rules.get("max_slice"))
             except ShareError as exc:
                 raise GroupRulesError(f"{where}.{key}: {exc}") from None
     for key in ("max_gpus", "servers_per_user"):
@@ -188,13 +188,29 @@ def group_rules(name: str, raw: Mapping[str, Any] | None) -> dict[str, Any]:
     return {**rules, "members": rules.get("members") or []}
 
 
+_SLICES = re.compile(r"^\s*(\d+)\s+slices?(?:\s+of\s+(.+?))?\s*$", re.IGNORECASE)
+
+
+def size_rule(text: str, max_slice: Any = None) -> int:
+    """A size rule in bytes: "8GiB", or a budget in slices: "2 slices of 4 GiB", or "2 slices" of the
+    class's ``max_slice``; ShareError saying how to write it."""
+    counted = _SLICES.match(text)
+    if not counted:
+        return parse_quantity(text.replace(" ", ""))
+    count, of = int(counted.group(1)), counted.group(2) or (str(max_slice) if max_slice is not None else None)
+    if of is None:
+        raise ShareError(f'{text!r} says how many slices but not of what size: write "{count} slices of 4GiB"')
+    return count * parse_quantity(of.replace(" ", ""))
+
+
 def group_quota(raw: Mapping[str, Any]) -> GroupQuota:
     """A group's quota from its rules and ``name`` (sizes as text, "4GiB"; lists of images)."""
     name = str(raw["name"])
     rules = group_rules(name, {k: v for k, v in raw.items() if k != "name"})
 
     def size(key: str) -> int | None:
-        return None if rules.get(key) is None else parse_quantity(str(rules[key]))
+        slice_rule = None if key == "max_slice" else rules.get("max_slice")
+        return None if rules.get(key) is None else size_rule(str(rules[key]), slice_rule)
 
     images = rules.get("images")
     return GroupQuota(

@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
+    "spawner.class_store": LOWER,  # the classes the running hub keeps (the hub, its spawners and the CLI share it)
     "spawner.line_admin": LOWER,  # reading and managing the GPU line in the ledger (the portal and the hub's API)
     "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)
     "spawner.gpus": LOWER,

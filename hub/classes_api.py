@@ -1,0 +1,245 @@
+"""`/hub/api/gpuslice/classes`: the classes, read and changed in the running hub, on both backends.
+
+A change is made at once, without a restart and without stopping anyone's server: in the
+class store the spawners read at every spawn (spawner/class_store.py) and in JupyterHub's
+own groups (the hub's database, as its groups API would change it). New members become hub
+users (so they may log in where sign-up is closed) and get single-use invite codes for
+/hub/join (hub/accounts.py), which the answer carries once, for the teacher to hand out.
+
+* GET: the classes the caller may see, with their rules, members and who has joined:
+  admins and a service that may read every user (the portal's own token) all of them, a
+  class's teachers their classes, anyone else nothing.
+* POST ``{"action": ...}``: ``add-class``, ``change-class`` ``{"name", "rules": {...}}``,
+  ``put-class`` (made or replaced whole, with ``members``) and ``remove-class`` ``{"name"}``:
+  admins. ``add-members`` / ``remove-members`` ``{"name", "members": [...]}`` and ``invite``
+  ``{"name", "members": [...]}`` (a new code replaces one still waiting): admins and the
+  class's teachers. 403 with why otherwise, 400 for a class or rule that cannot be.
+
+`gpuslice class ...` asks here with the gpuslice-cli service's token (a file in the data
+folder), so the command line and the portal change a running hub the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyterhub import orm
+from jupyterhub.apihandlers import APIHandler
+from jupyterhub.scopes import Scope as HubScope
+from tornado import web
+
+from hub import roles
+from hub.accounts import has_password, invite_codes, invites_path, passwords_path
+from spawner.class_store import ClassStore, Rules, members_of, teachers_of
+from spawner.quotas import GroupRulesError
+
+READ_SCOPE = "read:users"
+ACT_SCOPE = "delete:servers"  # the portal's reader's token: as for the GPU line (hub/line_api.py)
+ADMIN_SCOPE = "admin:groups"  # a service acting as an admin here: gpuslice-cli
+CLI_SERVICE = "gpuslice-cli"
+USERNAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}$")
+RULE_KEYS = ("max_slice", "budget", "servers_per_user", "max_gpus", "images", "teachers")
+
+
+@dataclass(frozen=True)
+class ClassAction:
+    kind: str
+    name: str
+    rules: Mapping[str, Any]
+    members: tuple[str, ...]
+
+
+def parse_action(body: Any) -> ClassAction:
+    """The change a POST body asks for; ValueError saying what a good one looks like."""
+    if not isinstance(body, dict):
+        raise ValueError('send a JSON object such as {"action": "add-members", "name": "ml101", "members": ["ann"]}')
+    kind = body.get("action")
+    known = ("add-class", "put-class", "change-class", "remove-class", "add-members", "remove-members", "invite")
+    if kind not in known:
+        raise ValueError(f"unknown action {kind!r}: use {', '.join(known)}")
+    name = body.get("name")
+    if not isinstance(name, str) or not USERNAME.match(name):
+        raise ValueError("name must be a class name: lower-case letters, digits, '.', '_', '@' or '-'")
+    rules = body.get("rules") or {}
+    if not isinstance(rules, dict) or set(rules) - set(RULE_KEYS):
+        raise ValueError(f"rules may set {', '.join(RULE_KEYS)}")
+    members = body.get("members") or []
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise ValueError("members must be a list of user names")
+    names = tuple(dict.fromkeys(m.strip().lower() for m in members if m.strip()))
+    bad = [m for m in names if not USERNAME.match(m)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a user name (letters, digits, '.', '_', '@', '-')")
+    return ClassAction(str(kind), name, rules, names)
+
+
+def may_change(caller: str, admin: bool, action: ClassAction, current: Rules | None) -> str | None:
+    """Why ``caller`` may not make this change (None: they may). Rosters: admins and the class's teachers."""
+    if admin:
+        return None
+    if action.kind in ("add-class", "put-class", "change-class", "remove-class"):
+        return f"{caller} may not {action.kind.replace('-', ' ')}es: only admins can"
+    if current is None or caller not in teachers_of(current):
+        return f"{caller} may not change the roster of {action.name}: only admins and its teachers can"
+    return None
+
+
+def apply(action: ClassAction, current: Rules | None) -> Rules | None:
+    """The class's rules after the change (None: removed); ValueError for a change that cannot be."""
+    if action.kind == "add-class":
+        if current is not None:
+            raise ValueError(f"there is already a class {action.name}: change it instead")
+        return {**action.rules, "members": list(action.members)}
+    if action.kind == "put-class":  # the whole class as given (gpuslice class add): made or replaced
+        return {**action.rules, "members": list(action.members)}
+    if current is None:
+        raise ValueError(f"there is no class {action.name}")
+    if action.kind == "remove-class":
+        return None
+    if action.kind == "change-class":
+        return {**current, **action.rules}
+    members = members_of(current)
+    if action.kind == "add-members":
+        return {**current, "members": [*members, *(m for m in action.members if m not in members)]}
+    if action.kind == "remove-members":
+        return {**current, "members": [m for m in members if m not in action.members]}
+    return current  # invite: the roster is unchanged
+
+
+def visible(caller: str, everyone: bool, classes: Sequence[Rules]) -> list[Rules]:
+    return [c for c in classes if everyone or caller in teachers_of(c)]
+
+
+class ClassesHandler(APIHandler):  # type: ignore[misc]
+    @property
+    def _store(self) -> ClassStore:
+        path = self.settings.get("gpuslice_classes_path")
+        if not path:
+            raise web.HTTPError(404, "this hub keeps no class store (hub/classes_api.py add_live_classes)")
+        return ClassStore(path)
+
+    @property
+    def _data_dir(self) -> Path:
+        return Path(self.settings["gpuslice_data_dir"])
+
+    def _caller(self, scope: str) -> tuple[str, bool]:
+        """(name, acts as an admin); 403 for no token or one without ``scope``."""
+        who = self.current_user
+        if who is None:
+            raise web.HTTPError(403, "the classes API needs a user's token (the portal sends its reader's)")
+        if getattr(who, "kind", "") != "user":  # a service: the portal reads, gpuslice-cli changes
+            if self.parsed_scopes.get(ADMIN_SCOPE) is HubScope.ALL:
+                return who.name, True
+            if scope == READ_SCOPE and self.parsed_scopes.get(READ_SCOPE) is HubScope.ALL:
+                return who.name, True
+            raise web.HTTPError(403, "this service may not change classes")
+        if scope not in self.parsed_scopes:
+            raise web.HTTPError(403, f"this token may not {'read' if scope == READ_SCOPE else 'change'} classes")
+        return who.name, bool(who.admin)
+
+    def _joined(self, names: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Of ``names``: who has a password (joined) and who has an invite code waiting."""
+        passwords, invites = passwords_path(self._data_dir), invites_path(self._data_dir)
+        joined = [n for n in names if has_password(passwords, n)]
+        return joined, [n for n in names if n not in joined and has_password(invites, n)]
+
+    async def get(self) -> None:
+        caller, admin = self._caller(READ_SCOPE)
+        shown = []
+        for rules in visible(caller, admin, self._store.classes()):
+            joined, invited = self._joined(members_of(rules))
+            shown.append({"rules": rules, "joined": joined, "invited": invited})
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps({"classes": shown}))
+
+    async def post(self) -> None:
+        caller, admin = self._caller(ACT_SCOPE)
+        try:
+            action = parse_action(self.get_json_body())
+        except ValueError as exc:
+            raise web.HTTPError(400, str(exc)) from exc
+        refused: list[str] = []
+
+        def edit(current: Rules | None) -> Rules | None:
+            why = may_change(caller, admin, action, current)
+            if why:
+                refused.append(why)
+                return current
+            return apply(action, current)
+
+        try:
+            after = self._store.change(action.name, edit)
+        except (ValueError, GroupRulesError) as exc:
+            raise web.HTTPError(400, str(exc)) from exc
+        if refused:
+            raise web.HTTPError(403, refused[0])
+        self._sync_group(action.name, after)
+        invites: dict[str, str] = {}
+        if action.kind in ("add-class", "add-members"):
+            invites = invite_codes(self._data_dir, action.members)
+        elif action.kind == "invite":
+            roster = set(members_of(after or {}))
+            invites = invite_codes(self._data_dir, [m for m in action.members if m in roster], renew=True)
+        self.log.info("gpuslice: %s %s %s by %s", action.kind, action.name, ",".join(action.members), caller)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"class": after, "invites": invites}))
+
+    def _sync_group(self, name: str, rules: Rules | None) -> None:
+        """JupyterHub's group of the class to match it: members made hub users; nobody's server stopped."""
+        group = orm.Group.find(self.db, name)
+        if rules is None:
+            if group is not None:
+                self.db.delete(group)
+                self.db.commit()
+            return
+        if group is None:
+            group = orm.Group(name=name)
+            self.db.add(group)
+        users = []
+        for member in members_of(rules):
+            user = orm.User.find(self.db, member)
+            if user is None:
+                user = self.user_from_username(member).orm_user  # a hub user: may log in once they join
+            users.append(user)
+        group.users = users
+        self.db.commit()
+
+
+def add_live_classes(c: Any, spawner: str, classes_path: Path, data_dir: Path, declared: Sequence[Rules]) -> None:
+    """Classes that change in the running hub, on JupyterHub's config ``c`` for ``spawner`` (its class name):
+    the store (seeded with the ``declared`` classes of the settings or the chart), its API and the CLI's service.
+    """
+    from hub.accounts import service_token
+
+    ClassStore(classes_path).seed(declared)
+    getattr(c, spawner).gpu_classes_path = str(classes_path)
+    c.JupyterHub.tornado_settings = {
+        **dict(c.JupyterHub.get("tornado_settings", None) or {}),
+        "gpuslice_classes_path": str(classes_path),
+        "gpuslice_data_dir": str(data_dir),
+    }
+    c.JupyterHub.extra_handlers = [*(c.JupyterHub.get("extra_handlers", None) or []), *CLASSES_HANDLERS]
+    c.JupyterHub.services = [
+        *(c.JupyterHub.get("services", None) or []),
+        {"name": CLI_SERVICE, "api_token": service_token(data_dir, CLI_SERVICE)},
+    ]
+    c.JupyterHub.load_roles = [
+        *(c.JupyterHub.get("load_roles", None) or []),
+        roles.service_role(CLI_SERVICE, roles.CHANGES_CLASSES),
+    ]
+    # The hub's groups as the store has them at start (a class changed while the hub was down included),
+    # beside the members the configuration names for them.
+    groups = {name: list(g.get("users") or []) for name, g in (c.JupyterHub.get("load_groups", None) or {}).items()}
+    for rules in ClassStore(classes_path).classes():
+        named = groups.setdefault(rules["name"], [])
+        named += [m for m in members_of(rules) if m not in named]
+    c.JupyterHub.load_groups = {name: {"users": users} for name, users in groups.items()}
+
+
+CLASSES_HANDLERS = [(r"/api/gpuslice/classes", ClassesHandler)]
