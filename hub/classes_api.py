@@ -13,7 +13,8 @@ users (so they may log in where sign-up is closed) and get single-use invite cod
   ``put-class`` (made or replaced whole, with ``members``) and ``remove-class`` ``{"name"}``:
   admins. ``add-members`` / ``remove-members`` ``{"name", "members": [...]}`` and ``invite``
   ``{"name", "members": [...]}`` (a new code replaces one still waiting): admins and the
-  class's teachers. 403 with why otherwise, 400 for a class or rule that cannot be.
+  class's teachers; ``stop-server`` ``{"name", "user", "server"}``: a member's server, stopped by
+  an admin or the class's teacher. 403 with why otherwise, 400 for a class or rule that cannot be.
 
 `gpuslice class ...` asks here with the gpuslice-cli service's token (a file in the data
 folder), so the command line and the portal change a running hub the same way.
@@ -52,6 +53,7 @@ class ClassAction:
     name: str
     rules: Mapping[str, Any]
     members: tuple[str, ...]
+    server: str = ""  # stop-server: the member's server (members[0] is the member)
 
 
 def parse_action(body: Any) -> ClassAction:
@@ -59,7 +61,16 @@ def parse_action(body: Any) -> ClassAction:
     if not isinstance(body, dict):
         raise ValueError('send a JSON object such as {"action": "add-members", "name": "ml101", "members": ["ann"]}')
     kind = body.get("action")
-    known = ("add-class", "put-class", "change-class", "remove-class", "add-members", "remove-members", "invite")
+    known = (
+        "add-class",
+        "put-class",
+        "change-class",
+        "remove-class",
+        "add-members",
+        "remove-members",
+        "invite",
+        "stop-server",
+    )
     if kind not in known:
         raise ValueError(f"unknown action {kind!r}: use {', '.join(known)}")
     name = body.get("name")
@@ -75,6 +86,11 @@ def parse_action(body: Any) -> ClassAction:
     bad = [m for m in names if not USERNAME.match(m)]
     if bad:
         raise ValueError(f"{bad[0]!r} is not a user name (letters, digits, '.', '_', '@', '-')")
+    if kind == "stop-server":
+        user, server = body.get("user"), body.get("server", "")
+        if not isinstance(user, str) or not USERNAME.match(user) or not isinstance(server, str):
+            raise ValueError('stop-server needs "user" (a member of the class) and "server" ("" for the default)')
+        return ClassAction(str(kind), name, {}, (user,), server)
     return ClassAction(str(kind), name, rules, names)
 
 
@@ -84,8 +100,11 @@ def may_change(caller: str, admin: bool, action: ClassAction, current: Rules | N
         return None
     if action.kind in ("add-class", "put-class", "change-class", "remove-class"):
         return f"{caller} may not {action.kind.replace('-', ' ')}es: only admins can"
+    what = "stop the servers of" if action.kind == "stop-server" else "change the roster of"
     if current is None or caller not in teachers_of(current):
-        return f"{caller} may not change the roster of {action.name}: only admins and its teachers can"
+        return f"{caller} may not {what} {action.name}: only admins and its teachers can"
+    if action.kind == "stop-server" and action.members[0] not in members_of(current):
+        return f"{action.members[0]} is not in {action.name}: its teachers may stop only its members' servers"
     return None
 
 
@@ -108,7 +127,7 @@ def apply(action: ClassAction, current: Rules | None) -> Rules | None:
         return {**current, "members": [*members, *(m for m in action.members if m not in members)]}
     if action.kind == "remove-members":
         return {**current, "members": [m for m in members if m not in action.members]}
-    return current  # invite: the roster is unchanged
+    return current  # invite, stop-server: the roster is unchanged
 
 
 def visible(caller: str, everyone: bool, classes: Sequence[Rules]) -> list[Rules]:
@@ -179,6 +198,13 @@ class ClassesHandler(APIHandler):  # type: ignore[misc]
             raise web.HTTPError(400, str(exc)) from exc
         if refused:
             raise web.HTTPError(403, refused[0])
+        if action.kind == "stop-server":
+            await self._stop(action.members[0], action.server)
+            self.log.info(
+                "gpuslice: %s stopped %s/%s (class %s)", caller, action.members[0], action.server, action.name
+            )
+            self.finish(json.dumps({"stopped": True}))
+            return
         self._sync_group(action.name, after)
         invites: dict[str, str] = {}
         if action.kind in ("add-class", "add-members"):
@@ -189,6 +215,14 @@ class ClassesHandler(APIHandler):  # type: ignore[misc]
         self.log.info("gpuslice: %s %s %s by %s", action.kind, action.name, ",".join(action.members), caller)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"class": after, "invites": invites}))
+
+    async def _stop(self, name: str, server: str) -> None:
+        """Stop a member's server with the hub's authority (the caller was checked: the class's teacher)."""
+        user = self.find_user(name)
+        spawner = user.spawners.get(server) if user is not None else None
+        if spawner is None or not (spawner.active or spawner.pending):
+            raise web.HTTPError(400, f"{name} has no server {server or '(default)'} running")
+        await self.stop_single_user(user, server)
 
     def _sync_group(self, name: str, rules: Rules | None) -> None:
         """JupyterHub's group of the class to match it: members made hub users; nobody's server stopped."""

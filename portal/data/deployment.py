@@ -6,7 +6,7 @@ Kubernetes API), where a server's history is kept, how the note of who stops a s
 left, and which of the settings (gpuslice.yaml, or the chart's values) name Prometheus,
 Alertmanager, the markets and the on-call rotation. The rest of the portal talks to the
 hub's REST APIs, the same on both (``portal/data/hub.py``): the GPU line and the classes are
-read and changed only there.
+read and changed only there (the classes live in the running hub: not in either file).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ class Deployment(Protocol):
     """What the portal reads and writes differently on one machine and on Kubernetes."""
 
     def data_dir(self) -> Path: ...
-
-    def group_rules(self) -> tuple[dict[str, object], ...]: ...
 
     def inventory(self) -> tuple[Inventory, list[Held]]: ...
 
@@ -68,9 +66,6 @@ class OneMachine:
     @property
     def _ledger(self) -> Path:
         return self.data_dir() / "ledger.sqlite"
-
-    def group_rules(self) -> tuple[dict[str, object], ...]:
-        return self.settings.groups
 
     def inventory(self) -> tuple[Inventory, list[Held]]:
         return cluster.local_inventory(self._ledger, self.settings.simulate)
@@ -125,9 +120,6 @@ class Kubernetes:
     def data_dir(self) -> Path:
         """The portal's own folder (the chart mounts one for the incident store), not the hub's volume."""
         return Path(environ.DATA_DIR.get() or Settings().data_dir)
-
-    def group_rules(self) -> tuple[dict[str, object], ...]:
-        return self.values.group_list()
 
     def inventory(self) -> tuple[Inventory, list[Held]]:
         return cluster.kube_inventory(

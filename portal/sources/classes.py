@@ -1,4 +1,9 @@
-"""The classes: their rules and members, and whom each reader may see because of them."""
+"""The classes: their rules and members as the running hub keeps them, and whom each reader may see.
+
+Read from the hub's classes API (hub/classes_api.py) on both backends: one snapshot with the
+portal's own token, shared by every reader. A teacher's page reads the classes they teach with
+their own token (the hub decides which), and changes them with it (the hub checks who may).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +13,35 @@ import streamlit as st
 
 from portal.data import access, hub
 from portal.data.access import Scope
+from portal.data.hub import ClassInfo
 from portal.identity import Identity
 from portal.sources import clients
 
+CLASSES_S = 1.0  # how old the classes may be: a class added in the portal shows within a second
+
+
+@st.cache_data(ttl=CLASSES_S, show_spinner=False)
+def _all_classes() -> list[ClassInfo]:
+    return hub.classes(clients.hub_client())
+
 
 def group_rules() -> tuple[dict[str, Any], ...]:
-    """The classes' rules (max_slice, budget, teachers, ...), as the spawner reads them."""
-    return clients.deployment().group_rules()
+    """The classes' rules (max_slice, budget, teachers, members, ...), as the spawners read them now."""
+    return tuple(c.rules for c in _all_classes())
 
 
 @st.cache_data(ttl=30)
-def groups() -> dict[str, list[str]]:
-    """Each class's members, as the hub's groups have them."""
+def _hub_groups() -> dict[str, list[str]]:
     return hub.groups(clients.hub_client())
+
+
+def groups() -> dict[str, list[str]]:
+    """Each class's members: its roster, and the hub's group of its name (a chart's class keeps them there)."""
+    found = {name: list(users) for name, users in _hub_groups().items()}
+    for info in _all_classes():
+        members = found.setdefault(info.name, [])
+        members += [m for m in info.members if m not in members]
+    return found
 
 
 def scope(identity: Identity) -> Scope:
@@ -40,3 +61,54 @@ def visible_groups(identity: Identity) -> dict[str, list[str]]:
 
 def my_groups(identity: Identity) -> set[str]:
     return {name for name, members in groups().items() if identity.name in members}
+
+
+def teaches(identity: Identity) -> bool:
+    """Whether the reader teaches a class (or is an admin): the Teaching page is for them."""
+    return identity.admin or any(identity.name in c.teachers for c in _all_classes())
+
+
+def taught(identity: Identity) -> list[ClassInfo]:
+    """The classes the reader may manage, as the hub tells them with the reader's own token."""
+    return hub.classes(clients.acting_client(identity))
+
+
+def _act(identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return hub.class_action(clients.acting_client(identity), body)
+    finally:
+        _all_classes.clear()
+        _hub_groups.clear()
+
+
+def add_class(identity: Identity, name: str, rules: dict[str, Any], members: list[str]) -> dict[str, str]:
+    """A new class (admins); the new members' invite codes, shown once."""
+    answer = _act(identity, {"action": "add-class", "name": name, "rules": rules, "members": members})
+    return dict(answer.get("invites") or {})
+
+
+def change_class(identity: Identity, name: str, rules: dict[str, Any]) -> None:
+    _act(identity, {"action": "change-class", "name": name, "rules": rules})
+
+
+def remove_class(identity: Identity, name: str) -> None:
+    _act(identity, {"action": "remove-class", "name": name})
+
+
+def add_members(identity: Identity, name: str, members: list[str]) -> dict[str, str]:
+    """Students into a class (admins, its teachers); their invite codes, shown once."""
+    return dict(_act(identity, {"action": "add-members", "name": name, "members": members}).get("invites") or {})
+
+
+def remove_members(identity: Identity, name: str, members: list[str]) -> None:
+    _act(identity, {"action": "remove-members", "name": name, "members": members})
+
+
+def invite_again(identity: Identity, name: str, members: list[str]) -> dict[str, str]:
+    """New codes for members who have not joined (the old ones stop working)."""
+    return dict(_act(identity, {"action": "invite", "name": name, "members": members}).get("invites") or {})
+
+
+def stop_member_server(identity: Identity, name: str, user: str, server: str) -> None:
+    """A class member's server, stopped by its teacher with the hub's authority (the hub checks)."""
+    _act(identity, {"action": "stop-server", "name": name, "user": user, "server": server})

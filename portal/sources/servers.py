@@ -50,12 +50,32 @@ def server_history(identity: Identity, user: str, server: str) -> list[ServerEve
 
 
 def stop_server(identity: Identity, user: str, server: str) -> None:
-    """Stop a server (admins any, users their own), noting who asked."""
-    hub.check_may_stop(identity, user)
+    """Stop a server: admins any, users their own, a class's teachers their students' (the hub checks again),
+    noting who asked."""
+    class_name = _taught_class_of(identity, user)
+    if not identity.admin and identity.name != user and class_name is None:
+        raise PermissionError(
+            f"{identity.name} may not stop {user}'s server: only admins, {user}'s teachers and {user} can"
+        )
     # Before the stop: the spawner reads the note when it stops the server.
     clients.deployment().note_stop(classes.scope(identity), user, server)
-    hub.stop_server(clients.acting_client(identity), identity, user, server)  # the reader's own authority
+    if identity.admin or identity.name == user:
+        hub.stop_server(clients.acting_client(identity), identity, user, server)  # the reader's own authority
+    else:  # a teacher: the hub's classes API stops it once it has checked they teach the student's class
+        classes.stop_member_server(identity, str(class_name), user, server)
     forget_servers()
+
+
+def _taught_class_of(identity: Identity, user: str) -> str | None:
+    """A class the reader teaches that ``user`` is in (None: none)."""
+    return next(
+        (
+            str(rules["name"])
+            for rules in classes.group_rules()
+            if identity.name in (rules.get("teachers") or ()) and user in classes.groups().get(str(rules["name"]), [])
+        ),
+        None,
+    )
 
 
 def forget_servers() -> None:

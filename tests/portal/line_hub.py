@@ -1,9 +1,11 @@
-"""The hub's GPU line API (hub/line_api.py) over a ledger file, as one caller reaches it.
+"""The hub's gpuslice APIs as one caller reaches them: the GPU line (hub/line_api.py) over a ledger
+file, and the classes (hub/classes_api.py) over a class store.
 
-It answers as the handler does, through the same functions (spawner/line_admin.py, and
-``viewer_of``/``parse_action`` from the handler's module): the portal's own token sees
-every place, a reader their scope; changes are checked for the reader. The handler itself
-runs in a real JupyterHub in tests/kube/test_kube_line.py and tests/e2e.
+They answer as the handlers do, through the same functions (spawner/line_admin.py, and
+``viewer_of``/``parse_action``/``may_change``/``apply`` from the handlers' modules): the
+portal's own token sees every place and class, a reader their scope; changes are checked for
+the reader. The handlers themselves run in a real JupyterHub in tests/kube/test_kube_line.py
+and tests/e2e (the class flow).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import requests
 
+from hub.classes_api import apply, may_change, visible
+from hub.classes_api import parse_action as parse_class_action
 from hub.line_api import Drop, Move, parse_action, viewer_of
 from portal.data import hub
 from portal.identity import Identity
 from spawner import line_admin
+from spawner.class_store import ClassStore
 from spawner.scope import Scope
 from spawner.waitline import Manager
 
@@ -37,10 +42,13 @@ class LineHubDouble(requests.Session):
         caller: Identity | None,
         rules: Callable[[], Sequence[Mapping[str, Any]]],
         groups: Callable[[], Mapping[str, Sequence[str]]],
+        classes: ClassStore | None = None,
     ) -> None:
         super().__init__()
         self.ledger, self.caller, self.rules, self.groups = ledger, caller, rules, groups
+        self.classes = classes
         self.sent: list[tuple[str, str]] = []
+        self.stopped: list[tuple[str, str]] = []  # servers a teacher stopped through the classes API
 
     def _viewer(self) -> tuple[Scope, Manager]:
         if self.caller is None:
@@ -50,8 +58,10 @@ class LineHubDouble(requests.Session):
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
         method, url = str(method), str(url)
         parts = urlsplit(url.removeprefix(API))
-        assert parts.path == hub.LINE_PATH, url
         self.sent.append((method, parts.path))
+        if parts.path == hub.CLASSES_PATH and self.classes is not None:
+            return self._classes(method, kwargs.get("json"))
+        assert parts.path == hub.LINE_PATH, url
         scope, manager = self._viewer()
         now = time.time()
         if method == "GET":
@@ -84,6 +94,29 @@ class LineHubDouble(requests.Session):
         )
         return {"id": made}
 
+    def _classes(self, method: str, body: Any) -> requests.Response:
+        assert self.classes is not None
+        caller, admin = ("portal", True) if self.caller is None else (self.caller.name, self.caller.admin)
+        if method == "GET":
+            shown = [{"rules": r, "joined": [], "invited": []} for r in visible(caller, admin, self.classes.classes())]
+            return _answer(200, {"classes": shown})
+        if self.caller is None:
+            return _answer(403, {"status": 403, "message": "this service may not change classes"})
+        try:
+            action = parse_class_action(body)
+            current = self.classes.get(action.name)
+            why = may_change(caller, admin, action, current)
+            if why:
+                return _answer(403, {"status": 403, "message": why})
+            if action.kind == "stop-server":
+                self.stopped.append((action.members[0], action.server))
+                return _answer(200, {"stopped": True})
+            after = self.classes.change(action.name, lambda rules: apply(action, rules))
+        except ValueError as exc:
+            return _answer(400, {"status": 400, "message": str(exc)})
+        made = {m: f"code-{m}" for m in action.members} if action.kind in ("add-class", "add-members", "invite") else {}
+        return _answer(200, {"class": after, "invites": made})
+
 
 def _answer(status: int, body: Any) -> requests.Response:
     response = requests.Response()
@@ -97,15 +130,19 @@ def serve_line(
     ledger: Path,
     rules: Callable[[], Sequence[Mapping[str, Any]]],
     groups: Callable[[], Mapping[str, Sequence[str]]],
-) -> None:
-    """The portal's hub clients (its own and each reader's) answered by the double over ``ledger``."""
+    classes: ClassStore | None = None,
+) -> dict[str, LineHubDouble]:
+    """The portal's hub clients (its own and each reader's) answered by the double over ``ledger`` (and the
+    class store); each reader's double, by name, to see what it was sent."""
     from portal.sources import clients
 
-    monkeypatch.setattr(
-        clients, "hub_client", lambda: hub.HubClient(API, "portal", session=LineHubDouble(ledger, None, rules, groups))
-    )
-    monkeypatch.setattr(
-        clients,
-        "acting_client",
-        lambda identity: hub.HubClient(API, "reader", session=LineHubDouble(ledger, identity, rules, groups)),
-    )
+    doubles: dict[str, LineHubDouble] = {}
+
+    def acting(identity: Identity) -> hub.HubClient:
+        doubles[identity.name] = LineHubDouble(ledger, identity, rules, groups, classes)
+        return hub.HubClient(API, "reader", session=doubles[identity.name])
+
+    portal = LineHubDouble(ledger, None, rules, groups, classes)
+    monkeypatch.setattr(clients, "hub_client", lambda: hub.HubClient(API, "portal", session=portal))
+    monkeypatch.setattr(clients, "acting_client", acting)
+    return doubles

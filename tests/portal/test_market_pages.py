@@ -55,6 +55,7 @@ def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, obj
     monkeypatch.setattr(clients, "hub_client", lambda: RecordingHub(403, "the portal service may not start servers"))
     monkeypatch.setattr(clients, "acting_client", lambda identity: hub)
     monkeypatch.setattr(classes, "group_rules", lambda: ({"name": "ml101", "max_slice": "4GiB", "members": ["ann"]},))
+    monkeypatch.setattr(classes, "teaches", lambda identity: identity.admin)
     monkeypatch.setattr(classes, "my_groups", lambda identity: {"ml101"} if identity.name == "ann" else set())
     store.hub = hub  # type: ignore[attr-defined]
     yield store

@@ -4,7 +4,6 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import streamlit as st
@@ -12,14 +11,14 @@ from streamlit.testing.v1 import AppTest
 
 from portal import auth, views
 from portal.data.alertmanager import AlertRow
-from portal.data.deployment import OneMachine
 from portal.data.errors import SourceUnavailableError
-from portal.data.hub import ServerRow
+from portal.data.hub import ClassInfo, ServerRow
 from portal.data.incident_store import IncidentStore
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
 from portal.incidents import Alert, Incident, Silence
 from portal.sources import alerts, classes, clients, line, metrics, servers
+from spawner.class_store import ClassStore
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, Ledger, ServerEvent
@@ -108,7 +107,12 @@ def fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
     )
     monkeypatch.setattr(metrics, "_usage_rows", lambda weeks: list(USAGE))
     # The GPU line: the hub's API over a ledger (empty unless a test puts someone in line).
-    serve_line(monkeypatch, tmp_path / "ledger.sqlite", lambda: classes.group_rules(), lambda: classes.groups())
+    # The hub's classes: a store a test writes its classes to, read through the classes API's double.
+    store = ClassStore(tmp_path / "classes.sqlite")
+    state["classes"] = store
+    state["hub"] = serve_line(
+        monkeypatch, tmp_path / "ledger.sqlite", lambda: classes.group_rules(), lambda: classes.groups(), store
+    )
     st.cache_resource.clear()  # the deployment: a test's (Kubernetes) must not stay for the next
     yield state
     st.cache_resource.clear()
@@ -262,10 +266,7 @@ def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatc
 
 
 def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
-    from hub.settings import from_mapping
-
-    settings = from_mapping({"groups": {"ml101": {"members": ["alice", "bob"], "budget": "16GiB"}}}, "t")
-    monkeypatch.setattr(clients, "deployment", lambda: OneMachine(settings))
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "budget": "16GiB"})
     at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
     metrics = {m.label: m.value for m in at.metric}
@@ -304,7 +305,7 @@ def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not at.title  # nothing else rendered
 
 
-def test_classes_page_on_kubernetes_reads_the_charts_classes(
+def test_on_kubernetes_the_pages_read_the_charts_settings_and_the_hubs_classes(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from tests.helm.test_kube_values import CLASSES, rendered_values
@@ -313,9 +314,16 @@ def test_classes_page_on_kubernetes_reads_the_charts_classes(
     monkeypatch.setenv("GPUSLICE_KUBE_VALUES", str(rendered_values(tmp_path, CLASSES)))
     clients.deployment.clear()  # type: ignore[attr-defined]
     assert metrics.prometheus_url() == "http://prometheus-operated.monitoring:9090"
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "budget": "16GiB"})  # as the hub seeded it
     at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
-    assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # the chart's budget
+    assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"
+
+
+def add_class(fakes: dict[str, object], rules: dict[str, object]) -> None:
+    store = fakes["classes"]
+    assert isinstance(store, ClassStore)
+    store.change(str(rules["name"]), lambda _: dict(rules))
 
 
 PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py", "screens/usage.py"]
@@ -327,17 +335,13 @@ def everything(at: AppTest) -> str:
 
 @pytest.fixture
 def two_holders(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
-    from hub.settings import from_mapping
-
     holds = [*HOLDS, Held("bob/", 0, "bob", "", 2 * GiB, group="ml101", pid=11)]
     monkeypatch.setattr(
         servers,
         "_all_inventory",
         lambda: (build_local(simulated_gpus("2x16GiB:T4"), [(h.gpu_index, h.allocation()) for h in holds]), holds),
     )
-    rules = {"ml101": {"members": ["alice", "bob"], "teachers": ["tina"], "budget": "16GiB"}}
-    settings = from_mapping({"groups": rules}, "t")
-    monkeypatch.setattr(clients, "deployment", lambda: OneMachine(settings))
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "teachers": ["tina"], "budget": "16GiB"})
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -577,10 +581,56 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
         metrics.anomalies(Identity("alice"))
 
 
-def test_on_kubernetes_a_teacher_named_in_the_charts_classes_sees_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The chart's classes, not the single-machine settings (which have none here), say who teaches.
-    chart_classes = [{"name": "ml101", "teachers": ["tina"]}]
-    monkeypatch.setattr(clients, "deployment", lambda: SimpleNamespace(group_rules=lambda: chart_classes))
+def test_a_teacher_named_in_the_hubs_classes_sees_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hub's classes (the chart's or the settings', seeded into its store, and live changes) say who teaches.
+    monkeypatch.setattr(classes, "_all_classes", lambda: [ClassInfo({"name": "ml101", "teachers": ["tina"]}, (), ())])
     monkeypatch.setattr(classes, "groups", lambda: {"ml101": ["alice", "bob"]})
     assert classes.scope(Identity("tina")).sees("alice")
     assert not classes.scope(Identity("bob")).sees("alice")
+
+
+def test_a_teacher_manages_their_class_from_the_teaching_page(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Roster, invites, a student's server stopped, all through the hub (which checks again)."""
+    monkeypatch.setattr(
+        servers, "servers", lambda identity: [s for s in SERVERS if classes.scope(identity).sees(s.user)]
+    )
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "teachers": ["tina"], "budget": "2 slices of 4GiB"})
+    add_class(fakes, {"name": "cv202", "members": ["carl"], "teachers": ["tom"]})
+    fakes["identity"] = Identity("tina")
+    at = run("screens/teaching.py")
+    assert at.title[0].value == "Teaching"
+    assert [o for o in at.selectbox[0].options] == ["ml101"]  # her class only: the hub answered her token so
+    assert at.get("progress")[0].proto.text == "GPU budget: 4 GiB of 8 GiB (2 slices of 4GiB) held now"
+    roster = at.dataframe[0].value
+    assert list(roster["student"]) == ["alice", "bob"] and list(roster["server"]) == ["running", "starting"]
+    at.text_area[0].input("dee\nEve")  # typed, then the form's button: one run, as a browser sends them
+    next(b for b in at.button if b.label == "Add to the class").click().run()
+    assert not at.exception, at.exception
+    store = fakes["classes"]
+    assert isinstance(store, ClassStore)
+    assert store.get("ml101")["members"] == ["alice", "bob", "dee", "eve"]  # type: ignore[index]
+    assert "Nobody's server was stopped" in texts(at) and "`code-dee`" in markdown_text(at)
+    assert at.get("download_button")[0].proto.label == "Download the invite codes"
+    stop = next(b for b in at.button if b.label == "Stop this server")
+    stop.click().run()
+    hub_double = fakes["hub"]["tina"]  # type: ignore[index]
+    assert hub_double.stopped == [("alice", "")]  # through the classes API: the hub stops it with its authority
+
+
+def test_the_teaching_page_is_for_teachers_and_admins_and_a_teacher_stops_only_their_students(
+    fakes: dict[str, object],
+) -> None:
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "teachers": ["tina"]})
+    fakes["identity"] = Identity("alice")
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/teaching.py")  # not in a student's menu
+    assert classes.taught(Identity("alice")) == []  # the hub gives a student no class to manage
+    with pytest.raises(PermissionError, match="only admins, carl's teachers and carl can"):
+        servers.stop_server(Identity("tina"), "carl", "")
+    with pytest.raises(PermissionError, match="only admins can"):
+        classes.add_class(Identity("tina"), "ml102", {}, ["x"])
+    fakes["identity"] = Identity("root", admin=True)
+    at = run("screens/teaching.py")
+    assert "Add a class" in [e.label for e in at.expander]
