@@ -242,12 +242,18 @@ class ClassesHandler(APIHandler):  # type: ignore[misc]
                 user = self.user_from_username(member).orm_user  # a hub user: may log in once they join
             users.append(user)
         group.users = users
+        for teacher in teachers_of(rules):  # a teacher named live may log in too (not a member of the group)
+            if orm.User.find(self.db, teacher) is None:
+                self.user_from_username(teacher)
         self.db.commit()
 
 
-def add_live_classes(c: Any, spawner: str, classes_path: Path, data_dir: Path, declared: Sequence[Rules]) -> None:
+def add_live_classes(
+    c: Any, spawner: str, classes_path: Path, data_dir: Path, declared: Sequence[Rules]
+) -> tuple[Rules, ...]:
     """Classes that change in the running hub, on JupyterHub's config ``c`` for ``spawner`` (its class name):
     the store (seeded with the ``declared`` classes of the settings or the chart), its API and the CLI's service.
+    Returns the classes as the hub starts with them.
     """
     from hub.accounts import service_token
 
@@ -274,6 +280,7 @@ def add_live_classes(c: Any, spawner: str, classes_path: Path, data_dir: Path, d
         named = groups.setdefault(rules["name"], [])
         named += [m for m in members_of(rules) if m not in named]
     c.JupyterHub.load_groups = {name: {"users": users} for name, users in groups.items()}
+    return ClassStore(classes_path).classes()
 
 
 CLASSES_HANDLERS = [(r"/api/gpuslice/classes", ClassesHandler)]

@@ -49,8 +49,9 @@ c.Authenticator.admin_users = set(settings.admin_users)
 # restart (hub/classes_api.py); its members at start are known names too. A member added later
 # becomes a hub user with an invite code at once, so they may join and log in.
 c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in settings.groups}
-add_live_classes(c, "LocalGpuSpawner", data_dir / "classes.sqlite", data_dir, settings.groups)
+live = add_live_classes(c, "LocalGpuSpawner", data_dir / "classes.sqlite", data_dir, settings.groups)
 members = {m for group in c.JupyterHub.load_groups.values() for m in group["users"]}
+members |= {t for rules in live for t in rules.get("teachers") or ()}
 c.GpusliceAuthenticator.known_names = known_names(settings) | members
 if settings.open_signup:
     c.Authenticator.allow_all = True

@@ -2,6 +2,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+import pandas as pd
 import streamlit as st
 
 from portal import views
@@ -124,7 +125,7 @@ def _waiting_label(w: Waiting) -> str:
 @st.fragment(run_every=clients.REFRESH_S)
 def live_queue() -> None:
     """The GPU line, re-read like the table above: someone placed leaves it within a second."""
-    st.subheader("Queue")
+    st.subheader("Queue", anchor="queue")
     try:
         waiting = line.waiting_line(identity)
     except SourceUnavailableError as exc:
@@ -134,23 +135,21 @@ def live_queue() -> None:
         st.caption("Nobody waits for a GPU." if manager.admin else "Nobody you can see waits for a GPU.")
         return
     now = time.time()
-    st.dataframe(
-        [
-            {
-                "place": ordinal(w.position),
-                "user": w.user,
-                "server": w.server or "(default)",
-                "asked for": w.asked,
-                "class": w.group or "",
-                "waiting for": views.duration_text(now - w.since),
-                "expected start": views.when_text(w.estimated_start, now, where) if w.estimated_start else "not known",
-                "note": "its page was closed when the hub restarted: starts when asked again" if w.away else "",
-            }
-            for w in waiting
-        ],
-        hide_index=True,
-        width="stretch",
-    )
+    rows = [
+        {
+            "place": ordinal(w.position),
+            "user": w.user,
+            "server": w.server or "(default)",
+            "asked for": w.asked,
+            "class": w.group or "",
+            "waiting for": views.duration_text(now - w.since),
+            "expected start": views.when_text(w.estimated_start, now, where) if w.estimated_start else "not known",
+            "note": "its page was closed when the hub restarted: starts when asked again" if w.away else "",
+        }
+        for w in waiting
+    ]
+    # A plain table: every word in the page itself (read aloud, found by a search), not drawn on a canvas.
+    st.table(pd.DataFrame(rows).set_index("place"))
     st.caption(
         "Expected start: at the latest, when as many GPU servers as are ahead have stopped, each left idle"
         " until it is reclaimed for the line. Not known: fewer servers run than are ahead."

@@ -257,8 +257,8 @@ def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatc
     queue = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
     monkeypatch.setattr(line, "waiting_line", lambda identity: queue if identity.admin else [])
     at = run("screens/jobs.py")
-    queue = at.dataframe[2].value
-    assert list(queue["place"]) == ["1st"] and list(queue["user"]) == ["dan"]
+    queue = at.table[0].value
+    assert list(queue.index) == ["1st"] and list(queue["user"]) == ["dan"]
     assert list(queue["asked for"]) == ["4 GiB of one GPU"] and list(queue["class"]) == ["ml101"]
     assert list(queue["expected start"]) == ["not known"]
     fakes["identity"] = Identity("carl")
