@@ -16,13 +16,19 @@ from portal.data.access import Scope
 from portal.data.hub import ClassInfo
 from portal.identity import Identity
 from portal.sources import clients
+from portal.sources.snapshot import Snapshot
 
-CLASSES_S = 1.0  # how old the classes may be: a class added in the portal shows within a second
+CLASSES_S = 1.0  # how old the classes may be: a class added elsewhere shows within a second
+GROUPS_S = 5.0  # the hub's groups (a chart's classes keep their members there)
 
 
-@st.cache_data(ttl=CLASSES_S, show_spinner=False)
+@st.cache_resource
+def _classes_source() -> Snapshot[list[ClassInfo]]:
+    return Snapshot(lambda: hub.classes(clients.hub_client()), CLASSES_S)
+
+
 def _all_classes() -> list[ClassInfo]:
-    return hub.classes(clients.hub_client())
+    return _classes_source().get()
 
 
 def group_rules() -> tuple[dict[str, Any], ...]:
@@ -30,9 +36,13 @@ def group_rules() -> tuple[dict[str, Any], ...]:
     return tuple(c.rules for c in _all_classes())
 
 
-@st.cache_data(ttl=30)
+@st.cache_resource
+def _groups_source() -> Snapshot[dict[str, list[str]]]:
+    return Snapshot(lambda: hub.groups(clients.hub_client()), GROUPS_S)
+
+
 def _hub_groups() -> dict[str, list[str]]:
-    return hub.groups(clients.hub_client())
+    return _groups_source().get()
 
 
 def groups() -> dict[str, list[str]]:
@@ -77,8 +87,8 @@ def _act(identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
     try:
         return hub.class_action(clients.acting_client(identity), body)
     finally:
-        _all_classes.clear()
-        _hub_groups.clear()
+        _classes_source().refresh()
+        _groups_source().refresh()
 
 
 def add_class(identity: Identity, name: str, rules: dict[str, Any], members: list[str]) -> dict[str, str]:

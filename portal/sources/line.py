@@ -17,6 +17,7 @@ from portal.data import hub
 from portal.identity import Identity
 from portal.sources import classes, clients
 from portal.sources.clients import LIVE_S
+from portal.sources.snapshot import Snapshot
 from spawner import line_admin
 from spawner.line_admin import Waiting
 from spawner.waitline import Manager, Reservation, WaitStats
@@ -24,10 +25,14 @@ from spawner.waitline import Manager, Reservation, WaitStats
 WAIT_DAYS = line_admin.WAIT_DAYS  # how many days of wait times the Overview shows
 
 
-@st.cache_data(ttl=LIVE_S, show_spinner=False)
+@st.cache_resource
+def _line_source() -> Snapshot[hub.LineState]:
+    """Everyone's places and the reservations, as the hub has them (no wait times: those are read per reader)."""
+    return Snapshot(lambda: hub.line_state(clients.hub_client(), since=time.time()), LIVE_S)
+
+
 def _snapshot() -> hub.LineState:
-    """Everyone's places and the reservations, as the hub has them now (no wait times: read per reader)."""
-    return hub.line_state(clients.hub_client(), since=time.time())
+    return _line_source().get()
 
 
 def waiting_line(identity: Identity) -> list[Waiting]:
@@ -62,7 +67,7 @@ def _act(identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
     try:
         return hub.line_action(clients.acting_client(identity), body)
     finally:
-        _snapshot.clear()
+        _line_source().refresh()
 
 
 def put_first(identity: Identity, user: str, server: str) -> bool:

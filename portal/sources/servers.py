@@ -11,22 +11,32 @@ from portal.data.hub import ServerRow
 from portal.identity import Identity
 from portal.sources import classes, clients
 from portal.sources.clients import LIVE_S
+from portal.sources.snapshot import Snapshot
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
 
 
-@st.cache_data(ttl=LIVE_S, show_spinner=False)
+@st.cache_resource
+def _users_source() -> Snapshot[list[dict[str, Any]]]:
+    return Snapshot(lambda: hub.every_user(clients.hub_client()), LIVE_S)
+
+
 def _hub_users() -> list[dict[str, Any]]:
-    return hub.every_user(clients.hub_client())
+    """Every user with their servers, as the hub had them a moment ago: a page never waits for a busy hub."""
+    return _users_source().get()
 
 
 def servers(identity: Identity) -> list[ServerRow]:
     return hub.servers_in_scope(_hub_users(), classes.scope(identity))
 
 
-@st.cache_data(ttl=LIVE_S, show_spinner=False)
+@st.cache_resource
+def _inventory_source() -> Snapshot[tuple[Inventory, list[Held]]]:
+    return Snapshot(lambda: clients.deployment().inventory(), LIVE_S)
+
+
 def _all_inventory() -> tuple[Inventory, list[Held]]:
-    return clients.deployment().inventory()
+    return _inventory_source().get()
 
 
 def inventory(identity: Identity) -> tuple[Inventory, list[Held]]:
@@ -36,9 +46,13 @@ def inventory(identity: Identity) -> tuple[Inventory, list[Held]]:
     return access.inventory(found, viewer), access.holds(held, viewer)
 
 
-@st.cache_data(ttl=LIVE_S, show_spinner=False)
+@st.cache_resource
+def _events_source() -> Snapshot[dict[str, ServerEvent]]:
+    return Snapshot(lambda: clients.deployment().server_events(), LIVE_S)
+
+
 def _all_server_events() -> dict[str, ServerEvent]:
-    return clients.deployment().server_events()
+    return _events_source().get()
 
 
 def server_events(identity: Identity) -> dict[str, ServerEvent]:
@@ -79,9 +93,9 @@ def _taught_class_of(identity: Identity, user: str) -> str | None:
 
 
 def forget_servers() -> None:
-    """After a start or stop from the portal: the next read asks the hub, not the cache."""
-    _hub_users.clear()
-    _all_server_events.clear()
+    """After a start or stop from the portal: read the hub again now, so the page shows the change."""
+    _users_source().refresh()
+    _events_source().refresh()
 
 
 def server_counts() -> dict[str, int]:

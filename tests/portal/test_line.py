@@ -64,6 +64,7 @@ API = "http://hub.invalid/hub/api"
 def on_kube(monkeypatch: pytest.MonkeyPatch) -> dict[str, LineHub]:
     """The portal's requests to the hub: its own token ("portal") and each reader's own."""
     st.cache_data.clear()
+    st.cache_resource.clear()  # the shared snapshots (portal/sources/snapshot.py)
     sessions: dict[str, LineHub] = {"portal": LineHub()}
 
     def acting_client(identity: Identity) -> hub.HubClient:
@@ -153,6 +154,7 @@ def test_on_one_machine_the_queue_is_the_hubs_too_with_its_estimated_starts(
     from portal.data.deployment import OneMachine
 
     st.cache_data.clear()
+    st.cache_resource.clear()  # the shared snapshots (portal/sources/snapshot.py)
     monkeypatch.setattr(clients, "deployment", lambda: OneMachine(Settings(data_dir=tmp_path)))
     sessions = {"portal": LineHub()}
     monkeypatch.setattr(clients, "hub_client", lambda: hub.HubClient(API, "portal", session=sessions["portal"]))
@@ -162,6 +164,7 @@ def test_on_one_machine_the_queue_is_the_hubs_too_with_its_estimated_starts(
     assert not (tmp_path / "ledger.sqlite").exists()  # never opened here
 
     st.cache_data.clear()
+    st.cache_resource.clear()  # the shared snapshots (portal/sources/snapshot.py)
     sessions["portal"] = LineHub(status=503)
     with pytest.raises(SourceUnavailableError, match="JupyterHub answered HTTP 503"):
         line.waiting_line(TEACHER)
