@@ -21,7 +21,7 @@ pages = [
     st.Page("screens/classes.py", title="Classes", icon=":material/school:"),
     *([st.Page("screens/teaching.py", title="Teaching", icon=":material/co_present:")] if teaches else []),
     st.Page("screens/usage.py", title="Usage", icon=":material/query_stats:"),
-    st.Page("screens/alerts.py", title="Alerts", icon=":material/notifications:"),
+    *([st.Page("screens/alerts.py", title="Alerts", icon=":material/notifications:")] if identity.admin else []),
     *([st.Page("screens/incidents.py", title="Incidents", icon=":material/emergency:")] if identity.admin else []),
     *([st.Page("screens/anomalies.py", title="Anomalies", icon=":material/troubleshoot:")] if identity.admin else []),
     st.Page("screens/images.py", title="Images", icon=":material/inventory_2:"),

@@ -4,9 +4,10 @@ from portal import views
 from portal.data.prometheus import MetricsUnavailableError
 from portal.sources import alerts
 
+identity = st.session_state["identity"]
 st.title("Alerts")
 try:
-    firing = alerts.active_alerts()
+    firing = alerts.active_alerts(identity)
 except MetricsUnavailableError as exc:
     st.warning(f"Alertmanager is unavailable: {exc}.")
     st.stop()

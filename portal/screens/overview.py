@@ -50,13 +50,14 @@ try:
     used = views.memory_in_use(metrics.gpu_readings())  # the GPUs page's readings: the same figure
     totals = metrics.summary()
     util = totals.get("gpuslice:gpu_utilization:avg")
-    firing = alerts.active_alerts()
-    success = metrics.spawn_success()
     health = st.columns(4)
     health[3].metric("GPU memory in use", format_bytes(used) if used is not None else "n/a")
     health[0].metric("Mean GPU utilization", f"{util:.0f}%" if util is not None else "n/a")
-    health[1].metric("Alerts firing", sum(a.state == "active" for a in firing))
-    health[2].metric("Spawns that started (1 h)", "no attempts" if success is None else f"{success:.0%}")
+    if identity.admin:  # the platform's health is for those who act on it: no incidents on a student's page
+        firing = alerts.active_alerts(identity)
+        success = metrics.spawn_success()
+        health[1].metric("Alerts firing", sum(a.state == "active" for a in firing))
+        health[2].metric("Spawns that started (1 h)", "no attempts" if success is None else f"{success:.0%}")
     series = {
         "allocated": metrics.trend("gpuslice:gpu_memory_allocated_bytes:sum / 2^30", hours),
         "in use": metrics.trend("gpuslice:gpu_memory_used_bytes:sum / 2^30", hours),

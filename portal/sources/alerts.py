@@ -22,8 +22,14 @@ def alertmanager_url() -> str:
 
 
 @st.cache_data(ttl=10)
-def active_alerts() -> list[AlertRow]:
+def _active_alerts() -> list[AlertRow]:
     return alertmanager_client().rows()
+
+
+def active_alerts(identity: Identity) -> list[AlertRow]:
+    """The platform's alerts: for admins, who act on them (a student can do nothing about an incident)."""
+    _admin(identity, "read the platform's alerts")
+    return _active_alerts()
 
 
 def alertmanager_client() -> Alertmanager:

@@ -21,13 +21,17 @@ PAGES = {
     "gpus": ("gpus", "GPUs"),
     "jobs": ("jobs", "Jobs"),
     "classes": ("classes", "Classes"),
-    "alerts": ("alerts", "Alerts"),
     "images": ("images", "Image market"),
     "models": ("models", "Model market"),
     "runbook": ("runbook", "Runbook"),
     "usage": ("usage", "GPU usage"),
 }
-ADMIN_PAGES = {"incidents": ("incidents", "Incidents"), "anomalies": ("anomalies", "Anomalies")}
+# The platform's alerts and incidents: admins'. A student's pages show none of them.
+ADMIN_PAGES = {
+    "alerts": ("alerts", "Alerts"),
+    "incidents": ("incidents", "Incidents"),
+    "anomalies": ("anomalies", "Anomalies"),
+}
 
 # Text-bearing elements the check looks at: cut off (overflow hidden or an ellipsis with more
 # text than room) and overlapping (two boxes that are neither inside the other).

@@ -90,7 +90,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
     monkeypatch.setattr(metrics, "utilization_heatmap", lambda hours, per_node=False: heat())
     monkeypatch.setattr(
         alerts,
-        "active_alerts",
+        "_active_alerts",
         readings(
             [
                 AlertRow(
@@ -167,9 +167,16 @@ def test_overview(fakes: dict[str, object]) -> None:
 
 def test_a_students_overview_counts_their_own_servers_under_you(fakes: dict[str, object]) -> None:
     fakes["identity"] = Identity("alice")
-    metrics = {m.label: m.value for m in run().metric}
+    at = run()
+    metrics = {m.label: m.value for m in at.metric}
     assert metrics["Your servers running"] == "1" and metrics["Your GPU memory held"] == "4 GiB"
     assert metrics["Servers running"] == "5"  # the cluster's, counted, not only hers
+    # The platform's alerts and incidents are for admins: nothing of them on a student's pages.
+    assert "Alerts firing" not in metrics and "GpuXidError" not in texts(at)
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/alerts.py")
+    with pytest.raises(PermissionError, match="alice may not read the platform's alerts"):
+        alerts.active_alerts(Identity("alice"))
 
 
 def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, object]) -> None:

@@ -86,7 +86,7 @@ def test_pages_at_cluster_scale(
     monkeypatch.setattr(metrics, "gpu_readings", lambda: prometheus.gpu_readings(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(metrics, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(metrics, "trend", lambda expr, hours: prometheus.trend(prom, expr, hours))  # type: ignore[arg-type]
-    monkeypatch.setattr(alerts, "active_alerts", lambda: [])
+    monkeypatch.setattr(alerts, "_active_alerts", lambda: [])
     serve_line(monkeypatch, tmp_path / "ledger.sqlite", classes.group_rules, classes.groups)
     monkeypatch.setattr(classes, "_all_classes", lambda: [])
     monkeypatch.setattr(metrics, "spawn_success", lambda: prometheus.spawn_success_ratio(prom))  # type: ignore[arg-type]
