@@ -23,16 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from spawner.quotas import GroupRulesError, group_rules
+from spawner.sqlite_schema import SchemaError, migrate
 
 Rules = dict[str, Any]  # one class's rules in settings spelling, with its "name"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS class (
+# The store's schema, step by step (spawner/sqlite_schema.py): a later release adds steps.
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS class (
     name TEXT PRIMARY KEY,
     rules TEXT NOT NULL,
     seeded TEXT  -- the digest of the settings' definition it was last taken from; NULL: made live
-);
-"""
+);""",
+)
 
 
 class ClassStoreError(RuntimeError):
@@ -58,8 +60,8 @@ class ClassStore:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path).absolute()
         if self.path not in _MADE:
-            with self._write() as db:
-                db.execute(_SCHEMA)
+            with self._connect() as db:
+                migrate(db, SCHEMA, str(self.path))
             _MADE.add(self.path)
 
     @contextmanager
@@ -70,7 +72,7 @@ class ClassStore:
             raise ClassStoreError(f"the class store {self.path} cannot be opened ({exc})") from exc
         try:
             yield db
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, SchemaError) as exc:
             raise ClassStoreError(f"the class store {self.path}: {exc}") from exc
         finally:
             db.close()

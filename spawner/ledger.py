@@ -30,9 +30,12 @@ from typing import TypeVar
 
 from spawner.inventory import Allocation
 from spawner.placement import Demand
+from spawner.sqlite_schema import migrate
 from spawner.waitline import Entry, Reservation, Wait, put_first
 from spawner.words import instant
 
+# Step 1 is the schema as it stood when the stores were first versioned (spawner/sqlite_schema.py);
+# a change to the tables is a new step appended to SCHEMA_STEPS, never an edit of an old one.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS allocation (
     key TEXT NOT NULL,           -- "user/server": one row per GPU the server holds
@@ -85,6 +88,7 @@ CREATE TABLE IF NOT EXISTS reservation (
     by_ TEXT NOT NULL            -- who reserved it
 );
 """
+SCHEMA_STEPS = (SCHEMA,)
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
@@ -199,8 +203,11 @@ class Ledger:
         self.path = Path(path)
         self.timeout_s = timeout_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.executescript(SCHEMA)
+        db = self._connect()
+        try:
+            migrate(db, SCHEMA_STEPS, f"the GPU ledger {self.path}")
+        finally:
+            db.close()
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: we issue BEGIN ourselves, so the lock is taken up front.

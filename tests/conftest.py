@@ -4,6 +4,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("browser")
         if "benchmark" in item.name:
             item.add_marker("bench")
+
+
+# The fast tier (`scripts/test --fast`): pure logic only. A test that starts a process or opens
+# a network socket there fails with a message saying to mark it `process`, so the tier stays
+# fast by construction rather than by a list someone has to keep up to date.
+FAST_TIER = os.environ.get("GPUSLICE_FAST_TIER") == "1"
+_NOT_IN_THE_FAST_TIER = (
+    "the fast tier runs pure logic only, and this test {what}: mark it "
+    "`@pytest.mark.process` (or `pytestmark = pytest.mark.process` for its module)"
+)
+
+
+class _NotPureLogicError(RuntimeError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _pure_logic_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not FAST_TIER or request.node.get_closest_marker("process"):
+        return
+    import socket
+    import subprocess
+
+    def refuse(what: str) -> Any:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise _NotPureLogicError(_NOT_IN_THE_FAST_TIER.format(what=what))
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("starts a process"))
+    monkeypatch.setattr(os, "fork", refuse("forks"))
+    monkeypatch.setattr(os, "posix_spawn", refuse("starts a process"))
+    for method in ("connect", "connect_ex", "bind"):
+        original = getattr(socket.socket, method)
+
+        def guarded(sock: socket.socket, address: Any, *args: Any, _original: Any = original) -> Any:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                raise _NotPureLogicError(_NOT_IN_THE_FAST_TIER.format(what="opens a network socket"))
+            return _original(sock, address, *args)
+
+        monkeypatch.setattr(socket.socket, method, guarded)

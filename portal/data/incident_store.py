@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from portal.incidents import Alert, Incident
+from spawner.sqlite_schema import migrate
 
 MAX_TEXT = 5000  # characters in a note or summary: a few paragraphs, not a log dump
 
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS incident_notes (
     text TEXT NOT NULL
 );
 """
+SCHEMA_STEPS = (SCHEMA,)  # a change to the tables is a new step (spawner/sqlite_schema.py)
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,11 @@ class IncidentStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.executescript(SCHEMA)
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            migrate(db, SCHEMA_STEPS, f"the incident store {path}")
+        finally:
+            db.close()
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:

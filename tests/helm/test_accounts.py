@@ -14,6 +14,8 @@ from hub.accounts import GpusliceAuthenticator
 from tests.helm.test_chart import render
 from tests.hub.test_kube_config import load_kube_config
 
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
+
 EXTERNAL_DB = {"hub": {"db": {"existingSecret": "hub-db"}}, "adminUsers": ["teacher"]}
 
 

@@ -40,12 +40,14 @@ def render(*values: Path, api_versions: tuple[str, ...] = ()) -> list[dict[str, 
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_helm_lint_strict(values: tuple[Path, ...]) -> None:
     result = run_helm("lint", "--strict", str(CHART), *[a for v in values for a in ("--values", str(v))])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_every_object_is_valid_kubernetes_1_30(values: tuple[Path, ...]) -> None:
     docs = render(*values)
@@ -55,6 +57,7 @@ def test_every_object_is_valid_kubernetes_1_30(values: tuple[Path, ...]) -> None
             kubernetes_validate.validate(doc, "1.30", strict=True)
 
 
+@pytest.mark.process
 def test_unknown_values_are_refused_by_the_schema(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("hub: {replicas: 3}\ngpuSharing: {backend: magic}\n")
@@ -68,6 +71,7 @@ def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return list(doc["spec"]["template"]["spec"]["containers"])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_secure_defaults_on_every_workload(values: tuple[Path, ...]) -> None:
     workloads = [d for d in render(*values) if d["kind"] in LONG_RUNNING]
@@ -85,6 +89,7 @@ def test_secure_defaults_on_every_workload(values: tuple[Path, ...]) -> None:
             assert container["livenessProbe"] and container["readinessProbe"], container["name"]
 
 
+@pytest.mark.process
 def test_no_secret_value_in_configmaps_or_env() -> None:
     for doc in render(ALL_FEATURES):
         if doc["kind"] == "ConfigMap":
@@ -103,6 +108,7 @@ def test_no_secret_value_in_configmaps_or_env() -> None:
                         }, env
 
 
+@pytest.mark.process
 def test_the_prometheus_rule_is_the_platforms_rule_files() -> None:
     rules = [d for d in render(api_versions=("monitoring.coreos.com/v1",)) if d["kind"] == "PrometheusRule"]
     assert len(rules) == 1
@@ -113,6 +119,7 @@ def test_the_prometheus_rule_is_the_platforms_rule_files() -> None:
     assert rules[0]["spec"]["groups"] == expected
 
 
+@pytest.mark.process
 def test_operator_auto_detection_and_plain_scrape_annotations() -> None:
     plain = render()
     assert not [d for d in plain if d["kind"] in CRDS]
@@ -122,6 +129,7 @@ def test_operator_auto_detection_and_plain_scrape_annotations() -> None:
     assert {d["kind"] for d in with_operator} >= CRDS
 
 
+@pytest.mark.process
 def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
     values = tmp_path / "dcgm.yaml"
     values.write_text("exporter: {dcgmExporterPresent: true}\n")
@@ -132,6 +140,7 @@ def test_exporter_is_off_where_dcgm_exporter_runs(tmp_path: Path) -> None:
     assert with_attribution["spec"]["template"]["spec"]["hostPID"] is True
 
 
+@pytest.mark.process
 def test_the_exporter_listens_on_the_pod_ip_and_names_its_node() -> None:
     # Read with gpuslice's own argument parser: its default address is 127.0.0.1, which no
     # Prometheus, readiness probe or Service outside the container reaches.
@@ -151,6 +160,7 @@ def test_the_exporter_listens_on_the_pod_ip_and_names_its_node() -> None:
     assert node in container["env"]
 
 
+@pytest.mark.process
 def test_rbac_is_minimal() -> None:
     docs = render()
     role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-hub")
@@ -225,6 +235,7 @@ def restricted_violations(doc: dict[str, Any]) -> list[str]:
     return found
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("values", [(), (ALL_FEATURES,)], ids=["defaults", "all-features"])
 def test_every_component_meets_the_restricted_pod_security_profile(values: tuple[Path, ...]) -> None:
     for doc in render(*values):
@@ -234,6 +245,7 @@ def test_every_component_meets_the_restricted_pod_security_profile(values: tuple
             assert unexplained == [], (name, unexplained)
 
 
+@pytest.mark.process
 def test_the_restricted_check_catches_a_privileged_pod() -> None:
     hub = next(d for d in render() if d["kind"] == "Deployment" and d["metadata"]["name"] == "gs-gpuslice-hub")
     hub["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = True
@@ -242,6 +254,7 @@ def test_the_restricted_check_catches_a_privileged_pod() -> None:
     assert "hub: privileged" in violations and any(v.startswith("volume root") for v in violations)
 
 
+@pytest.mark.process
 def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar(tmp_path: Path) -> None:
     dashboards = [d for d in render() if d["metadata"]["name"].endswith("-grafana-dashboard")]
     assert len(dashboards) == 1 and dashboards[0]["kind"] == "ConfigMap"
@@ -260,6 +273,7 @@ def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar(tmp_path: Path) ->
     }
 
 
+@pytest.mark.process
 def test_the_portal_has_a_writable_volume_of_its_own_for_the_incident_store(tmp_path: Path) -> None:
     from spawner import environ  # the variable the portal reads the data folder from
 

@@ -9,6 +9,8 @@ import yaml
 from hub.kube_values import KubeValuesError, load_kube_values
 from tests.helm.test_chart import ALL_FEATURES, render
 
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
+
 CLASSES = {
     "groups": {"ml101": {"members": ["alice", "bob"], "maxSlice": "4GiB", "budget": "16GiB", "profiles": ["t4"]}},
     "adminUsers": ["teacher"],

@@ -13,6 +13,8 @@ from hub.kube_values import ONCALL_SECRET_DIR
 from tests.helm.test_chart import render, run_helm
 from tests.helm.test_kube_values import ONCALL, rendered_values
 
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
+
 # What a Slack or PagerDuty URL looks like: the path is the credential.
 SECRET = {
     "alice": "https://hooks.slack.example/services/T000/B000/alice-token-1a2b3c",

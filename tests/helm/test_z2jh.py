@@ -43,6 +43,7 @@ def pod_labels(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, st
     return dict(find(docs, kind, name)["spec"]["template"]["metadata"]["labels"])
 
 
+@pytest.mark.process
 def test_the_overlay_renders_on_z2jh_with_its_schema_on(tmp_path: Path) -> None:
     docs = render_z2jh()
     hub = hub_deployment(docs)
@@ -57,6 +58,7 @@ def test_the_overlay_renders_on_z2jh_with_its_schema_on(tmp_path: Path) -> None:
     assert result.returncode != 0 and "cloudMetaData" in result.stderr, result.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("extra", "scheduler"), [((), "default-scheduler"), ((HAMI,), "hami-scheduler")])
 def test_gpu_pods_name_a_scheduler_with_the_extender_not_the_user_scheduler(
     extra: tuple[Path, ...], scheduler: str
@@ -73,6 +75,7 @@ def test_gpu_pods_name_a_scheduler_with_the_extender_not_the_user_scheduler(
     assert scheduler not in {p["schedulerName"] for p in config["profiles"]}
 
 
+@pytest.mark.process
 def test_with_hami_the_privileged_metadata_blocker_is_off() -> None:
     assert hub_values(render_z2jh())["singleuser"]["cloudMetadata"]["blockWithIptables"] is True  # z2jh's default
     hami = hub_values(render_z2jh(HAMI))
@@ -85,6 +88,7 @@ def test_with_hami_the_privileged_metadata_blocker_is_off() -> None:
 NAMINGS = [("jhub", '""'), ("jhub", "null"), ("my-jupyterhub", "null"), ("jhub", '"lab"')]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("release", "override"), NAMINGS, ids=[f"{r}-{o}" for r, o in NAMINGS])
 def test_the_companion_is_wired_to_the_z2jh_release(release: str, override: str) -> None:
     z2jh = render_z2jh(release=release, sets=(f"fullnameOverride={override}",))
@@ -128,12 +132,14 @@ def test_the_companion_is_wired_to_the_z2jh_release(release: str, override: str)
     assert not rbac_allows(both, account, "create", "pods", "elsewhere")
 
 
+@pytest.mark.process
 def test_the_overlay_names_the_companions_portal_service() -> None:
     url = urlparse(yaml.safe_load(OVERLAY.read_text())["hub"]["services"]["portal"]["url"])
     portal = find(render_companion(), "Service", "gpuslice-portal")
     assert url.hostname == portal["metadata"]["name"] and url.port == portal["spec"]["ports"][0]["port"]
 
 
+@pytest.mark.process
 def test_the_companion_is_valid_kubernetes_and_lints(tmp_path: Path) -> None:
     for doc in render_companion():
         kubernetes_validate.validate(doc, "1.30", strict=True)

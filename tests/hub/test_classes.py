@@ -193,6 +193,7 @@ def test_a_new_class_leaves_the_comment_before_the_next_key_where_it_was(tmp_pat
     assert "cv202" not in text and text.index("ml101") < text.index("# where alerts go") < text.index("monitoring:")
 
 
+@pytest.mark.process  # asks a port where no hub listens
 def test_without_a_running_hub_the_class_waits_in_the_file_for_the_next_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -55,6 +55,7 @@ def test_up_refuses_bad_settings_before_starting_anything(tmp_path: Path, capsys
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_the_installed_command_replays_the_real_trace(tmp_path: Path) -> None:
     """The console script, end to end, on the real node list and a slice of a real pod list."""
@@ -101,6 +102,7 @@ def test_bench_without_the_bench_extra_says_how_to_install_it(monkeypatch: pytes
     assert f"{missing} is missing" in str(stop.value) and "pip install -e '.[bench]'" in str(stop.value)
 
 
+@pytest.mark.process
 def test_usage_report_says_which_prometheus_did_not_answer(capsys: pytest.CaptureFixture[str]) -> None:
     from tests.e2e.platform import free_port
 

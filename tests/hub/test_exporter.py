@@ -370,6 +370,7 @@ def test_docs_list_every_dcgm_field_served() -> None:
     assert listed == {f.name for f in DCGM_FIELDS}
 
 
+@pytest.mark.process
 def test_with_a_password_file_the_exporter_asks_for_it(tmp_path: Path) -> None:
     """Its per-process series say whose process uses which GPU: on one machine, students may not read them."""
     import subprocess

@@ -54,6 +54,7 @@ def settings_for(port: int) -> NoticeMail:
     return notice_mail
 
 
+@pytest.mark.process
 def test_each_idle_holder_gets_their_notice_by_mail(relay: tuple[Inbox, int]) -> None:
     inbox, port = relay
     notices = {"bob": "Hello bob,\n\nyou held 5.0 GPU-hours idle.\n", "ann": "Hello ann,\n\n2.5 idle.\n"}
@@ -66,6 +67,7 @@ def test_each_idle_holder_gets_their_notice_by_mail(relay: tuple[Inbox, int]) ->
     assert message.get_payload(decode=True).decode().replace("\r\n", "\n") == notices["bob"]  # SMTP sends CRLF
 
 
+@pytest.mark.process
 def test_a_refused_address_is_named_and_the_count_sent_said(relay: tuple[Inbox, int]) -> None:
     inbox, port = relay
     relay_settings = settings_for(port).model_copy(update={"address": "refused@example.org"})
@@ -82,6 +84,7 @@ def test_bad_notice_mail_settings_are_refused_naming_the_key() -> None:
         from_mapping({"notice_mail": {"smtp_smarthost": "m:25", "smtp_from": "a@b", "address": "all@x.org"}}, "test")
 
 
+@pytest.mark.process
 def test_send_without_notice_mail_stops_before_asking_prometheus(tmp_path: Path) -> None:
     config = tmp_path / "gpuslice.yaml"
     config.write_text("data_dir: data\n")
@@ -151,6 +154,7 @@ def login_settings(port: int, cert: Path | None, password_file: Path) -> NoticeM
     return notice_mail
 
 
+@pytest.mark.process
 def test_notices_go_over_starttls_with_a_login_read_from_a_file(
     tls_relay: tuple[Inbox, Accounts, int, Path], tmp_path: Path
 ) -> None:
@@ -166,6 +170,7 @@ def test_notices_go_over_starttls_with_a_login_read_from_a_file(
     assert accounts.logins == ["gpuslice"]
 
 
+@pytest.mark.process
 def test_without_starttls_and_login_the_relay_takes_nothing(tls_relay: tuple[Inbox, Accounts, int, Path]) -> None:
     inbox, _, port, _ = tls_relay
     with smtplib.SMTP("127.0.0.1", port, timeout=10) as smtp, pytest.raises(RuntimeError, match="refused the notice"):
@@ -183,6 +188,7 @@ def test_without_starttls_and_login_the_relay_takes_nothing(tls_relay: tuple[Inb
     ],
     ids=["wrong-password", "no-file", "empty-file", "untrusted-certificate"],
 )
+@pytest.mark.process
 def test_a_failed_login_or_certificate_says_what_to_fix_and_sends_nothing(
     tls_relay: tuple[Inbox, Accounts, int, Path], tmp_path: Path, password: str | None, trusted: bool, told: str
 ) -> None:

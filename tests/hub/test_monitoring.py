@@ -22,11 +22,13 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, cwd=HERE / "monitoring", timeout=120)
 
 
+@pytest.mark.process
 def test_rule_files_pass_promtool_check() -> None:
     result = run(tool("promtool"), "check", "rules", *map(str, RULE_FILES))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_every_alert_has_a_unit_test_that_passes() -> None:
     result = run(tool("promtool"), "test", "rules", "alerts_test.yml")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -55,6 +57,7 @@ def test_every_alert_has_severity_for_and_a_runbook_section() -> None:
             assert anchor in sections, f"docs/runbook.md has no section for {rule['alert']} (#{anchor})"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("node_exporter", [True, False])
 def test_generated_prometheus_config_passes_promtool(tmp_path: Path, node_exporter: bool) -> None:
     token = tmp_path / "token"
@@ -69,6 +72,7 @@ def test_generated_prometheus_config_passes_promtool(tmp_path: Path, node_export
     assert "secret" not in path.read_text()  # the token stays in its own file
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("webhook", ["http://127.0.0.1:9999/alerts", None])
 def test_generated_alertmanager_config_passes_amtool(tmp_path: Path, webhook: str | None) -> None:
     path = tmp_path / "alertmanager.yml"

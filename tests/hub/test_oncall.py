@@ -147,6 +147,7 @@ def test_critical_pages_the_first_line_at_once_then_escalates_warnings_wait_for_
     assert config["global"] == {"smtp_smarthost": "mail:25", "smtp_from": "alerts@example.org"}
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not shutil.which("amtool"), reason="amtool is missing: apt-get install prometheus-alertmanager")
 @pytest.mark.parametrize("webhook", [None, "http://127.0.0.1:9/all"])
 def test_the_oncall_config_passes_amtool(tmp_path: Path, webhook: str | None) -> None:

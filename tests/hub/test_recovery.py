@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hub.recovery import alive, reconcile, running_servers
 from spawner.ledger import Held, Ledger
 
@@ -33,6 +35,7 @@ def test_running_servers_reads_the_hub_database(tmp_path: Path) -> None:
     assert running_servers(tmp_path / "missing.sqlite") == {}
 
 
+@pytest.mark.process
 def test_reconcile_keeps_live_recorded_servers_and_stops_orphans(tmp_path: Path) -> None:
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)

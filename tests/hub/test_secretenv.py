@@ -18,6 +18,7 @@ from spawner import secretenv
 _SERVICE = "tests.hub.secret_service"
 
 
+@pytest.mark.process
 def test_a_service_run_by_with_hub_has_its_token_but_not_in_its_environ(tmp_path: Path) -> None:
     env = {**os.environ, "JUPYTERHUB_API_TOKEN": "hub-token-sekrit", "JPY_API_TOKEN": "hub-token-sekrit"}
     service = subprocess.Popen(

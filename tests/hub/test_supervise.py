@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hub.supervise import Child, Supervisor, command_of, restart_delay, stop_leftover
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
@@ -24,6 +26,7 @@ def test_the_delay_doubles_with_quick_failures_and_is_capped() -> None:
     assert [restart_delay(n) for n in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
 
 
+@pytest.mark.process
 def test_a_killed_child_is_started_again_and_its_pid_file_follows(tmp_path: Path) -> None:
     said: list[str] = []
     supervisor = Supervisor([Child("prometheus", SLEEPER, tmp_path, dict(os.environ))], say=said.append)
@@ -45,6 +48,7 @@ def test_a_killed_child_is_started_again_and_its_pid_file_follows(tmp_path: Path
     assert not child.pid_file.exists()
 
 
+@pytest.mark.process
 def test_a_crash_loop_backs_off_instead_of_spinning(tmp_path: Path) -> None:
     now = [0.0]
     said: list[str] = []
@@ -61,6 +65,7 @@ def test_a_crash_loop_backs_off_instead_of_spinning(tmp_path: Path) -> None:
     assert "in 16 s" in said[-1]
 
 
+@pytest.mark.process
 def test_no_restart_while_the_platform_stops(tmp_path: Path) -> None:
     supervisor = Supervisor([Child("exporter", SLEEPER, tmp_path, dict(os.environ))], say=lambda _: None)
     supervisor.start_all()
@@ -70,6 +75,7 @@ def test_no_restart_while_the_platform_stops(tmp_path: Path) -> None:
     assert supervisor.children[0].restarts == 0
 
 
+@pytest.mark.process
 def test_a_leftover_of_a_killed_platform_is_stopped_but_a_stranger_is_not(tmp_path: Path) -> None:
     child = Child("prometheus", SLEEPER, tmp_path, dict(os.environ))
     leftover = subprocess.Popen(SLEEPER)

@@ -129,6 +129,7 @@ def openmetrics(start: int) -> str:
     return "\n".join([*lines, "# EOF", ""])
 
 
+@pytest.mark.process
 @needs_prometheus
 def test_the_report_queries_give_the_same_hours_from_the_real_prometheus(tmp_path: Path) -> None:
     start = int(time.time()) // 60 * 60 - 3 * 3600

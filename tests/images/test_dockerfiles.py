@@ -21,6 +21,7 @@ def hadolint() -> str:
     return found
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_hadolint_finds_nothing(dockerfile: Path) -> None:
     result = subprocess.run(
@@ -31,6 +32,7 @@ def test_hadolint_finds_nothing(dockerfile: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_hadolint_does_fail_on_a_bad_dockerfile(tmp_path: Path) -> None:
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu:latest\nRUN cd /tmp && apt-get install curl\n")
@@ -85,6 +87,7 @@ def test_platform_images_copy_every_package_they_import(name: str) -> None:
     assert {"spawner", "market", "hub", "portal"} <= copied(IMAGES / name / "Dockerfile")
 
 
+@pytest.mark.process
 def test_the_hub_image_works_in_zero_to_jupyterhubs_database_volume() -> None:
     from tests.kube.z2jh import hub_deployment, render_z2jh
 

@@ -3,6 +3,10 @@
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
+
 
 def test_importing_the_charts_imports_pandas_in_full_before_any_figure() -> None:
     # Plotly reads sys.modules["pandas"] without importing it: if another session's thread is

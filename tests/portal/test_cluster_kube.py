@@ -44,6 +44,7 @@ def notebook(user: str, gib: int, group: str) -> dict[str, object]:
     }
 
 
+@pytest.mark.process
 def test_inventory_holds_and_why_pods_wait(api: str) -> None:
     for body in (notebook("ann", 4, "ml101"), notebook("bob", 40, "ml101")):
         assert requests.post(f"{api}/api/v1/namespaces/jupyter/pods", json=body, timeout=10).status_code == 201

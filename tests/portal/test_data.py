@@ -274,6 +274,7 @@ def within(seconds: float, call: Callable[[], object]) -> object:
         pool.shutdown(wait=False)
 
 
+@pytest.mark.process
 def test_a_hung_prometheus_times_out_instead_of_hanging_the_page(hung_server: str) -> None:
     client = prometheus.connect(hung_server, timeout_s=1)
     for query in (lambda: prometheus.summary(client), lambda: prometheus.trend(client, "up", 1)):
@@ -281,17 +282,20 @@ def test_a_hung_prometheus_times_out_instead_of_hanging_the_page(hung_server: st
             within(10, query)
 
 
+@pytest.mark.process
 def test_a_hung_alertmanager_times_out(hung_server: str) -> None:
     with pytest.raises(prometheus.MetricsUnavailableError, match=r"Alertmanager did not answer \(timed out\)"):
         within(10, lambda: Alertmanager(hung_server, timeout_s=1).rows())
 
 
+@pytest.mark.process
 def test_a_hung_hub_is_reported_as_unavailable(hung_server: str) -> None:
     client = hub.HubClient(f"{hung_server}/hub/api", "token", timeout_s=1)
     with pytest.raises(errors.SourceUnavailableError, match=r"JupyterHub did not answer \(timed out\)"):
         within(10, lambda: hub.every_user(client))
 
 
+@pytest.mark.process
 def test_a_hub_that_is_gone_or_behind_a_failing_proxy_is_unavailable(hung_server: str) -> None:
     class Gateway(requests.Session):
         def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:

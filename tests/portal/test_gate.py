@@ -15,6 +15,8 @@ from portal.gate import Upstream
 from portal.gate import make_app as gate_app
 from tests.e2e.platform import free_port
 
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
+
 
 def listening(port: int) -> bool:
     with socket.socket() as s:

@@ -312,6 +312,7 @@ def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not at.title  # nothing else rendered
 
 
+@pytest.mark.process
 def test_on_kubernetes_the_pages_read_the_charts_settings_and_the_hubs_classes(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -388,6 +389,7 @@ def _ledger_with_a_waiter(path: Path, user: str, group: str) -> Ledger:
     return ledger
 
 
+@pytest.mark.process
 def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -421,6 +423,7 @@ def test_the_overview_shows_wait_percentiles_per_class_and_day_in_the_viewers_sc
     assert "Nobody waited in line in these days." in texts(run())
 
 
+@pytest.mark.process
 def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -12,9 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from spawner.ledger import Ledger
 from spawner.lifecycle import LedgerGpuMixin
 from spawner.ports import free_port
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
 SERVES_API = "import http.server as h; h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
 

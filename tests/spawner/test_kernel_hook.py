@@ -15,6 +15,8 @@ SCRIPT = """
 import json, os, sys
 import gpuslice_limits
 import torch, tensorflow, cupy
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 torch.cuda.init()
 print(json.dumps({
     "torch": torch.calls, "tensorflow": tensorflow.calls, "cupy": cupy.calls,

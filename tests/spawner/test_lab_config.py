@@ -9,9 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import requests
 
 from spawner.lifecycle import LAB_DIR
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
 TOKEN = "test-token-for-a-local-server"
 # What an open, visible JupyterLab asks its server for every few seconds.

@@ -95,6 +95,7 @@ ledger.allocate(key, decide)
 """
 
 
+@pytest.mark.process
 def test_separate_processes_never_overcommit(tmp_path: Path) -> None:
     path, go = str(tmp_path / "ledger.sqlite"), tmp_path / "go"
     Ledger(path)

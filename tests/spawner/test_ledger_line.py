@@ -111,6 +111,7 @@ ledger.take_turn("half/", stuck)
 """
 
 
+@pytest.mark.process
 def test_the_line_survives_a_kill_9_in_the_middle_of_a_turn(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     ledger = Ledger(path)
@@ -143,6 +144,7 @@ ledger.take_turn(f"p{i}/", turn_for(f"p{i}/", 5))
 """
 
 
+@pytest.mark.process
 def test_concurrent_arrivals_never_over_commit_and_all_are_served(tmp_path: Path) -> None:
     path, go = str(tmp_path / "ledger.sqlite"), tmp_path / "go"
     ledger = Ledger(path)

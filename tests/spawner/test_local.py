@@ -12,6 +12,7 @@ def test_isolation_must_be_known() -> None:
         LocalGpuSpawner(isolation="docker")
 
 
+@pytest.mark.process
 def test_unix_users_needs_root_and_creates_the_account() -> None:
     if os.geteuid() != 0:
         with pytest.raises(Exception, match="needs gpuslice to run as root"):

@@ -28,6 +28,7 @@ def test_links_replace_old_links_and_keep_the_users_files(tmp_path: Path, model:
     assert (models_dir / "langid-97" / "weights.bin").read_bytes() == b"weights"
 
 
+@pytest.mark.process
 def test_the_bind_mount_is_read_only_even_for_root(tmp_path: Path, model: Path) -> None:
     assert os.geteuid() == 0, "this test checks the root path (a mount namespace); run the suite as root, as CI does"
     models_dir = tmp_path / "home" / "models"

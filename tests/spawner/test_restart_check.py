@@ -9,9 +9,13 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from spawner.ledger import Ledger
 from spawner.local import LocalGpuSpawner
 from tests.e2e.platform import free_port
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
 
 class LoadedSpawner(LocalGpuSpawner):
