@@ -209,8 +209,8 @@ def wait_rows(stats: list[WaitStats]) -> list[dict[str, object]]:
             "waits": s.waits,
             "placed": s.placed,
             "left without a GPU": s.waits - s.placed,
-            "p50 wait": duration_text(s.p50_s),
-            "p95 wait": duration_text(s.p95_s),
+            "typical wait": duration_text(s.p50_s),
+            "19 in 20 waited at most": duration_text(s.p95_s),
             "longest": duration_text(s.longest_s),
         }
         for s in stats
@@ -226,8 +226,8 @@ def wait_scope_text(manager: Manager, days: int) -> str:
     else:
         whose = "your own requests only"
     return (
-        f"Time in the GPU line from joining it to being placed or leaving it, per day (UTC) and class, the last"
-        f" {days} days: {whose}. p50/p95: half / 95% of the waits were this long or shorter."
+        f"How long requests waited in the GPU line, from joining it to getting a GPU or leaving, per day (UTC)"
+        f" and class, over the last {days} days: {whose}. Typical: half of the waits were shorter."
     )
 
 

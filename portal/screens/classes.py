@@ -14,7 +14,10 @@ groups = classes.visible_groups(identity)
 _, holds = servers.inventory(identity)
 rows = views.class_rows(groups, rules, holds, servers.servers(identity), idle_after_s=1800, now_ts=time.time())
 if not rows:
-    st.info("No classes yet: `gpuslice class add NAME roster.csv` adds one.")
+    if identity.admin:
+        st.info("No classes yet: add one on the Teaching page, or with `gpuslice class add NAME roster.csv`.")
+    else:
+        st.info("You are in no class.")
 for row in rows:
     with st.container(border=True):
         st.subheader(row.name)

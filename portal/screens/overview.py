@@ -68,9 +68,11 @@ try:
         left.plotly_chart(charts.trend(series, "GiB", "Cluster GPU memory (GiB)"), width="stretch")
         right.plotly_chart(charts.trend(utilization, "%", "Cluster mean GPU utilization (%)"), width="stretch")
     else:
-        st.caption("No history yet: the trends appear after a few scrapes.")
+        st.caption("No history yet: the charts fill in after a few minutes.")
 except MetricsUnavailableError as exc:
-    st.warning(f"Metrics are unavailable right now: {exc}. Allocations and servers above are current.")
+    # Why, for those who can fix it; for everyone else, what it means for them.
+    why = f": {exc}" if identity.admin else ""
+    st.warning(f"GPU readings are not available right now{why}. Your servers and slices above are current.")
 
 st.subheader("Waiting for a GPU", divider="gray")
 st.caption(views.wait_scope_text(line.line_manager(identity), line.WAIT_DAYS))

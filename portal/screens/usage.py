@@ -18,7 +18,7 @@ weeks = st.selectbox("Weeks", [1, 2, 4, 8], index=2)
 try:
     rows = metrics.usage_rows(identity, weeks)
 except MetricsUnavailableError as exc:
-    st.warning(f"Prometheus is unavailable: {exc}.")
+    st.warning(f"Usage is not available right now{f': {exc}' if identity.admin else ''}.")
     st.stop()
 if not rows:
     st.info("No GPU slices were held in these weeks.")
