@@ -248,16 +248,20 @@ class ClassesHandler(APIHandler):  # type: ignore[misc]
         self.db.commit()
 
 
-def add_live_classes(
-    c: Any, spawner: str, classes_path: Path, data_dir: Path, declared: Sequence[Rules]
-) -> tuple[Rules, ...]:
+def seed_classes(classes_path: Path, declared: Sequence[Rules]) -> tuple[Rules, ...]:
+    """The class store at the hub's start, with the ``declared`` classes (settings or chart) taken in."""
+    store = ClassStore(classes_path)
+    store.seed(declared)
+    return store.classes()
+
+
+def add_live_classes(c: Any, spawner: str, classes_path: Path, data_dir: Path) -> None:
     """Classes that change in the running hub, on JupyterHub's config ``c`` for ``spawner`` (its class name):
-    the store (seeded with the ``declared`` classes of the settings or the chart), its API and the CLI's service.
-    Returns the classes as the hub starts with them.
+    the store its spawners read, its API, the CLI's service, and the hub's groups as the store has them.
+    Adds to what ``c`` has (call it after the config's own lists are set); ``seed_classes`` first.
     """
     from hub.accounts import service_token
 
-    ClassStore(classes_path).seed(declared)
     getattr(c, spawner).gpu_classes_path = str(classes_path)
     c.JupyterHub.tornado_settings = {
         **dict(c.JupyterHub.get("tornado_settings", None) or {}),
@@ -280,7 +284,6 @@ def add_live_classes(
         named = groups.setdefault(rules["name"], [])
         named += [m for m in members_of(rules) if m not in named]
     c.JupyterHub.load_groups = {name: {"users": users} for name, users in groups.items()}
-    return ClassStore(classes_path).classes()
 
 
 CLASSES_HANDLERS = [(r"/api/gpuslice/classes", ClassesHandler)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hub import metrics, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
-from hub.classes_api import add_live_classes
+from hub.classes_api import add_live_classes, seed_classes
 from hub.line_api import LINE_HANDLERS
 from hub.settings import load
 from spawner import environ
@@ -49,9 +49,9 @@ c.Authenticator.admin_users = set(settings.admin_users)
 # restart (hub/classes_api.py); its members at start are known names too. A member added later
 # becomes a hub user with an invite code at once, so they may join and log in.
 c.JupyterHub.load_groups = {g["name"]: {"users": list(g["members"])} for g in settings.groups}
-live = add_live_classes(c, "LocalGpuSpawner", data_dir / "classes.sqlite", data_dir, settings.groups)
-members = {m for group in c.JupyterHub.load_groups.values() for m in group["users"]}
-members |= {t for rules in live for t in rules.get("teachers") or ()}
+classes_path = data_dir / "classes.sqlite"
+live = seed_classes(classes_path, settings.groups)
+members = {m for rules in live for m in [*(rules.get("members") or ()), *(rules.get("teachers") or ())]}
 c.GpusliceAuthenticator.known_names = known_names(settings) | members
 if settings.open_signup:
     c.Authenticator.allow_all = True
@@ -169,3 +169,6 @@ _machine = machine(settings.simulate)
 metrics.register_allocations(
     metrics.AllocationCollector("localhost", lambda: _machine.gpus, lambda: Ledger(ledger_path).holdings())
 )
+
+# Last: its handler, service and role are added to the lists set above (hub/classes_api.py).
+add_live_classes(c, "LocalGpuSpawner", classes_path, data_dir)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import roles
-from hub.classes_api import add_live_classes
+from hub.classes_api import add_live_classes, seed_classes
 from hub.line_api import LINE_HANDLERS
 from spawner.waitline import warning_lead
 
@@ -63,7 +63,8 @@ def add_gpu_line(
     """
     volume = Path(ledger_path).parent
     declared = classes if classes is not None else list(c.KubeGpuSpawner.get("gpu_groups", None) or [])
-    add_live_classes(c, "KubeGpuSpawner", volume / "gpuslice-classes.sqlite", volume, declared)
+    seed_classes(volume / "gpuslice-classes.sqlite", declared)
+    add_live_classes(c, "KubeGpuSpawner", volume / "gpuslice-classes.sqlite", volume)
     c.KubeGpuSpawner.gpu_ledger_path = ledger_path
     c.KubeGpuSpawner.gpu_idle_timeout = idle_timeout_s
     # Activity is what each server reports, not the proxy's traffic: an open JupyterLab page polls
