@@ -274,7 +274,7 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
         print(f"placed student left the Queue {left_at - placed_at:.2f} s after being placed")
         (FLOW / "queue-lag.txt").write_text(f"{left_at - placed_at:.2f} s\n")
         assert left_at - placed_at < 1.0
-        assert [u for u in waiting if u != placed][0] in queue.inner_text()  # the other still waits, shown
+        assert next(u for u in waiting if u != placed) in queue.inner_text()  # the other still waits, shown
         pages[placed].wait_for_url(f"**/user/{placed}/lab**", timeout=180_000)  # nobody pressed anything
 
         # Why a server stopped, on its owner's home page.
