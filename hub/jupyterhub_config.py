@@ -12,7 +12,7 @@ from pathlib import Path
 from hub import metrics, roles, userenv
 from hub.accounts import known_names, passwords_path, service_token
 from hub.classes_api import add_live_classes, seed_classes
-from hub.line_api import LINE_HANDLERS
+from hub.line_api import LINE_HANDLERS, show_the_line_soon
 from hub.settings import load
 from spawner import environ
 from spawner.gpus import machine
@@ -65,6 +65,7 @@ c.JupyterHub.template_paths.prepend([str(Path(__file__).parent / "templates")])
 # page, not a service: it is read with the hub's login cookie, from the same origin as JupyterLab),
 # and the line's API, from which the portal's Queue takes each waiting spawn's estimated start.
 c.JupyterHub.extra_handlers = list(LINE_HANDLERS)
+show_the_line_soon(c)  # Start that waits in line shows its place within 2 s
 c.JupyterHub.spawner_class = "spawner.local.LocalGpuSpawner"
 c.LocalGpuSpawner.gpu_simulate = settings.simulate
 c.LocalGpuSpawner.gpu_ledger_path = str(ledger_path)

@@ -25,7 +25,7 @@ from typing import Any
 
 from hub import roles
 from hub.classes_api import add_live_classes, seed_classes
-from hub.line_api import LINE_HANDLERS
+from hub.line_api import LINE_HANDLERS, show_the_line_soon
 from spawner.waitline import warning_lead
 
 TEMPLATES = Path(roles.__file__).parent / "templates"  # found from the package: kube_config.py is copied out of it
@@ -72,6 +72,7 @@ def add_gpu_line(
     c.JupyterHub.last_activity_interval = 0
     c.JupyterHub.template_paths = [str(TEMPLATES), *_listed(c.JupyterHub, "template_paths")]
     c.JupyterHub.extra_handlers = [*_listed(c.JupyterHub, "extra_handlers"), *LINE_HANDLERS]
+    show_the_line_soon(c)
     c.JupyterHub.services = [
         *_listed(c.JupyterHub, "services"),
         reclaimer_service(ledger_path, namespace, idle_timeout_s),

@@ -210,6 +210,20 @@ async def _act(action: Action, spawner: WaitingLineMixin, path: Path, manager: M
     return {"id": made}
 
 
+# How long the spawn form's Start waits for the spawn before showing the spawn page (JupyterHub's
+# slow_spawn_timeout, 10 s by default): a refusal comes back within it, to the form with its words;
+# a start that waits in line shows its place after it, not after ten seconds of a blank page.
+SLOW_SPAWN_TIMEOUT_S = 2
+
+
+def show_the_line_soon(c: Any) -> None:
+    """JupyterHub's config ``c``: the spawn page (the place in line) within SLOW_SPAWN_TIMEOUT_S of Start."""
+    c.JupyterHub.tornado_settings = {
+        **dict(c.JupyterHub.get("tornado_settings", None) or {}),
+        "slow_spawn_timeout": SLOW_SPAWN_TIMEOUT_S,
+    }
+
+
 # The hub pages of the GPU line, on both backends (hub/jupyterhub_config.py, hub/kube_line.py):
 # the reclaim warnings for JupyterLab and the home page, and the line for the portal's Queue.
 LINE_HANDLERS = [(r"/gpuslice/notice", NoticeHandler), (r"/api/gpuslice/line", LineHandler)]
