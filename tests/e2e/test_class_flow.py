@@ -199,11 +199,15 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
         for user in waiting:  # their place and expected start on the first page, no button pressed first
             place = pages[user].locator("#gpuslice-place")
             place.wait_for(timeout=60_000)
-            pages[user].wait_for_function(
-                "() => /Expected start: \\d\\d:\\d\\d \\(in \\d+ minutes?\\)/.test("
-                "document.getElementById('gpuslice-place').textContent)",
-                timeout=60_000,
-            )
+            try:  # the reader's clock ("09:41", "09:41 AM" in an American browser) and how far off
+                pages[user].wait_for_function(
+                    "() => /Expected start: \\d\\d:\\d\\d( [AP]M)? \\(in \\d+ minutes?\\)/.test("
+                    "document.getElementById('gpuslice-place').textContent)",
+                    timeout=60_000,
+                )
+            except Exception:
+                pages[user].screenshot(path=str(FLOW / f"debug-waiting-{user}.png"), full_page=True)
+                raise AssertionError(f"{user}'s place: {place.inner_text()!r}") from None
             text = place.inner_text()
             assert "in line" in text and "Your class ml101 is using its whole GPU budget" in text, text
             assert "T" not in text.split("Expected start:")[1][:6]  # an instant in the reader's clock, not ISO
