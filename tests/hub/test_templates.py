@@ -86,3 +86,9 @@ def test_the_home_page_shows_the_wait_or_why_the_server_stopped() -> None:
     )
     page = render("home.html", user=_user(stopped), default_server=SimpleNamespace(active=False), url="/hub/spawn")
     assert "Your server stopped at" in page and "Stopped by the GPU line&#39;s reclaimer: idle." in page
+
+
+def test_the_login_page_shows_a_new_student_the_way_in_with_their_invite_code() -> None:
+    page = render("login.html", authenticator=Anything(), login_url="/hub/login", login_error="", username="")
+    assert "New in a class? Choose your password with the invite code" in page
+    assert '<a href="/hub/join">join your class</a>' in page
