@@ -309,7 +309,8 @@ class WaitingLineMixin(GpuShareMixin):
         eta = self.gpu_estimated_start(time.time())
         words = f"{LINE_WORDS} {request.describe()}. {place_words(position)}"
         if eta is not None:
-            words += f" Expected start: {instant(eta)} at the latest."
+            # The servers before it end then if left idle: sooner if someone stops, later if they keep working.
+            words += f" Expected start: {instant(eta)}, sooner if someone stops their server."
         else:
             words += " No start time can be told yet: it depends on when others stop their servers."
         if view and view.budget_group:
