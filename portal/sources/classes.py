@@ -24,7 +24,8 @@ GROUPS_S = 5.0  # the hub's groups (a chart's classes keep their members there)
 
 @st.cache_resource
 def _classes_source() -> Snapshot[list[ClassInfo]]:
-    return Snapshot(lambda: hub.classes(clients.hub_client()), CLASSES_S)
+    client = clients.hub_client()  # here, in the page's thread: the snapshot's own thread calls no Streamlit
+    return Snapshot(lambda: hub.classes(client), CLASSES_S)
 
 
 def _all_classes() -> list[ClassInfo]:
@@ -38,7 +39,8 @@ def group_rules() -> tuple[dict[str, Any], ...]:
 
 @st.cache_resource
 def _groups_source() -> Snapshot[dict[str, list[str]]]:
-    return Snapshot(lambda: hub.groups(clients.hub_client()), GROUPS_S)
+    client = clients.hub_client()
+    return Snapshot(lambda: hub.groups(client), GROUPS_S)
 
 
 def _hub_groups() -> dict[str, list[str]]:
@@ -78,8 +80,10 @@ def teaches(identity: Identity) -> bool:
     return identity.admin or any(identity.name in c.teachers for c in _all_classes())
 
 
+@st.cache_data(ttl=2.0, show_spinner=False)
 def taught(identity: Identity) -> list[ClassInfo]:
-    """The classes the reader may manage, as the hub tells them with the reader's own token."""
+    """The classes the reader may manage, as the hub tells them with the reader's own token (a page's
+    reruns within two seconds ask once)."""
     return hub.classes(clients.acting_client(identity))
 
 
@@ -87,6 +91,7 @@ def _act(identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
     try:
         return hub.class_action(clients.acting_client(identity), body)
     finally:
+        taught.clear()
         _classes_source().refresh()
         _groups_source().refresh()
 

@@ -28,7 +28,8 @@ WAIT_DAYS = line_admin.WAIT_DAYS  # how many days of wait times the Overview sho
 @st.cache_resource
 def _line_source() -> Snapshot[hub.LineState]:
     """Everyone's places and the reservations, as the hub has them (no wait times: those are read per reader)."""
-    return Snapshot(lambda: hub.line_state(clients.hub_client(), since=time.time()), LIVE_S)
+    client = clients.hub_client()  # here, in the page's thread: the snapshot's own thread calls no Streamlit
+    return Snapshot(lambda: hub.line_state(client, since=time.time()), LIVE_S)
 
 
 def _snapshot() -> hub.LineState:

@@ -18,7 +18,8 @@ from spawner.ledger import Held, ServerEvent
 
 @st.cache_resource
 def _users_source() -> Snapshot[list[dict[str, Any]]]:
-    return Snapshot(lambda: hub.every_user(clients.hub_client()), LIVE_S)
+    client = clients.hub_client()  # here, in the page's thread: the snapshot's own thread calls no Streamlit
+    return Snapshot(lambda: hub.every_user(client), LIVE_S)
 
 
 def _hub_users() -> list[dict[str, Any]]:
@@ -32,7 +33,8 @@ def servers(identity: Identity) -> list[ServerRow]:
 
 @st.cache_resource
 def _inventory_source() -> Snapshot[tuple[Inventory, list[Held]]]:
-    return Snapshot(lambda: clients.deployment().inventory(), LIVE_S)
+    deployment = clients.deployment()
+    return Snapshot(deployment.inventory, LIVE_S)
 
 
 def _all_inventory() -> tuple[Inventory, list[Held]]:
@@ -48,7 +50,8 @@ def inventory(identity: Identity) -> tuple[Inventory, list[Held]]:
 
 @st.cache_resource
 def _events_source() -> Snapshot[dict[str, ServerEvent]]:
-    return Snapshot(lambda: clients.deployment().server_events(), LIVE_S)
+    deployment = clients.deployment()
+    return Snapshot(deployment.server_events, LIVE_S)
 
 
 def _all_server_events() -> dict[str, ServerEvent]:
