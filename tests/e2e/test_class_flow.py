@@ -244,7 +244,7 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
         admin.get_by_text("Add a class").click()
         admin.get_by_label("Class name").fill("cv202")
         admin.get_by_label("Teachers (user names)").fill("tina")
-        admin.get_by_label("Students (user names, one per line)").fill("t1\nt2")
+        admin.get_by_label("Students (user names, one per line)", exact=True).fill("t1\nt2")
         admin.get_by_role("button", name="Add the class").click()
         admin.wait_for_selector("text=Class cv202 added", timeout=30_000)
         admin.screenshot(path=str(FLOW / "teaching-admin.png"), full_page=True)

@@ -56,7 +56,7 @@ def test_the_third_student_waits_and_starts_by_itself_when_a_slice_frees(make_pl
 
     waiting = sessions["s3"].api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True})
     assert waiting.status_code in (201, 202), waiting.text  # JupyterHub answers once the spawn is slow
-    assert "You are next in line." in progress_until(platform, token, "s3", "position")
+    assert "You are next in line." in progress_until(platform, token, "s3", "in line")
     assert [key for key, _ in line(platform)] == ["s3/"]
     assert sessions["s3"].api("GET", "/users/s3").json()["servers"][""]["pending"] == "spawn"
 
