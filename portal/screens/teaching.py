@@ -128,13 +128,23 @@ if identity.admin:
 # -- roster ----------------------------------------------------------------------------------
 st.subheader("Students", divider="gray")
 rows = {s.user: s for s in servers.servers(identity) if s.name == ""}
+in_line = {w.user: w for w in line.waiting_line(identity) if w.server == ""}
 now = time.time()
+
+
+def _server_state(member: str) -> str:
+    """What the student's server is doing, in words: a start that waits in line says so."""
+    if member in in_line:
+        return f"waiting for a GPU ({ordinal(in_line[member].position)} in line)"
+    return rows[member].state if member in rows else "none"
+
+
 st.dataframe(
     [
         {
             "student": m,
             "account": "joined" if m in chosen.joined else "invite waiting" if m in chosen.invited else "no invite",
-            "server": rows[m].state if m in rows else "none",
+            "server": _server_state(m),
             "GPU": views.slice_text(rows[m], None) if m in rows and rows[m].state != "stopped" else "",
             "last activity": views.ago_text(rows[m].last_activity, now) if m in rows else "",
         }
