@@ -80,7 +80,7 @@ def test_the_waiting_page_says_the_place_offers_no_gpu_now_and_escapes_what_it_s
 def test_the_home_page_shows_the_wait_or_why_the_server_stopped() -> None:
     waiting = Spawner(name="", active=True, place="You are next in line.", warning=None, stopped=None)
     page = render("home.html", user=_user(waiting), default_server=SimpleNamespace(active=True), url="/hub/spawn")
-    assert "Your server is waiting in line for a GPU." in page and "Follow your place" in page
+    assert "<strong>Your server:</strong>" in page and "You are next in line." in page and "Follow your place" in page
     stopped = Spawner(
         name="", active=False, place="", warning=None, stopped=("stopped by the GPU line's reclaimer: idle", "T")
     )
