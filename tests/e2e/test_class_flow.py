@@ -217,6 +217,7 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
         pages[waiting[0]].screenshot(path=str(FLOW / "waiting-page-student.png"), full_page=True)
         for user in started:
             pages[user].wait_for_selector("#jp-main-dock-panel", timeout=180_000)
+        pages[started[0]].wait_for_selector(".jp-Launcher", timeout=120_000)  # drawn, not only its shell
         pages[started[0]].screenshot(path=str(FLOW / "jupyterlab-student.png"))
         home = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
         login(home, platform, waiting[0])
