@@ -94,6 +94,9 @@ class Hub:
             f"port: {self.port}\nhub_port: {free_port()}\nproxy_api_port: {free_port()}\nportal_port: {free_port()}\n"
             f"data_dir: {self.data}\ngpus: {{simulate: {simulate}}}\nmonitoring: {{enabled: false}}\n"
             f"admin_users: {json.dumps(list(admins))}\n"
+            # The benchmarks' users are in no class: no limits for them, as the measured line and
+            # placement had before the default rules (which protect a class, not what is timed here).
+            "groups: {default: {max_slice: null, max_gpus: null, budget: null, servers_per_user: null}}\n"
             + "".join(f"{k}: {v}\n" for k, v in (extra_settings or {}).items())
             + (f"groups: {json.dumps(dict(groups))}\n" if groups else "")
         )

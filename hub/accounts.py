@@ -13,7 +13,11 @@ belong to whichever stranger typed the name first. So:
   password: it does not log anyone in, and it is kept (bcrypt) in ``DATA/invites.dbm``;
 * ``gpuslice user set-password NAME`` sets or resets one;
 * ``GpusliceAuthenticator`` refuses a login to a known name that has no password yet,
-  instead of letting the login set it.
+  instead of letting the login set it. Known names are the admins, every class's members
+  and teachers, and any name with an invite code waiting.
+
+Names are normalized and held to a safe alphabet, and failed logins are throttled per name
+and per address (hub/logins.py).
 
 Passwords are bcrypt hashes in ``DATA/passwords.dbm``, the format FirstUseAuthenticator reads.
 
@@ -28,17 +32,22 @@ inside the hub's pod: ``kubectl exec deploy/RELEASE-gpuslice-hub -- gpuslice use
 from __future__ import annotations
 
 import dbm
+import ipaddress
 import os
 import secrets
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 import bcrypt
 from firstuseauthenticator import FirstUseAuthenticator
-from traitlets import Set, Unicode
+from traitlets import Bool, Integer, List, Set, TraitError, Unicode, validate
 
+from hub.logins import LOOPBACK, Limit, LoginThrottle, client_address, logins_path, name_problem, normalize_name
 from hub.settings import Settings
+from spawner import environ
+from spawner.quotas import GroupRules
 
 MIN_PASSWORD_LENGTH = 7  # FirstUseAuthenticator's own minimum
 NO_PASSWORD_YET = (
@@ -64,14 +73,15 @@ def passwords_path(data_dir: Path) -> Path:
 
 
 def known_names(settings: Settings) -> set[str]:
-    """Admins and every class member: names whose first password must come from us."""
+    """Admins and every class's members and teachers: names whose first password must come from us."""
     return roster_names(settings.admin_users, settings.groups)
 
 
-def roster_names(admins: Iterable[str], groups: Iterable[Mapping[str, Any]]) -> set[str]:
-    """``admins`` and every member of ``groups`` ({"members": [...]}, from gpuslice.yaml or the chart), lowercased."""
-    members = {str(m).lower() for group in groups for m in group.get("members") or ()}
-    return members | {a.lower() for a in admins}
+def roster_names(admins: Iterable[str], groups: Iterable[GroupRules]) -> set[str]:
+    """``admins`` and every member and teacher of ``groups`` (from gpuslice.yaml or the chart), normalized as
+    logins are (hub/logins.py)."""
+    people = {name for group in groups for name in (*group.members, *group.teachers)}
+    return {normalize_name(name) for name in people | set(admins)}
 
 
 def has_password(store: Path, name: str) -> bool:
@@ -172,7 +182,7 @@ def admin_password(source: str) -> str | None:
         return None
     kind, _, where = source.partition(":")
     if kind == "env":
-        value = os.environ.get(where, "")
+        value = environ.named(where)
         if not value:
             raise AccountsError(f"admin_password_from names ${where}, which is not set; export it or use file:PATH")
         return value
@@ -201,33 +211,110 @@ def ensure_admin_passwords(settings: Settings, data_dir: Path) -> dict[str, str]
 
 def signup_words(settings: Settings) -> str:
     """What the login page accepts, in the words the startup banner prints."""
-    known = "admins log in with the password gpuslice gave them; class members join once at /hub/join with their code"
-    if settings.open_signup:
-        return f"{known}; any other new name sets its own password at first login (open_signup: true)"
-    return f"{known}; nobody else can sign up (open_signup: false)"
+    known = (
+        "admins log in with the password gpuslice gave them; class members and teachers join once at /hub/join "
+        "with their code"
+    )
+    return f"{known}; {settings.signup_words()}"
 
 
 class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
-    """FirstUseAuthenticator, except that a known name without a password cannot be claimed;
-    a class member chooses theirs at /hub/join with their single-use invite code."""
+    """FirstUseAuthenticator, except that a known name without a password cannot be claimed (a
+    class member or teacher chooses theirs at /hub/join with their single-use invite code), names
+    are normalized and held to a safe alphabet, and failed logins are throttled (hub/logins.py)."""
 
-    known_names = Set(Unicode(), help="Admins and class members: their first password comes from gpuslice.").tag(
+    known_names = Set(
+        Unicode(), help="Admins, class members and teachers: their first password comes from gpuslice."
+    ).tag(config=True)
+    data_dir = Unicode(
+        "", help="The data folder: invite codes in invites.dbm (hub/accounts.py), failed logins in logins.sqlite."
+    ).tag(config=True)
+    safe_usernames = Bool(
+        True, help="Refuse user names outside a-z, 0-9, '.', '_', '-', '@' (after NFKC and case folding)."
+    ).tag(config=True)
+    # The names of jupyterhub-nativeauthenticator's options, counted in a sliding window.
+    allowed_failed_logins = Integer(
+        10, help="Failed logins to one name within seconds_before_next_try that lock it (0: never locked)."
+    ).tag(config=True)
+    seconds_before_next_try = Integer(300, help="The window of allowed_failed_logins, in seconds.").tag(config=True)
+    allowed_failed_logins_per_address = Integer(
+        20, help="Failed logins from one address within seconds_before_next_try_per_address that lock it (0: never)."
+    ).tag(config=True)
+    seconds_before_next_try_per_address = Integer(60, help="The window of the address's failed logins.").tag(
         config=True
     )
-    data_dir = Unicode("", help="The data folder: invite codes in invites.dbm (hub/accounts.py).").tag(config=True)
+    trusted_proxies = List(
+        Unicode(),
+        list(LOOPBACK),
+        help="Addresses or networks of proxies in front of configurable-http-proxy (a reverse proxy on this "
+        "machine, a load balancer, an ingress): their X-Forwarded-For hops are skipped to find the client's address.",
+    ).tag(config=True)
+
+    @validate("trusted_proxies")
+    def _networks(self, proposal: Any) -> list[str]:
+        for entry in proposal["value"]:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise TraitError(f"trusted_proxies: {entry!r} is not an address or a network (10.0.0.0/8)") from None
+        return list(proposal["value"])
+
+    def normalize_username(self, username: str) -> str:
+        normalized: str = super().normalize_username(normalize_name(username))
+        return normalized
+
+    def validate_username(self, name: str) -> bool:
+        valid: bool = super().validate_username(name)
+        return valid and not (self.safe_usernames and name_problem(name))
+
+    def throttle(self) -> LoginThrottle:
+        folder = Path(self.data_dir) if self.data_dir else Path(self.dbm_path).parent
+        return LoginThrottle(
+            logins_path(folder),
+            Limit(self.allowed_failed_logins, self.seconds_before_next_try),
+            Limit(self.allowed_failed_logins_per_address, self.seconds_before_next_try_per_address),
+        )
+
+    def unsafe_name(self, name: str) -> str | None:
+        """Why ``name`` (normalized) is refused, naming the character, when it is outside the safe alphabet."""
+        problem = name_problem(name) if self.safe_usernames else None
+        if problem:
+            self.log.warning("refused the user name %s", ascii(name)[:80])
+        return problem
+
+    def lockout(self, name: str, address: str) -> str | None:
+        """Why a login is refused while the name or the address is locked out (checked before any password)."""
+        refusal = self.throttle().refusal(name, address, time.time())
+        if refusal:
+            self.log.warning("refused a login to %s from %s: locked out after failed logins", name, address)
+        return refusal
+
+    def invited(self, name: str) -> bool:
+        return bool(self.data_dir) and has_password(invites_path(Path(self.data_dir)), name)
 
     async def authenticate(self, handler: Any, data: dict[str, str]) -> str | None:
+        """The name, or None with the reason in ``handler.custom_login_error`` (FirstUseAuthenticator's login
+        page shows it)."""
         name = self.normalize_username(data["username"])
-        # A name with an invite waiting is known too: a member a teacher added while the hub runs.
-        invited = bool(self.data_dir) and has_password(invites_path(Path(self.data_dir)), name)
-        if (name in self.known_names or invited) and not has_password(Path(self.dbm_path), name):
-            if invited:
+        address = request_address(handler.request, self.trusted_proxies)
+        refusal = self.unsafe_name(name) or self.lockout(name, address)
+        if refusal:
+            handler.custom_login_error = refusal
+            return None
+        throttle = self.throttle()
+        if (name in self.known_names or self.invited(name)) and not has_password(Path(self.dbm_path), name):
+            throttle.failed(name, address, time.time())
+            self.log.warning("refused a first login to %s, which has no password yet", name)
+            if self.invited(name):
                 handler.custom_login_error = USE_THE_INVITE.format(url=handler.hub.base_url + "join")
             else:
                 handler.custom_login_error = NO_PASSWORD_YET.format(name=name)
-            self.log.warning("refused a first login to %s, which has no password yet", name)
             return None
         result: str | None = await super().authenticate(handler, data)
+        if result is None:
+            throttle.failed(name, address, time.time())
+        else:
+            throttle.forget(name)
         return result
 
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
@@ -235,6 +322,13 @@ class GpusliceAuthenticator(FirstUseAuthenticator):  # type: ignore[misc]
 
         handlers: list[tuple[str, Any]] = super().get_handlers(app)
         return [*handlers, (r"/join", JoinHandler)]
+
+
+def request_address(request: Any, trusted: Collection[str] = LOOPBACK) -> str:
+    """The client's address for throttling (hub/logins.py ``client_address``), from a tornado request."""
+    address = getattr(getattr(request.connection, "context", None), "address", None)
+    peer = address[0] if isinstance(address, tuple) and address else request.remote_ip
+    return client_address(request.headers.get("X-Forwarded-For"), str(peer), trusted)
 
 
 # -- Kubernetes: the admins' password from the chart's Secret --------------------------------

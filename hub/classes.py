@@ -1,12 +1,13 @@
-"""Classes: a group of students from a roster file, with its GPU rules, in the settings file and the running hub.
+"""Classes: a group of students from a roster file, with its GPU rules, in the settings file.
 
 `gpuslice class add NAME roster.csv` reads the roster (a CSV with a ``username``
-column, or user names in the first column), validates every name, and writes the
-group to the settings file, edited round-trip (ruamel.yaml): its comments, order and
-quoting stay as they were. A hub that runs gets the class at once through its classes
-API (hub/classes_api.py, with the gpuslice-cli service's token from the data folder):
-nobody's server stops; a hub that does not run takes it from the file at its start.
-`gpuslice class remove NAME` takes a class out of both.
+column, or user names in the first column; a ``role`` column marks teachers), validates
+every name (the login page's alphabet, hub/logins.py), and writes the group to the settings
+file, edited round-trip (ruamel.yaml): its comments, order and quoting stay as they were.
+A hub that runs gets the class at once through its classes API (hub/classes_api.py, with
+the gpuslice-cli service's token from the data folder): nobody's server stops; a hub that
+does not run takes it from the file at its start. `gpuslice class remove NAME` takes a
+class out of both.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import requests
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
+from hub.logins import name_problem, normalize_name
 from hub.settings import Settings, SettingsError, from_mapping
 
 CLI_SERVICE = "gpuslice-cli"  # hub/classes_api.py's service for this command (its token is a file in data_dir)
-_USERNAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}$")
+TEACHER_ROLES = ("teacher", "instructor", "ta")
 _BARE_NUMBER = re.compile(r"^\s*\d+(\.\d+)?\s*$")
 
 
@@ -34,8 +36,29 @@ def require_unit(option: str, value: str | None) -> None:
         raise SettingsError(f"{option} {value}: give the size with its unit, for example {value.strip()}GiB")
 
 
-def read_roster(path: Path) -> list[str]:
-    """User names from a roster CSV; raises SettingsError naming the file and line."""
+class Roster(NamedTuple):
+    members: list[str]
+    teachers: list[str]
+
+
+def user_name(text: str, where: str) -> str:
+    """``text`` as the login page normalizes it; SettingsError (``where``: the file and line, or the option)
+    when it is not a user name."""
+    name = normalize_name(text)
+    problem = name_problem(name)
+    if problem:
+        raise SettingsError(f"{where}: {text.strip()!r} is not a user name: {problem}")
+    return name
+
+
+def user_names(text: str, where: str) -> list[str]:
+    """Comma-separated user names (``--teachers tina,tom``)."""
+    return [user_name(part, where) for part in text.split(",") if part.strip()]
+
+
+def read_roster(path: Path) -> Roster:
+    """User names from a roster CSV, teachers apart (a ``role`` column saying ``teacher``, ``instructor``
+    or ``ta``); raises SettingsError naming the file and line."""
     try:
         rows = list(csv.reader(path.read_text().splitlines()))
     except OSError as exc:
@@ -44,28 +67,34 @@ def read_roster(path: Path) -> list[str]:
         raise SettingsError(f"{path}: the roster is empty; put one user name per line")
     header = [cell.strip().lower() for cell in rows[0]]
     column, start = (header.index("username"), 1) if "username" in header else (0, 0)
-    names: list[str] = []
+    role = header.index("role") if start and "role" in header else None
+    roster = Roster([], [])
     for line, row in enumerate(rows[start:], start=start + 1):
         if not row or not "".join(row).strip():
             continue
         if column >= len(row):
             raise SettingsError(f"{path}:{line}: no username in this row")
-        name = row[column].strip().lower()  # JupyterHub compares user names in lower case
-        if not _USERNAME.match(name):
-            raise SettingsError(
-                f"{path}:{line}: {row[column]!r} is not a user name (letters, digits, '.', '_', '@', '-')"
-            )
+        name = user_name(row[column], f"{path}:{line}")
+        teacher = role is not None and role < len(row) and row[role].strip().lower() in TEACHER_ROLES
+        names = roster.teachers if teacher else roster.members
         if name not in names:
             names.append(name)
-    if not names:
+    if not roster.members and not roster.teachers:
         raise SettingsError(f"{path}: the roster names nobody")
-    return names
+    return roster
 
 
-def add_class(settings_path: Path, name: str, members: list[str], rules: dict[str, Any]) -> dict[str, Any]:
-    """Add or update group ``name`` in the settings file, keeping its comments; returns the group as written."""
+def add_class(
+    settings_path: Path, name: str, members: list[str], rules: dict[str, Any], teachers: list[str] | None = None
+) -> dict[str, Any]:
+    """Add or update group ``name`` in the settings file, keeping its comments; returns the group as written.
+
+    ``teachers``: replace the class's teachers (None: keep those written)."""
     for key in ("max_slice", "budget"):
         require_unit(f"--{key.replace('_', '-')}", rules.get(key))
+    hold = rules.get("max_hold")
+    if hold is not None and _BARE_NUMBER.match(str(hold)):
+        raise SettingsError(f"--max-hold {hold}: give the duration with its unit, for example {hold.strip()}h")
     yaml = YAML()  # round-trip: comments, key order and quotes survive
     yaml.indent(mapping=2, sequence=4, offset=2)
     raw: Any = CommentedMap()
@@ -90,8 +119,11 @@ def add_class(settings_path: Path, name: str, members: list[str], rules: dict[st
         if value is not None:
             group[key] = value
     group["members"] = CommentedSeq(members)
-    if after is not None and members:
-        group["members"].ca.items[len(members) - 1] = [after, None]
+    if teachers is not None:
+        group["teachers"] = CommentedSeq(teachers)
+    last = group["teachers"] if teachers else group["members"]
+    if after is not None and last:
+        last.ca.items[len(last) - 1] = [after, None]
     from_mapping(_plain(raw), str(settings_path))  # validate everything before writing anything
     with settings_path.open("w") as out:
         yaml.dump(raw, out)

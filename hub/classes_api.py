@@ -34,15 +34,14 @@ from jupyterhub.apihandlers import APIHandler
 from jupyterhub.scopes import Scope as HubScope
 from tornado import web
 
-from hub import roles
 from hub.accounts import has_password, invite_codes, invites_path, passwords_path
+from hub.logins import name_problem, normalize_name
 from spawner.class_store import ClassStore, Rules, members_of, teachers_of
 from spawner.quotas import GroupRulesError
 
 READ_SCOPE = "read:users"
 ACT_SCOPE = "delete:servers"  # the portal's reader's token: as for the GPU line (hub/line_api.py)
 ADMIN_SCOPE = "admin:groups"  # a service acting as an admin here: gpuslice-cli
-CLI_SERVICE = "gpuslice-cli"
 USERNAME = re.compile(r"^[a-z0-9][a-z0-9._@-]{0,63}$")
 RULE_KEYS = ("max_slice", "budget", "servers_per_user", "max_gpus", "images", "teachers")
 
@@ -82,10 +81,11 @@ def parse_action(body: Any) -> ClassAction:
     members = body.get("members") or []
     if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
         raise ValueError("members must be a list of user names")
-    names = tuple(dict.fromkeys(m.strip().lower() for m in members if m.strip()))
-    bad = [m for m in names if not USERNAME.match(m)]
-    if bad:
-        raise ValueError(f"{bad[0]!r} is not a user name (letters, digits, '.', '_', '@', '-')")
+    for typed in members:  # as the login page keeps names: look-alikes refused
+        problem = name_problem(normalize_name(typed)) if typed.strip() else None
+        if problem:
+            raise ValueError(f"{typed.strip()!r} is not a user name: {problem}")
+    names = tuple(dict.fromkeys(normalize_name(m) for m in members if m.strip()))
     if kind == "stop-server":
         user, server = body.get("user"), body.get("server", "")
         if not isinstance(user, str) or not USERNAME.match(user) or not isinstance(server, str):
@@ -139,7 +139,7 @@ class ClassesHandler(APIHandler):  # type: ignore[misc]
     def _store(self) -> ClassStore:
         path = self.settings.get("gpuslice_classes_path")
         if not path:
-            raise web.HTTPError(404, "this hub keeps no class store (hub/classes_api.py add_live_classes)")
+            raise web.HTTPError(404, "this hub keeps no class store (hub/wiring.py LiveClasses)")
         return ClassStore(path)
 
     @property
@@ -246,44 +246,6 @@ class ClassesHandler(APIHandler):  # type: ignore[misc]
             if orm.User.find(self.db, teacher) is None:
                 self.user_from_username(teacher)
         self.db.commit()
-
-
-def seed_classes(classes_path: Path, declared: Sequence[Rules]) -> tuple[Rules, ...]:
-    """The class store at the hub's start, with the ``declared`` classes (settings or chart) taken in."""
-    store = ClassStore(classes_path)
-    store.seed(declared)
-    return store.classes()
-
-
-def add_live_classes(c: Any, spawner: str, classes_path: Path, data_dir: Path) -> None:
-    """Classes that change in the running hub, on JupyterHub's config ``c`` for ``spawner`` (its class name):
-    the store its spawners read, its API, the CLI's service, and the hub's groups as the store has them.
-    Adds to what ``c`` has (call it after the config's own lists are set); ``seed_classes`` first.
-    """
-    from hub.accounts import service_token
-
-    getattr(c, spawner).gpu_classes_path = str(classes_path)
-    c.JupyterHub.tornado_settings = {
-        **dict(c.JupyterHub.get("tornado_settings", None) or {}),
-        "gpuslice_classes_path": str(classes_path),
-        "gpuslice_data_dir": str(data_dir),
-    }
-    c.JupyterHub.extra_handlers = [*(c.JupyterHub.get("extra_handlers", None) or []), *CLASSES_HANDLERS]
-    c.JupyterHub.services = [
-        *(c.JupyterHub.get("services", None) or []),
-        {"name": CLI_SERVICE, "api_token": service_token(data_dir, CLI_SERVICE)},
-    ]
-    c.JupyterHub.load_roles = [
-        *(c.JupyterHub.get("load_roles", None) or []),
-        roles.service_role(CLI_SERVICE, roles.CHANGES_CLASSES),
-    ]
-    # The hub's groups as the store has them at start (a class changed while the hub was down included),
-    # beside the members the configuration names for them.
-    groups = {name: list(g.get("users") or []) for name, g in (c.JupyterHub.get("load_groups", None) or {}).items()}
-    for rules in ClassStore(classes_path).classes():
-        named = groups.setdefault(rules["name"], [])
-        named += [m for m in members_of(rules) if m not in named]
-    c.JupyterHub.load_groups = {name: {"users": users} for name, users in groups.items()}
 
 
 CLASSES_HANDLERS = [(r"/api/gpuslice/classes", ClassesHandler)]

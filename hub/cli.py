@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from hub import settings as settings_mod
-from spawner import environ
+from hub import state_cli, top_cli
+from spawner import environ, sharing
 from spawner.placement import POLICIES
+from spawner.quotas import GroupRules
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,8 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--budget", help='GPU memory the whole class may hold at once, for example "40GiB"')
     add.add_argument("--servers-per-user", type=int, help="running servers per student")
     add.add_argument("--max-gpus", type=int, help="whole cards per server (0: none)")
-    add.add_argument("--invites", type=Path, help="write the new members' invite codes to this file (mode 0600)")
-    add.add_argument("--teachers", help="the class's teachers, comma-separated: they see it and manage its roster")
+    add.add_argument("--max-hold", help='while others wait, the longest one server holds its slice, e.g. "2h"')
+    add.add_argument(
+        "--teachers", help="the class's teachers, comma-separated (also: a roster 'role' column saying teacher)"
+    )
+    add.add_argument(
+        "--invites", type=Path, help="write the new members' and teachers' invite codes to this file (mode 0600)"
+    )
     remove = class_commands.add_parser("remove", help="take a class out (nobody's server stops)")
     remove.add_argument("name", help="the class (group) name")
     remove.add_argument(
@@ -112,55 +118,13 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument(
         "--address", default="127.0.0.1", help="address (default 127.0.0.1: only kube-scheduler in the same pod)"
     )
-    ext.add_argument("--backend", choices=["gpushare", "hami", "whole"], required=True, help="the GPU sharing backend")
+    ext.add_argument("--backend", choices=sharing.names(extender=True), required=True, help="the GPU sharing backend")
     ext.add_argument("--policy", choices=POLICIES, default="default", help="placement policy (default: default)")
     ext.add_argument("--api-server", help="Kubernetes API URL (default: in-cluster, with the service account)")
 
-    bench_parser = commands.add_parser("bench", help="benchmarks")
-    benches = bench_parser.add_subparsers(dest="bench", required=True)
-    placement = benches.add_parser("placement", help="replay a cluster trace through placement policies")
-    placement.add_argument(
-        "--nodes", type=Path, required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)"
-    )
-    placement.add_argument("--pods", type=Path, required=True, help="pod list CSV (name,cpu_milli,...,gpu_spec)")
-    placement.add_argument(
-        "--policy", action="append", choices=POLICIES, help="a policy to replay (repeatable; default: all)"
-    )
-    placement.add_argument("--seeds", type=int, default=1, help="replays per policy, seeds 0..N-1 (default 1)")
-    placement.add_argument("--json", action="store_true", help="print JSON (the only format for now)")
-    spawn = benches.add_parser("spawn", help="spawn-to-ready time, gpuslice vs plain JupyterHub")
-    spawn.add_argument("--runs", type=int, default=5, help="timed spawns per hub (default 5)")
-    klass = benches.add_parser("class", help="N users start servers at once, gpuslice vs plain JupyterHub")
-    klass.add_argument("--users", type=int, default=50, help="students pressing Start together (default 50)")
-    klass.add_argument(
-        "--portal-sessions",
-        type=int,
-        default=0,
-        help="browser sessions (headless Chromium) refreshing the portal while gpuslice's class spawns (default 0)",
-    )
-    alerts = benches.add_parser("alerts", help="replay a simulated week with injected faults through the alert rules")
-    alerts.add_argument("--days", type=float, default=7.0, help="days to simulate (default 7)")
-    alerts.add_argument("--seed", type=int, default=2, help="random seed (default 2; the rules were tuned on seed 1)")
-    alerts.add_argument("--faults-per-kind", type=int, default=3, help="injected faults of each kind (default 3)")
-    day = benches.add_parser("class-day", help="a simulated teaching day: retry vs the waiting line vs reclaiming")
-    day.add_argument(
-        "--design-seeds", action="store_true", help="run the seeds the model was designed on (1-5), not 101-120"
-    )
-    day.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    day.add_argument(
-        "--validate",
-        action="store_true",
-        help="live a short day on the real platform (a hub, servers, the line, the reclaimer) beside the model",
-    )
-    day.add_argument(
-        "--sweep",
-        metavar="FIELD=V1,V2,...",
-        help="line+reclaim against retry with one number of the day varied, e.g. gpu_idle_timeout=15,10,5 (minutes)",
-    )
-    day.add_argument("--seed", type=int, default=101, help="with --validate: the day's seed (default 101)")
-    day.add_argument(
-        "--scale", type=float, default=3.0, help="with --validate: real seconds per model minute (default 3)"
-    )
+    state_cli.add_commands(commands)  # backup, restore, upgrade
+    top_cli.add_command(commands)
+    _plugin_commands(commands)
     return parser
 
 
@@ -180,99 +144,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _scheduler_extender(args)
     if args.command == "oncall-config":
         return _oncall_config(args)
-    if args.bench == "spawn":
-        with _bench_extra():
-            from bench.spawn import run
-
-        print(json.dumps(run(args.runs), indent=2))
-        return 0
-    if args.bench == "class":
-        with _bench_extra():
-            from bench.classroom import run as run_class
-
-        print(json.dumps(run_class(args.users, args.portal_sessions), indent=2))
-        return 0
-    if args.bench == "alerts":
-        from bench.alerts import main as bench_alerts  # bench sits above hub: import on use
-
-        return bench_alerts(
-            ["--days", str(args.days), "--seed", str(args.seed), "--faults-per-kind", str(args.faults_per_kind)]
-        )
-    if args.bench == "class-day" and args.validate:
-        with _bench_extra():
-            from bench.classday_real import report as report_real
-            from bench.classday_real import validate
-
-        checked = validate(args.seed, scale_s=args.scale)
-        print(json.dumps(checked, indent=2) if args.json else report_real(checked))
-        return 0
-    if args.bench == "class-day":
-        from bench.classday import DESIGN_SEEDS, REPORT_SEEDS, report, report_sweep, sweep
-        from bench.classday import run as run_day
-
-        seeds = DESIGN_SEEDS if args.design_seeds else REPORT_SEEDS
-        if args.sweep:
-            name, values = _sweep_argument(args.sweep)
-            try:
-                result = sweep(name, values, seeds)
-            except ValueError as exc:
-                raise SystemExit(f"gpuslice bench class-day --sweep: {exc}") from None
-            print(json.dumps(result, indent=2) if args.json else report_sweep(result))
-            return 0
-        result = run_day(seeds)
-        print(json.dumps(result, indent=2) if args.json else report(result))
-        return 0
-    return _bench_placement(args)
+    if args.command == "top":
+        return top_cli.run(args)
+    if args.command in state_cli.COMMANDS:
+        return state_cli.run(args)
+    return int(args.run(args))  # a command a plugin registered (_plugin_commands)
 
 
-def _sweep_argument(text: str) -> tuple[str, list[float]]:
-    """``FIELD=V1,V2,...`` as a name and its numbers, or exit saying how to write it."""
-    name, _, listed = text.partition("=")
-    try:
-        values = [float(v) for v in listed.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not name.strip() or not values:
-        raise SystemExit(
-            f"gpuslice bench class-day --sweep {text!r}: write FIELD=V1,V2,..., e.g. gpu_idle_timeout=15,10,5"
-        )
-    return name.strip(), values
+# Commands from other packages (the benchmarks: bench/cli.py) register themselves under this
+# entry-point group (pyproject.toml): the command never imports a package above it.
+COMMANDS_GROUP = "gpuslice.commands"
 
 
-BENCH_EXTRA = "pip install -e '.[bench]'"
+def _plugin_commands(commands: Any) -> None:
+    """Let each installed ``gpuslice.commands`` entry point add its subcommands (with a ``run`` default)."""
+    for entry in entry_points(group=COMMANDS_GROUP):
+        try:
+            register = entry.load()
+        except ModuleNotFoundError:  # its package is not in this install (the images carry no benchmarks)
+            continue
+        register(commands)
 
 
-@contextlib.contextmanager
-def _bench_extra() -> Iterator[None]:
-    """The benchmarks' own dependencies (psutil, playwright) come with the bench extra: say so."""
-    try:
-        yield
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] in ("bench", "psutil", "playwright"):
-            raise SystemExit(f"gpuslice bench needs the bench extra ({exc.name} is missing): {BENCH_EXTRA}") from None
-        raise
-
-
-JOIN_WORDS = "each member opens /hub/join and types their name, code and the password they choose; a code works once."
+JOIN_WORDS = (
+    "each member or teacher opens /hub/join and types their name, code and the password they choose; a code works once."
+)
 
 
 def _class_add(args: argparse.Namespace) -> int:
     from hub.accounts import invite_codes, write_private
-    from hub.classes import HUB_HAS_IT, add_class, read_roster, tell_running_hub
+    from hub.classes import HUB_HAS_IT, add_class, read_roster, tell_running_hub, user_names
 
     rules = {
         "max_slice": args.max_slice,
         "budget": args.budget,
         "servers_per_user": args.servers_per_user,
         "max_gpus": args.max_gpus,
-        "teachers": [t.strip().lower() for t in args.teachers.split(",") if t.strip()] if args.teachers else None,
+        "max_hold": args.max_hold,
     }
     try:
-        members = read_roster(args.roster)
-        written_rules = add_class(args.config, args.name, members, rules)
+        roster = read_roster(args.roster)
+        named = user_names(args.teachers, "--teachers") if args.teachers else []
+        teachers = list(dict.fromkeys([*roster.teachers, *named])) or None
+        written_rules = add_class(args.config, args.name, roster.members, rules, teachers)
         settings = settings_mod.load(args.config)
         live = {k: v for k, v in written_rules.items() if k in LIVE_RULE_KEYS}
-        told = tell_running_hub(settings, {"action": "put-class", "name": args.name, "rules": live, "members": members})
+        change = {"action": "put-class", "name": args.name, "rules": live, "members": roster.members}
+        told = tell_running_hub(settings, change)
     except settings_mod.SettingsError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
@@ -282,8 +200,9 @@ def _class_add(args: argparse.Namespace) -> int:
             told = "`gpuslice up` run in this folder reads it"
         else:
             told = f"start with `gpuslice up --config {written}` to apply it"
-    print(f"class {args.name}: {len(members)} students written to {written}; {told}.")
-    codes = invite_codes(settings.data_dir, members)
+    who = f"{len(roster.members)} students" + (f" and {len(teachers)} teacher(s)" if teachers else "")
+    print(f"class {args.name}: {who} written to {written}; {told}.")
+    codes = invite_codes(settings.data_dir, [*roster.members, *(teachers or [])])
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())
     if args.invites and codes:
         write_private(args.invites, "username,invite_code\n" + lines)
@@ -294,7 +213,8 @@ def _class_add(args: argparse.Namespace) -> int:
     return 0
 
 
-# The rules a running hub takes from `class add` (hub/classes_api.py RULE_KEYS; members apart).
+# The rules a running hub takes from `class add` (hub/classes_api.py RULE_KEYS; members apart): max_hold
+# is the reclaimer's, read at the hub's start.
 LIVE_RULE_KEYS = ("max_slice", "budget", "servers_per_user", "max_gpus", "images", "teachers")
 
 
@@ -312,27 +232,31 @@ def _class_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[dict[str, Any], ...]]:
+def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[GroupRules, ...]]:
     """The data folder holding the passwords and invite codes, and the classes: from the chart's values
     (--kube-values, or environ.KUBE_VALUES in the hub's pod) or from the single-machine settings."""
     from hub.kube_values import load_kube_values
 
-    kube_values = args.kube_values or (None if args.config else environ.KUBE_VALUES.get() or None)
+    kube_values = args.kube_values or (None if args.config else environ.read().get(environ.KUBE_VALUES) or None)
     if kube_values:
         values = load_kube_values(Path(kube_values))
-        return values.data_dir, values.group_list()
+        return values.data_dir, values.groups
     settings = settings_mod.load(args.config)
     return settings.data_dir, settings.groups
 
 
 def _set_password(args: argparse.Namespace) -> int:
     from hub.accounts import AccountsError, new_code, passwords_path, set_password
+    from hub.classes import user_name
     from hub.kube_values import KubeValuesError
+    from hub.logins import forget_failures, logins_path
 
     try:
+        name = user_name(args.name, "gpuslice user set-password")
         data_dir, _ = _accounts(args)
         password = args.password_file.read_text().strip() if args.password_file else new_code()
-        set_password(passwords_path(data_dir), args.name.lower(), password)
+        set_password(passwords_path(data_dir), name, password)
+        forget_failures(logins_path(data_dir), name)  # a lockout on the name ends with the reset
     except (settings_mod.SettingsError, KubeValuesError, AccountsError, OSError) as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
@@ -345,11 +269,12 @@ def _set_password(args: argparse.Namespace) -> int:
 
 def _invite(args: argparse.Namespace) -> int:
     from hub.accounts import AccountsError, invite_codes, roster_names
+    from hub.classes import user_name
     from hub.kube_values import KubeValuesError
 
     try:
         data_dir, groups = _accounts(args)
-        names = [n.lower() for n in args.names] or sorted(roster_names((), groups))
+        names = [user_name(n, "gpuslice user invite") for n in args.names] or sorted(roster_names((), groups))
         codes = invite_codes(data_dir, names, renew=args.renew)
     except (settings_mod.SettingsError, KubeValuesError, AccountsError, OSError) as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
@@ -379,7 +304,6 @@ def _exporter(args: argparse.Namespace) -> int:
 
 def _scheduler_extender(args: argparse.Namespace) -> int:
     from hub.extender import RestKubeClient, serve
-    from spawner.backends import Backend
 
     try:
         client = RestKubeClient(args.api_server) if args.api_server else RestKubeClient.in_cluster()
@@ -389,24 +313,7 @@ def _scheduler_extender(args: argparse.Namespace) -> int:
     print(
         f"gpuslice scheduler-extender: {args.policy} on {args.backend}, http://{args.address}:{args.port}", flush=True
     )
-    serve(client, Backend(args.backend), args.policy, args.address, args.port)
-    return 0
-
-
-def _bench_placement(args: argparse.Namespace) -> int:
-    from bench.placement import TraceError, bench, read_nodes, read_tasks  # bench sits above hub: import on use
-
-    if args.seeds < 1:
-        print("gpuslice: --seeds must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        nodes = read_nodes(args.nodes)
-        tasks = read_tasks(args.pods)
-    except TraceError as exc:
-        print(f"gpuslice: {exc}", file=sys.stderr)
-        return 2
-    result = bench(nodes, tasks, args.policy or list(POLICIES), args.seeds)
-    print(json.dumps(result, indent=2))
+    serve(client, sharing.backend(args.backend), args.policy, args.address, args.port)
     return 0
 
 
@@ -474,7 +381,7 @@ def _usage(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    url = args.prometheus or f"http://127.0.0.1:{settings.monitoring['prometheus_port']}"
+    url = args.prometheus or f"http://127.0.0.1:{settings.monitoring.prometheus_port}"
     end = datetime.now(UTC)
     try:
         query = PrometheusConnect(url, auth=_monitoring_auth(settings)).custom_query_range

@@ -360,7 +360,7 @@ def registry_for(collector: GpuCollector) -> CollectorRegistry:
 
 def default_hostname() -> str:
     """The node name shared with the hub's metrics ("localhost" on a single machine)."""
-    return environ.NODE_NAME.get() or "localhost"
+    return environ.read().get(environ.NODE_NAME) or "localhost"
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

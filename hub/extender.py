@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from spawner import extender
-from spawner.backends import Backend
+from spawner import environ, extender
+from spawner.sharing import SharingBackend
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -52,13 +52,11 @@ class RestKubeClient:
 
     @classmethod
     def in_cluster(cls) -> RestKubeClient:
-        import os
-
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
+        url = environ.read().kube_api_url()
+        if url is None:
             raise RuntimeError("not in a Kubernetes pod: give --api-server URL")
         token = (SERVICE_ACCOUNT / "token").read_text().strip()
-        return cls(f"https://{host}:{port}", token, str(SERVICE_ACCOUNT / "ca.crt"))
+        return cls(url, token, str(SERVICE_ACCOUNT / "ca.crt"))
 
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         headers = {**self.headers, "Content-Type": content_type}
@@ -89,7 +87,7 @@ class RestKubeClient:
 
 
 def make_app(
-    client: KubeClient, backend: Backend, policy: str = "default", clock: Callable[[], int] = time.time_ns
+    client: KubeClient, backend: SharingBackend, policy: str = "default", clock: Callable[[], int] = time.time_ns
 ) -> web.Application:
     """The extender's HTTP app. One decision at a time: a bind changes what the next filter sees."""
     lock = asyncio.Lock()
@@ -139,5 +137,5 @@ def make_app(
     return app
 
 
-def serve(client: KubeClient, backend: Backend, policy: str, address: str, port: int) -> None:
+def serve(client: KubeClient, backend: SharingBackend, policy: str, address: str, port: int) -> None:
     web.run_app(make_app(client, backend, policy), host=address, port=port, print=None)

@@ -1,12 +1,15 @@
-"""/hub/join: a class member chooses their password with their single-use invite code (hub/accounts.py)."""
+"""/hub/join: a class member or teacher chooses their password with their single-use invite code
+(hub/accounts.py). Names are held to the login page's alphabet and failed codes are throttled
+like failed passwords (hub/logins.py)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from jupyterhub.handlers import BaseHandler
 
-from hub.accounts import AccountsError, redeem_invite
+from hub.accounts import AccountsError, redeem_invite, request_address
 
 # JupyterHub's own page around the form (autoescaped: the name comes from the person typing).
 PAGE = """{% extends "page.html" %}
@@ -38,17 +41,25 @@ class JoinHandler(BaseHandler):  # type: ignore[misc]
         self.finish(await self._page(username=self.get_argument("username", "")))
 
     async def post(self) -> None:
-        name = self.authenticator.normalize_username(self.get_body_argument("username", ""))
+        authenticator = self.authenticator
+        name = authenticator.normalize_username(self.get_body_argument("username", ""))
         code = self.get_body_argument("code", "").strip()
         password = self.get_body_argument("password", "")
         if password != self.get_body_argument("password2", ""):
             self.set_status(400)
             self.finish(await self._page(username=name, error="The two passwords differ: type the same one twice."))
             return
+        address = request_address(self.request, authenticator.trusted_proxies)
+        refusal = authenticator.unsafe_name(name) or authenticator.lockout(name, address)
+        if refusal:
+            self.set_status(403)
+            self.finish(await self._page(username=name, error=refusal))
+            return
         try:
-            redeem_invite(Path(self.authenticator.data_dir), name, code, password)
+            redeem_invite(Path(authenticator.data_dir), name, code, password)
         except AccountsError as exc:
-            self.log.warning("refused an invite code for %s", name[:32])
+            self.log.warning("refused an invite code for %s", ascii(name)[:32])
+            authenticator.throttle().failed(name, address, time.time())
             self.set_status(403)
             self.finish(await self._page(username=name, error=str(exc)))
             return

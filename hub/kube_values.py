@@ -1,4 +1,5 @@
-"""The chart's rendered values (helm/gpuslice/templates/hub/configmap.yaml), read by one typed reader.
+"""The chart's rendered values (helm/gpuslice/templates/hub/configmap.yaml) and Zero to JupyterHub's
+``custom.gpuslice``: the settings model (hub/settings.py ``Platform``) in the charts' camelCase.
 
 On Kubernetes the hub (hub/kube_config.py), the idle culler it starts and the portal
 (portal/data/deployment.py) all read the same ConfigMap, mounted at ``environ.KUBE_VALUES``,
@@ -14,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from hub.settings import Contact, OnCall, read_oncall, validation_problems
-from spawner import environ
-from spawner.quotas import GroupRulesError, group_rules
+from hub.settings import Contact, Market, OnCall, Platform, read_oncall
+from spawner import environ, sharing
+from spawner.checked import PositiveInt, UrlOrEmpty, one_of, problems
+from spawner.placement import POLICIES
 
 DATA_DIR = "/srv/gpuslice/data"  # the hub's PersistentVolumeClaim, mounted by the chart
+KUBE_BACKENDS = tuple(sharing.names(kubernetes=True))  # the cluster's ways to share GPUs (spawner/sharing/)
 
 
 # monitoring.oncall.existingSecret is mounted here (0440) in the pod that runs `gpuslice oncall-config`.
@@ -76,28 +79,30 @@ class KubeValuesError(ValueError):
     """A values file that cannot be used; the message names the file and the key."""
 
 
-class KubeValues(BaseModel):
-    """What the chart renders for gpuslice's containers (camelCase, as in values.yaml)."""
+class KubeValues(Platform):
+    """What the chart renders for gpuslice's containers (camelCase, as in values.yaml).
+
+    The fields every deployment shares (admins, groups, the timeouts, sign-up) and their
+    defaults and rules are ``Platform``'s: written once, for gpuslice.yaml and the chart alike.
+    """
 
     # The file's keys are the chart's camelCase (gpushareMemoryUnit); the fields are snake_case.
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(alias_generator=to_camel)
 
-    backend: str = Field(default="gpushare", description="gpuSharing.backend: how the cluster shares GPUs.")
-    policy: str = Field(default="default", description="gpuSharing.policy: the placement policy.")
-    gpushare_memory_unit: str = Field(default="GiB", description="gpuSharing.gpushareMemoryUnit (GiB or MiB).")
-    admin_users: tuple[str, ...] = Field(default=(), description="Users who may see and stop every server.")
-    groups: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Classes: members, GPU rules (maxSlice, budget, ...), profiles."
+    backend: one_of(*KUBE_BACKENDS) = Field(  # type: ignore[valid-type]
+        default="gpushare", description="How the cluster shares GPUs (docs/kubernetes.md)."
     )
-    idle_timeout: int = Field(
-        default=3600, gt=0, description="hub.idleTimeout: seconds before the culler stops a server."
+    backend_settings: dict[str, Any] = Field(
+        default_factory=dict, description="gpuSharing.<backend>: the backend's own settings (dra, kai)."
     )
-    gpu_idle_timeout: int = Field(
-        default=900,
-        gt=0,
-        description="hub.gpuIdleTimeout: seconds idle before the gpu-reclaimer stops a GPU server while others wait.",
+    policy: one_of(*POLICIES) = Field(  # type: ignore[valid-type]
+        default="default", description="The placement policy the hub checks a request with (docs/placement.md)."
     )
-    open_signup: bool = Field(default=True, description="hub.openSignup: anyone may create an account at first login.")
+    gpushare_memory_unit: one_of("", "GiB", "MiB") = Field(  # type: ignore[valid-type]
+        default="",
+        description="gpushare's device plugin --memory-unit: the unit of aliyun.com/gpu-mem (empty: inferred "
+        "from the nodes, as gpushare's inspect tool does).",
+    )
     singleuser: dict[str, Any] = Field(default_factory=dict, description="hub.singleuser: KubeSpawner's pod settings.")
     notebook_image: str = Field(description="The notebook image (images.notebook).")
     proxy_api_url: str = Field(description="The proxy's REST API, as the hub reaches it.")
@@ -106,20 +111,17 @@ class KubeValues(BaseModel):
     models_claim: str = Field(default="", description="markets.models.existingClaim: the model files' volume.")
     scheduler_name: str = Field(default="", description="The gpuslice scheduler (schedulerExtender.enabled), or ''.")
     data_dir: Path = Field(default=Path(DATA_DIR), description="The hub's volume: SQLite, the passwords.")
-    prometheus_url: str = Field(default="", description="monitoring.prometheusUrl: the Prometheus the portal queries.")
-    alertmanager_url: str = Field(default="", description="monitoring.alertmanagerUrl: the portal's Alerts page.")
-    proposals_per_hour: int = Field(default=3, gt=0, description="markets.proposalsPerHour: model proposals per user.")
+    prometheus_url: UrlOrEmpty = Field(
+        default="", description="The Prometheus the portal queries, as its pod reaches it ('': none)."
+    )
+    alertmanager_url: UrlOrEmpty = Field(
+        default="", description="The Alertmanager of the portal's Alerts page, as its pod reaches it ('': none)."
+    )
+    proposals_per_hour: PositiveInt = Field(
+        default=Market.model_fields["proposals_per_hour"].default,
+        description="Model proposals one user may make per hour in the portal.",
+    )
     oncall: OnCall = Field(default_factory=OnCall, description="monitoring.oncall: the on-call rotation and tiers.")
-
-    @model_validator(mode="after")
-    def _reclaiming_before_culling(self) -> KubeValues:
-        if self.gpu_idle_timeout >= self.idle_timeout:
-            raise ValueError(
-                f"hub.gpuIdleTimeout ({self.gpu_idle_timeout} s) must be below hub.idleTimeout"
-                f" ({self.idle_timeout} s): the idle culler would stop the server first and nothing would be"
-                " reclaimed for the GPU line; lower gpuIdleTimeout or raise idleTimeout"
-            )
-        return self
 
     @field_validator("oncall", mode="before")
     @classmethod
@@ -127,29 +129,28 @@ class KubeValues(BaseModel):
         """The checks of gpuslice.yaml's monitoring.oncall (contacts reachable, email needs smtp_*)."""
         return raw if isinstance(raw, OnCall) else read_oncall(secret_files(raw or {}), "the chart's values")
 
-    def db_url(self) -> str:
+    def db_url(self, env: environ.Environment) -> str:
         """JupyterHub's database: the Secret's URL (hub.db.existingSecret), else SQLite on the volume."""
-        return environ.DB_URL.get() or f"sqlite:///{self.data_dir / 'jupyterhub.sqlite'}"
+        return env.get(environ.DB_URL) or f"sqlite:///{self.data_dir / 'jupyterhub.sqlite'}"
 
-    def market_url(self) -> str:
+    def market_url(self, env: environ.Environment) -> str:
         """The markets' database: the Secret's URL (markets.existingSecret), else SQLite on the hub's volume."""
-        return environ.MARKET_URL.get() or f"sqlite:///{self.data_dir / 'market.sqlite'}"
+        return env.get(environ.MARKET_URL) or f"sqlite:///{self.data_dir / 'market.sqlite'}"
 
-    def group_rules(self) -> dict[str, dict[str, Any]]:
-        """Each class's rules by name, through the one parser of group rules ({"members", "max_slice", ...})."""
-        try:
-            return {name: group_rules(name, rules) for name, rules in self.groups.items()}
-        except GroupRulesError as exc:
-            raise KubeValuesError(f"groups: {exc}") from None
 
-    def group_list(self) -> tuple[dict[str, Any], ...]:
-        """The classes as the settings model has them: {"name", "members", "max_slice", ...}."""
-        return tuple({"name": name, **rules} for name, rules in self.group_rules().items())
+class Z2jhValues(Platform):
+    """Zero to JupyterHub's hub: ``custom.gpuslice`` (camelCase), with z2jh's own ``cull.timeout`` as the
+    idle timeout and ``KubeGpuSpawner.gpu_groups`` as the groups (helm/z2jh-values.yaml)."""
+
+    # The idle timeout is z2jh's culler's: its errors name that key.
+    model_config = ConfigDict(alias_generator=lambda name: "cull.timeout" if name == "idle_timeout" else to_camel(name))
+    # z2jh has its own keys for these (cull.timeout, its authenticator's): not custom.gpuslice's.
+    not_keys = ("admin_users", "groups", "idle_timeout", "open_signup", "trusted_proxies")
 
 
 def load_kube_values(path: Path | None = None) -> KubeValues:
     """The values file at ``path`` (default: environ.KUBE_VALUES); KubeValuesError on anything malformed."""
-    path = path or Path(environ.KUBE_VALUES.get())
+    path = path or Path(environ.read().get(environ.KUBE_VALUES))
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
@@ -161,10 +162,6 @@ def load_kube_values(path: Path | None = None) -> KubeValues:
     if not isinstance(raw, dict):
         raise KubeValuesError(f"{path}: the top level must be a mapping of keys to values")
     try:
-        values = KubeValues.model_validate(raw)
+        return KubeValues.model_validate(raw)
     except ValidationError as exc:
-        raise KubeValuesError(
-            f"{path}: {validation_problems(exc)} (render the chart and the images from one release)"
-        ) from None
-    values.group_list()  # a bad group rule is refused here, for every reader alike
-    return values
+        raise KubeValuesError(f"{path}: {problems(exc)} (render the chart and the images from one release)") from None

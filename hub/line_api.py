@@ -39,6 +39,7 @@ from tornado import web
 from hub.notice import NoticeHandler
 from spawner import line_admin
 from spawner.line import WaitingLineMixin
+from spawner.quotas import GroupRules
 from spawner.scope import Scope, scope_for
 from spawner.waitline import Manager
 
@@ -109,7 +110,7 @@ def _number(body: Mapping[str, Any], key: str) -> float:
 
 
 def viewer_of(
-    name: str, admin: bool, rules: Sequence[Mapping[str, Any]], groups: Mapping[str, Sequence[str]]
+    name: str, admin: bool, rules: Sequence[GroupRules], groups: Mapping[str, Sequence[str]]
 ) -> tuple[Scope, Manager]:
     """Whom the caller sees in the line, and what they may change in it (the portal's own rules)."""
     return scope_for(name, admin, rules, groups), line_admin.line_manager(name, admin, rules)
@@ -140,7 +141,7 @@ class LineHandler(APIHandler):  # type: ignore[misc]
         spawner = user.spawner
         if not isinstance(spawner, WaitingLineMixin):
             raise web.HTTPError(404, "this hub's spawner keeps no GPU line")
-        rules = spawner.gpu_group_rules()
+        rules = spawner.gpu_group_rules
         groups = {} if user.admin else {g.name: [u.name for u in g.users] for g in self.db.query(orm.Group)}
         scope, manager = viewer_of(user.name, bool(user.admin), rules, groups)
         return spawner, Path(spawner.gpu_ledger_path), scope, manager
@@ -224,6 +225,6 @@ def show_the_line_soon(c: Any) -> None:
     }
 
 
-# The hub pages of the GPU line, on both backends (hub/jupyterhub_config.py, hub/kube_line.py):
+# The hub pages of the GPU line, on every hub (hub/wiring.py configure_hub):
 # the reclaim warnings for JupyterLab and the home page, and the line for the portal's Queue.
 LINE_HANDLERS = [(r"/gpuslice/notice", NoticeHandler), (r"/api/gpuslice/line", LineHandler)]

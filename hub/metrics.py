@@ -47,5 +47,23 @@ class AllocationCollector(Collector):
         yield allocated
 
 
-def register_allocations(collector: AllocationCollector, registry: CollectorRegistry = REGISTRY) -> None:
+class HomeCollector(Collector):
+    """Each user's home folder size and the size it should stay under (hub/homes.py), for HomeOverSize."""
+
+    def __init__(self, sizes: Callable[[], dict[str, int]], limit_of: Callable[[str], int]) -> None:
+        self.sizes, self.limit_of = sizes, limit_of
+
+    def collect(self) -> Iterable[Metric]:
+        used = GaugeMetricFamily("gpuslice_home_bytes", "Disk taken by each user's home folder.", labels=["user"])
+        limit = GaugeMetricFamily(
+            "gpuslice_home_limit_bytes", "The size each user's home should stay under (limits.home).", labels=["user"]
+        )
+        for user, size in sorted(self.sizes().items()):
+            used.add_metric([user], float(size))
+            limit.add_metric([user], float(self.limit_of(user)))
+        yield used
+        yield limit
+
+
+def register_allocations(collector: Collector, registry: CollectorRegistry = REGISTRY) -> None:
     registry.register(collector)

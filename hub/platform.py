@@ -3,7 +3,9 @@
 Starts JupyterHub (which starts configurable-http-proxy, the idle culler and the
 notebook servers) with hub/jupyterhub_config.py and the monitoring processes (kept
 running by hub/supervise.py), prints the URLs once the hub answers, and on
-SIGINT/SIGTERM stops it, and with it every child.
+SIGINT/SIGTERM stops it, and with it every child and every notebook server, those a
+restarted hub adopted and any it lost track of included (hub/recovery.py). Before the
+hub starts, servers left by a hub that is gone and that no hub claims are stopped.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from types import FrameType
 
 import yaml
 
-from hub import monitoring, recovery, userenv
+from hub import monitoring, recovery, state, userenv
 from hub.accounts import AccountsError, ensure_admin_passwords, service_token_file, signup_words, write_private
 from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
 from market import seeding
 from market.store import Store
-from spawner import environ
+from spawner import confinement, environ
+from spawner.cgroups import parse_settings_limits
 from spawner.gpus import machine
 from spawner.ledger import Ledger
 from spawner.shares import format_bytes
@@ -62,9 +65,14 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     # The hub's database, cookie secret, passwords, tokens, ledger and markets live here: only
     # the platform's account may enter, whoever made the folder and whatever the umask was.
     data_dir.chmod(0o700)
-    dropped = recovery.reconcile(Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite")
+    if (data_dir / "jupyterhub.sqlite").exists():  # a platform that ran before, maybe under an older release
+        state.upgrade(data_dir, config_path, market_url(settings.model_copy(update={"data_dir": data_dir})))
+    ledger, hub_db = Ledger(data_dir / "ledger.sqlite"), data_dir / "jupyterhub.sqlite"
+    confined = confinement.for_machine(data_dir)
+    dropped = recovery.reconcile(ledger, hub_db, confinement=confined)
     for hold in dropped:
         print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (not running)")
+    print(confinement_line(confined, settings), flush=True)
     url, models = prepare_market(settings.model_copy(update={"data_dir": data_dir}))
     if settings.isolation == "unix-users":
         prepare_user_env(settings.user_env)
@@ -75,6 +83,16 @@ def prepare(settings: Settings, config_path: Path | None) -> tuple[Path, dict[st
     env[environ.MODELS_ROOT.name] = str(models)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     return data_dir, env
+
+
+def confinement_line(confined: confinement.Confinement | None, settings: Settings) -> str:
+    """What `gpuslice up` says once about the servers' limits (docs/security.md#limits-per-server)."""
+    if confined is None:
+        why = "gpuslice does not run as root" if os.geteuid() else "no usable cgroup filesystem or systemd"
+        return f"gpuslice: notebook servers run without per-server limits (memory, processes, devices, /tmp): {why}."
+    devices = "" if confined.enforces_devices else "; device rules need cgroup v1 or systemd, so cards are not fenced"
+    limits = parse_settings_limits(settings.limits)[0].describe()
+    return f"gpuslice: each notebook server runs in a cgroup of its own ({confined.kind}): {limits}{devices}."
 
 
 def prepare_user_env(prefix: Path) -> None:
@@ -92,9 +110,7 @@ def prepare_market(settings: Settings) -> tuple[str, Path]:
     url, models = market_url(settings), models_root(settings)
     store = Store(url)
     store.migrate()
-    result = seeding.seed(
-        store, Path(settings.market["images_catalog"]), Path(settings.market["models_catalog"]), models
-    )
+    result = seeding.seed(store, Path(settings.market.images_catalog), Path(settings.market.models_catalog), models)
     for problem in result.problems:
         print(f"gpuslice: catalog: {problem}")
     report = result.report
@@ -147,7 +163,7 @@ def monitoring_password(data_dir: Path) -> Path:
 def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[Child]:
     """The exporter, and Prometheus, Alertmanager and node-exporter when installed (not started)."""
     options = settings.monitoring
-    if not options["enabled"]:
+    if not options.enabled:
         print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
         return []
     folder = monitoring_folder(data_dir)
@@ -157,10 +173,10 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
     found = monitoring.binaries()
     ports = monitoring.Ports(
         settings.hub_port,
-        options["exporter_port"],
-        options["prometheus_port"],
-        options["alertmanager_port"],
-        options["node_exporter_port"],
+        options.exporter_port,
+        options.prometheus_port,
+        options.alertmanager_port,
+        options.node_exporter_port,
     )
     exporter = [
         sys.executable,
@@ -192,13 +208,13 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             ports,
             hub_token(data_dir),
             node_exporter=node,
-            interval=options["scrape_interval"],
+            interval=options.scrape_interval,
             node=default_hostname(),
             password_file=password_file,
         )
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         (folder / "alertmanager.yml").write_text(
-            yaml.safe_dump(monitoring.alertmanager_config(options["webhook_url"], options["oncall"]), sort_keys=False)
+            yaml.safe_dump(monitoring.alertmanager_config(options.webhook_url, options.oncall), sort_keys=False)
         )
         commands["alertmanager"] = [
             str(found["alertmanager"]),
@@ -219,6 +235,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             commands["node_exporter"] = [
                 str(found["node_exporter"]),
                 f"--web.listen-address=127.0.0.1:{ports.node_exporter}",
+                f"--web.config.file={folder / 'web.yml'}",  # the machine's figures: monitoring's password too
             ]
     return [Child(name, command, folder, env) for name, command in commands.items()]
 
@@ -234,8 +251,11 @@ def up(settings: Settings, config_path: Path | None) -> int:
     supervisor = Supervisor(monitoring_children(settings, data_dir, env))
     supervisor.start_all()
     proc = subprocess.Popen(hub_command(), cwd=data_dir, env=env)
+    asked_to_stop = False
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal asked_to_stop
+        asked_to_stop = True
         supervisor.terminate_all()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -263,10 +283,21 @@ def up(settings: Settings, config_path: Path | None) -> int:
         time.sleep(1)
     supervisor.terminate_all()
     supervisor.wait_all()
+    if asked_to_stop:
+        # A full stop ends every server, those the hub lost track of included. A hub that
+        # merely died (killed, crashed) leaves them for the next start to adopt or stop.
+        ledger, confined = Ledger(data_dir / "ledger.sqlite"), confinement.for_machine(data_dir)
+        for hold in recovery.stop_servers(ledger, confinement=confined):
+            print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (stopped)")
     return proc.returncode
 
 
 def _monitoring_urls(settings: Settings, supervisor: Supervisor) -> list[tuple[str, int]]:
     names = {child.name for child in supervisor.children}
-    labels = {"exporter": "GPU metrics", "prometheus": "Prometheus", "alertmanager": "Alertmanager"}
-    return [(label, settings.monitoring[f"{name}_port"]) for name, label in labels.items() if name in names]
+    ports = settings.monitoring
+    labels = {
+        "exporter": ("GPU metrics", ports.exporter_port),
+        "prometheus": ("Prometheus", ports.prometheus_port),
+        "alertmanager": ("Alertmanager", ports.alertmanager_port),
+    }
+    return [(label, port) for name, (label, port) in labels.items() if name in names]

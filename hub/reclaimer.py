@@ -23,6 +23,13 @@ or whose processes alone keep a card busy, is not idle (spawner/waitline.py
 Which servers hold a GPU: the ledger's rows on one machine; on Kubernetes (``--kube-namespace``)
 the notebook pods whose annotations name a sharing backend (the ledger file then holds the
 line only). There, activity is JupyterHub's alone: the cards are on other nodes.
+
+Activity is what each server reports, and its owner can forge it (the hub keeps no timestamp
+later than now, hub/activity.py, so forging takes a process that keeps reporting). What
+bounds that is ``--max-hold GROUP=SECONDS`` (a class's ``max_hold``): while others wait, a
+server that has held its slice that long is warned and stopped however used it looks
+(spawner/waitline.py ``over_hold``), counted from the placement as the platform recorded it
+(the ledger's row, or the pod's creation) for the class charged for the slice.
 """
 
 from __future__ import annotations
@@ -31,12 +38,12 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import requests
@@ -44,17 +51,22 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
 
 from hub.exporter import OwnerOf, Source, owner_from_proc
-from spawner.backends import ANNOTATION_BACKEND
+from spawner import environ
 from spawner.gpus import GpuSample
-from spawner.inventory import SERVERNAME, USERNAME, holds_resources
+from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, holds_resources
 from spawner.ledger import Ledger, server_key
+from spawner.quotas import GroupRules
+from spawner.sharing.base import ANNOTATION_BACKEND
 from spawner.waitline import (
+    GPU_IDLE_TIMEOUT_S,
+    HELD_TOO_LONG,
     GpuTrace,
     Holder,
     activity_report_interval,
     busy_alone,
     busy_processes,
     follow_gpu_memory,
+    over_hold,
     reclaim,
     still_freeing,
     stop_at,
@@ -79,9 +91,17 @@ def holders_from_hub(users: Iterable[dict[str, Any]], gpu_keys: set[str]) -> lis
     return found
 
 
-def gpu_keys_from_pods(pods: Iterable[dict[str, Any]]) -> set[str]:
-    """The servers whose notebook pods hold a GPU (KubeGpuSpawner names the sharing backend on those only)."""
-    keys = set()
+class Hold(NamedTuple):
+    """A server's hold on a GPU as the platform recorded it."""
+
+    since: float | None  # when the slice was placed
+    group: str | None  # the class charged for it
+
+
+def gpu_holds_from_pods(pods: Iterable[dict[str, Any]]) -> dict[str, Hold]:
+    """The servers whose notebook pods hold a GPU (KubeGpuSpawner names the sharing backend on those only),
+    each from its pod's creation (made once the line placed it), for the group its annotation names."""
+    holds = {}
     for pod in pods:
         meta = pod.get("metadata", {})
         annotations = meta.get("annotations") or {}
@@ -89,8 +109,34 @@ def gpu_keys_from_pods(pods: Iterable[dict[str, Any]]) -> set[str]:
             continue
         user = annotations.get(USERNAME) or (meta.get("labels") or {}).get(USERNAME)
         if user:
-            keys.add(server_key(user, annotations.get(SERVERNAME, "")))
-    return keys
+            key = server_key(user, annotations.get(SERVERNAME, ""))
+            holds[key] = Hold(_timestamp(meta.get("creationTimestamp")), annotations.get(GROUP_ANNOTATION))
+    return holds
+
+
+def with_holds(holders: Iterable[Holder], holds: Mapping[str, Hold], max_holds: Mapping[str, float]) -> list[Holder]:
+    """The holders with when their slice was placed and their class's ``max_hold`` (none: no cap)."""
+    joined = []
+    for h in holders:
+        hold = holds.get(h.key)
+        if hold is not None:
+            h = replace(h, held_since=hold.since, max_hold_s=max_holds.get(hold.group or ""))
+        joined.append(h)
+    return joined
+
+
+def max_hold_options(groups: Iterable[GroupRules]) -> list[str]:
+    """``--max-hold GROUP=SECONDS`` for each group with a ``max_hold`` (the default rules' too: users in no group)."""
+    quotas = [g.quota for g in groups]
+    return [f"--max-hold={q.name}={q.max_hold_s:g}" for q in quotas if q.max_hold_s]
+
+
+def _max_hold(text: str) -> tuple[str, float]:
+    group, _, seconds = text.rpartition("=")
+    try:
+        return group, float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"write GROUP=SECONDS, e.g. ml101=7200, not {text!r}") from None
 
 
 async def _list_notebook_pods(namespace: str) -> list[dict[str, Any]]:
@@ -108,8 +154,8 @@ async def _list_notebook_pods(namespace: str) -> list[dict[str, Any]]:
         return list(json.loads(await response.read()).get("items") or [])
 
 
-def kube_gpu_keys(namespace: str) -> Callable[[], set[str]]:
-    return lambda: gpu_keys_from_pods(asyncio.run(_list_notebook_pods(namespace)))
+def kube_gpu_holds(namespace: str) -> Callable[[], dict[str, Hold]]:
+    return lambda: gpu_holds_from_pods(asyncio.run(_list_notebook_pods(namespace)))
 
 
 def gpu_evidence(
@@ -163,16 +209,20 @@ class Reclaimer:
         warn_before: float,
         gpu_source: Source | None = None,
         owner_of: OwnerOf = owner_from_proc,
-        gpu_keys: Callable[[], set[str]] | None = None,
+        gpu_holds: Callable[[], Mapping[str, Hold]] | None = None,
+        max_holds: Mapping[str, float] | None = None,
     ) -> None:
-        """``gpu_keys``: the servers holding a GPU now (default: the ledger's holds)."""
+        """``gpu_holds``: the servers holding a GPU now (default: the ledger's holds); ``max_holds``: each
+        class's ``max_hold`` in seconds."""
         self.api_url, self.ledger = api_url.rstrip("/"), ledger
-        self.gpu_keys = gpu_keys or (lambda: {h.key for h in ledger.holdings()})
+        self.gpu_holds = gpu_holds or (lambda: {k: Hold(*v) for k, v in ledger.hold_starts().items()})
+        self.max_holds = dict(max_holds or {})
         self.timeout, self.warn_before = gpu_idle_timeout, warn_before
         self.gpu_source, self.owner_of = gpu_source, owner_of
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"token {token}"
         self.warned: dict[str, float] = {}
+        self.held_too_long: set[str] = set()  # of the warned: those warned for max_hold, not for idleness
         self.freeing: dict[str, float] = {}  # servers stopped for the line whose slices may not have reached it
         self.traces: dict[str, GpuTrace] = {}
 
@@ -201,47 +251,73 @@ class Reclaimer:
         needed = waiting - len(self.freeing)  # the slices already on their way to the line are not needed again
         if needed <= 0:
             return []
-        gpu_keys = self.gpu_keys()
+        holds = self.gpu_holds()
+        holders = with_holds(self.holders(users, set(holds), now), holds, self.max_holds)
         warn, stop = reclaim(
-            self.holders(users, gpu_keys, now),
-            waiting=needed,
+            holders, waiting=needed, now=now, gpu_idle_timeout=self.timeout, warn_before=self.warn_before
+        )
+        idle = {*warn, *stop}
+        hold_warn, hold_stop = over_hold(
+            [h for h in holders if h.key not in idle],
+            waiting=needed - len(idle),
             now=now,
-            gpu_idle_timeout=self.timeout,
             warn_before=self.warn_before,
         )
-        self.warned = {k: t for k, t in self.warned.items() if k in {*warn, *stop}}  # active again: forgotten
+        too_long = {*hold_warn, *hold_stop}
+        # Active again (or nobody needs the slice any more): forgotten; a reason that changed: warned again.
+        standing = idle | too_long
+        self.warned = {
+            k: t for k, t in self.warned.items() if k in standing and (k in too_long) == (k in self.held_too_long)
+        }
+        self.held_too_long &= too_long
         report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
-        for key in [*warn, *stop]:
+        for key in sorted(idle | too_long):
             if key not in self.warned:
                 self.warned[key] = now
-                at = instant(stop_at(now, self.warn_before, report_every))
-                self.ledger.record(key, "warned", 100, f"idle while others wait for a GPU: stops at {at} unless used")
-                log.info("gpuslice reclaimer: warned %s", key)
+                self.ledger.record(key, "warned", 100, self._warning(key in too_long, now))
+                log.info("gpuslice reclaimer: warned %s%s", key, " (held past max_hold)" if key in too_long else "")
+        self.held_too_long |= too_long
         due = [key for key in stop if stop_due(self.warned[key], now, self.warn_before, report_every)]
+        due += [key for key in hold_stop if now >= self.warned[key] + self.warn_before]  # used or not
         for key in due:
-            if self._stop(key):
+            if self._stop(key, held_too_long=key in too_long):
                 self.freeing[key] = now
             self.warned.pop(key, None)
+            self.held_too_long.discard(key)
         return due
+
+    def _stop_time(self, key: str) -> float:
+        """When a warned server is stopped: the time its warning announced."""
+        warned = self.warned[key]
+        if key in self.held_too_long:  # used or not
+            return warned + self.warn_before
+        return stop_at(warned, self.warn_before, activity_report_interval(self.warn_before))
 
     def next_look(self, now: float, interval: float) -> float:
         """Seconds until the next look: ``interval``, or sooner when a warned server's announced stop comes first
         (the stop happens at the time the warning said, not up to an interval later)."""
-        report_every = activity_report_interval(self.warn_before)
-        stops = [stop_at(at, self.warn_before, report_every) - now for at in self.warned.values()]
+        stops = [self._stop_time(key) - now for key in self.warned]
         return max(0.1, min([interval, *stops]))
 
-    def _stop(self, key: str) -> bool:
+    def _warning(self, held_too_long: bool, now: float) -> str:
+        """The warning's words, with the stop's time as an instant the pages show in the reader's clock."""
+        if held_too_long:
+            return f"{HELD_TOO_LONG} while others wait for a GPU: stops at {instant(now + self.warn_before)}"
+        at = instant(stop_at(now, self.warn_before, activity_report_interval(self.warn_before)))
+        return f"idle while others wait for a GPU: stops at {at} unless used"
+
+    def _stop(self, key: str, held_too_long: bool = False) -> bool:
         # Before the stop: the spawner names who stopped it from this note, as for the portal's.
         idle = f"{self.timeout / 60:.0f} min" if self.timeout >= 60 else f"{self.timeout:.0f} s"
-        self.ledger.record(key, "stopping", 90, f"the GPU line's reclaimer: idle for over {idle} while others waited")
+        why = f"{HELD_TOO_LONG} of its class" if held_too_long else f"idle for over {idle}"
+        self.ledger.record(key, "stopping", 90, f"the GPU line's reclaimer: {why} while others waited")
         user, name = key.split("/", 1)
         path = f"/users/{quote(user)}/servers/{quote(name)}" if name else f"/users/{quote(user)}/server"
         response = self.session.delete(f"{self.api_url}{path}", timeout=60)
         if response.status_code not in (202, 204):
             log.warning("gpuslice reclaimer: stopping %s answered HTTP %s", key, response.status_code)
             return False
-        log.info("gpuslice reclaimer: stopped %s (idle while others waited)", key)
+        log.info("gpuslice reclaimer: stopped %s (%s while others waited)", key, why)
         return True
 
 
@@ -267,20 +343,31 @@ def nvml_source() -> Source | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", type=Path, required=True, help="the ledger's SQLite file")
-    parser.add_argument("--gpu-idle-timeout", type=float, default=900.0, help="seconds idle before reclaiming")
+    parser.add_argument(
+        "--gpu-idle-timeout", type=float, default=GPU_IDLE_TIMEOUT_S, help="seconds idle before reclaiming"
+    )
     parser.add_argument("--warn-before", type=float, default=180.0, help="seconds between the warning and the stop")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks")
     parser.add_argument("--kube-namespace", default="", help="on Kubernetes: the notebook pods' namespace")
+    parser.add_argument(
+        "--max-hold",
+        type=_max_hold,
+        action="append",
+        default=[],
+        help="GROUP=SECONDS: while others wait, the longest a server charged to GROUP holds its slice (repeatable)",
+    )
     args = parser.parse_args(argv)
+    env = environ.read()
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
     reclaimer = Reclaimer(
-        os.environ["JUPYTERHUB_API_URL"],
-        os.environ["JUPYTERHUB_API_TOKEN"],
+        env.require(environ.HUB_API_URL),
+        env.require(environ.HUB_API_TOKEN),
         Ledger(args.ledger),
         args.gpu_idle_timeout,
         args.warn_before,
         None if args.kube_namespace else nvml_source(),
-        gpu_keys=kube_gpu_keys(args.kube_namespace) if args.kube_namespace else None,
+        gpu_holds=kube_gpu_holds(args.kube_namespace) if args.kube_namespace else None,
+        max_holds=dict(args.max_hold),
     )
     try:
         while True:

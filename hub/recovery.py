@@ -1,26 +1,32 @@
-"""Bring the ledger back in line with reality before the hub starts.
+"""Bring the ledger and the servers' processes back in line with the hub before it starts.
 
 After a crash (kill -9 of the hub included) the ledger may hold slices of servers
-that never finished starting, or that died while the hub was down. The hub's
-database says which servers it believes run, and each server's process id says
-whether it really does. Anything else is released, and an orphan process (started
-but never recorded by the hub) is stopped, so its slice cannot be used twice.
+that never finished starting, or that died while the hub was down, and processes may run
+that no hub will ever look after. The hub's database says which servers it believes run,
+with each one's process id; the ledger names every server process from the moment it
+exists (``server_process``). A server the database claims (by its process id, or, for one
+whose start the hub never finished recording, by the ledger's process of that server) is
+kept, for the restarted hub to adopt. Every other recorded process still running is an
+orphan: it is stopped with everything it started and its slice released, and the log says
+so. At a full stop of the platform, ``stop_servers`` ends whatever the hub left running.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from spawner.ledger import Held, Ledger, server_key
+from spawner.confinement import Confinement
+from spawner.ledger import Held, Ledger, ServerProcess, server_key
+from spawner.processes import Proc, running, stop_trees
 
 
 def running_servers(hub_db: Path) -> dict[str, int]:
-    """user/server -> pid for every server the hub's database records as running."""
+    """user/server -> pid (0 when not recorded) for every server the hub's database records as running."""
     if not hub_db.exists():
         return {}
     db = sqlite3.connect(f"file:{hub_db}?mode=ro", uri=True)
@@ -52,13 +58,88 @@ def alive(pid: int) -> bool:
     return True
 
 
-def reconcile(ledger: Ledger, hub_db: Path) -> list[Held]:
-    """Release every hold no live, recorded server owns; stop orphan processes."""
+@dataclass(frozen=True)
+class Plan:
+    live: set[str]  # servers the restarted hub will find running: their slices stay
+    orphans: list[ServerProcess]  # running, but no hub claims them: stop them
+    ended: list[ServerProcess]  # recorded, no longer running: forget them
+
+
+def plan(
+    recorded: dict[str, int], alive_pids: set[int], processes: list[ServerProcess], still_running: set[ServerProcess]
+) -> Plan:
+    """What to keep, stop and forget (pure).
+
+    ``recorded``: the hub database's running servers and their pids (0: the hub was killed
+    before it recorded one); ``alive_pids``: which of those pids run; ``processes``: the
+    ledger's server processes, oldest first; ``still_running``: which of them run.
+    """
+    live = {key for key, pid in recorded.items() if pid in alive_pids}
+    adopted: dict[str, ServerProcess] = {}
+    for process in processes:  # the newest running process of a server whose pid the hub never recorded
+        if process in still_running and recorded.get(process.key) == 0:
+            adopted[process.key] = process
+    live |= set(adopted)
+    claimed = set(adopted.values())
+    orphans = [
+        p
+        for p in processes
+        if p in still_running and p not in claimed and not (recorded.get(p.key) == p.pid and p.pid in alive_pids)
+    ]
+    ended = [p for p in processes if p not in still_running]
+    return Plan(live, orphans, ended)
+
+
+def reconcile(
+    ledger: Ledger, hub_db: Path, say: Callable[[str], None] = print, confinement: Confinement | None = None
+) -> list[Held]:
+    """Stop orphan servers, forget ended ones, release every hold no live server owns; return the released holds.
+
+    With ``confinement``, every server cgroup (or scope) no kept server runs in is emptied and
+    removed too: a server that never made it into the ledger is found there.
+    """
     recorded = running_servers(hub_db)
-    live = {key for key, pid in recorded.items() if alive(pid)}
-    dropped = ledger.reconcile(live)
-    for hold in dropped:
-        if hold.pid and hold.key not in recorded and alive(hold.pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(hold.pid, signal.SIGTERM)  # servers start in their own session
-    return dropped
+    processes = ledger.processes()
+    still_running = {p for p in processes if running(Proc(p.pid, p.started))}
+    decided = plan(recorded, {pid for pid in recorded.values() if alive(pid)}, processes, still_running)
+    _stop(ledger, decided.orphans, "no hub claims it (its hub was killed, or stopped without stopping it)", say)
+    for process in decided.ended:
+        ledger.forget_process(process)
+    kept = {p.unit for p in still_running - set(decided.orphans) if p.unit}
+    _remove_units(confinement, kept, "no hub claims it", say)
+    return ledger.reconcile(decided.live)
+
+
+def stop_servers(
+    ledger: Ledger, say: Callable[[str], None] = print, confinement: Confinement | None = None
+) -> list[Held]:
+    """At a full stop, after the hub has stopped what it knew of: end every server process left
+    and release its slice (a hub stops the servers it adopted after a restart too; this is for
+    one it lost track of), and remove every server cgroup. Returns the released holds."""
+    processes = ledger.processes()
+    _stop(ledger, [p for p in processes if running(Proc(p.pid, p.started))], "the hub left it running", say)
+    _remove_units(confinement, set(), "the hub left it", say)
+    keys = {p.key for p in processes}
+    released = [h for h in ledger.holdings() if h.key in keys]
+    for key in keys:
+        ledger.release(key)
+    for process in processes:
+        ledger.forget_process(process)
+    return released
+
+
+def _stop(ledger: Ledger, processes: list[ServerProcess], why: str, say: Callable[[str], None]) -> None:
+    stop_trees([Proc(p.pid, p.started) for p in processes])
+    for process in processes:
+        say(f"gpuslice: stopped the server of {process.key} (pid {process.pid}): {why}")
+        ledger.forget_process(process)
+
+
+def _remove_units(confinement: Confinement | None, kept: set[str], why: str, say: Callable[[str], None]) -> None:
+    """Empty and remove every server cgroup or scope but ``kept``; say which held processes."""
+    if confinement is None:
+        return
+    for name in sorted(confinement.names() - kept):
+        ended = confinement.remove(name)
+        if ended:
+            say(f"gpuslice: ended {len(ended)} process(es) in {name} ({confinement.kind}): {why}")

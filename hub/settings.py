@@ -1,32 +1,149 @@
-"""The platform's settings file (YAML), validated with messages that name the key.
+"""The platform's settings: one typed model for every deployment, with each default and rule once.
 
-One typed model (``Settings``, each field with its description); unknown keys are refused
-with a "did you mean" suggestion. Group rules are parsed by spawner/quotas.py.
+``Platform`` holds what every deployment shares (admins, classes and their GPU rules, the
+idle culler's and the GPU reclaimer's timeouts, sign-up) with their defaults and the rules
+between them. Three spellings read it:
+
+* ``Settings``: gpuslice.yaml, the single machine (snake_case keys; ``load``);
+* ``hub.kube_values.KubeValues``: the chart's rendered values (camelCase keys);
+* ``hub.kube_values.Z2jhValues``: Zero to JupyterHub's ``custom.gpuslice`` and its ``cull.timeout``.
+
+A key nobody knows (a typo, or a feature this version lacks) is refused with the likely fix;
+a wrong value names its key and says what to write (spawner/checked.py). Group rules are
+``spawner.quotas.GroupRules``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
+from sizes import quantity_text
+from spawner import environ
+from spawner.cgroups import LimitsError, parse_settings_limits
+from spawner.checked import (
+    Amount,
+    Checked,
+    Flag,
+    Port,
+    PortOrZero,
+    PositiveInt,
+    Seconds,
+    Text,
+    UserNames,
+    one_of,
+    problems,
+    unknown_keys_message,
+)
+from spawner.gpus import DEFAULT_SIMULATE as DEFAULT_SIMULATE
 from spawner.gpus import parse_gpu_spec
-from spawner.quotas import GroupRulesError, group_rules, unknown_keys_message
-from spawner.shares import ShareError, parse_quantity
+from spawner.quotas import GroupRules, GroupRulesError, classes, read_groups
+from spawner.shares import DEFAULT_SMALLEST_SLICE
+from spawner.waitline import GPU_IDLE_TIMEOUT_S, LINE_MAX_WAIT_S
 
-DEFAULT_SIMULATE = "2x16GiB:T4,1x80GiB:H100"
+CULLER_TIMEOUT_S = 3600  # the idle culler stops a server idle this long (every deployment's default)
 
 
 class SettingsError(ValueError):
     """A settings file that cannot be used; the message names the file and key."""
 
 
-class NoticeMail(BaseModel):
+def _groups(raw: Any) -> tuple[GroupRules, ...]:
+    try:
+        return read_groups(raw or {})
+    except GroupRulesError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class Platform(Checked):
+    """What every deployment shares, each default and each rule written once, here."""
+
+    admin_users: UserNames = Field(default=(), description="Users who may see and stop every server.")
+    groups: tuple[GroupRules, ...] = Field(
+        default=(),
+        description="Classes: members, teachers and GPU rules (spawner/quotas.py); a group named default "
+        "holds the rules of users in no other group.",
+    )
+    idle_timeout: Seconds = Field(
+        default=CULLER_TIMEOUT_S, description="Seconds of inactivity before the idle culler stops a server."
+    )
+    gpu_idle_timeout: Seconds = Field(
+        default=GPU_IDLE_TIMEOUT_S,
+        description="While anyone waits for a GPU: seconds idle before a slice is reclaimed (below the idle timeout).",
+    )
+    open_signup: Annotated[Flag, WithJsonSchema({"type": ["boolean", "null"]})] = Field(
+        default=True,
+        description="Anyone may create an account at first login; unset: only where no class is configured.",
+    )
+
+    trusted_proxies: tuple[str, ...] = Field(
+        default=(),
+        description="Addresses or networks (10.0.0.0/8) of proxies in front of the hub's proxy (an ingress, a load "
+        "balancer): failed logins count for the client behind them (loopback always does; docs/platform.md#logins).",
+    )
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _read_groups(cls, raw: Any) -> tuple[GroupRules, ...]:
+        return _groups(raw)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, raw: Any) -> tuple[str, ...]:
+        if not isinstance(raw, list | tuple) or not all(isinstance(entry, str) for entry in raw):
+            raise ValueError("must be a list of addresses or networks, such as [10.0.0.0/8]")
+        for entry in raw:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"must be addresses or networks: {entry!r} is neither (write 10.0.0.0/8)") from None
+        return tuple(raw)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _signup_closed_with_a_class(cls, data: Any) -> Any:
+        """Unset (or null): open only where no class is configured; a second account then gets no class's room."""
+        if isinstance(data, dict):
+            key = cls.model_fields["open_signup"].alias or "open_signup"
+            if data.get(key, data.get("open_signup")) is None:
+                groups = data.get(cls.model_fields["groups"].alias or "groups", data.get("groups"))
+                try:
+                    has_class = bool(classes(_groups(groups)))
+                except ValueError:
+                    return data  # the groups' own validator says what is wrong with them
+                data = {
+                    **{k: v for k, v in data.items() if k not in (key, "open_signup")},
+                    "open_signup": not has_class,
+                }
+        return data
+
+    @model_validator(mode="after")
+    def _reclaiming_before_culling(self) -> Platform:
+        if self.gpu_idle_timeout >= self.idle_timeout:
+            gpu, idle = (type(self).model_fields[f].alias or f for f in ("gpu_idle_timeout", "idle_timeout"))
+            raise ValueError(
+                f"{gpu} ({self.gpu_idle_timeout} s) must be below {idle} ({self.idle_timeout} s): the idle culler"
+                f" would stop the server first and nothing would be reclaimed for the GPU line; lower {gpu} or"
+                f" raise {idle}"
+            )
+        return self
+
+    def signup_words(self) -> str:
+        """Whether a new name may sign up, and why (the startup banner and the docs say it so)."""
+        if self.open_signup:
+            return "any other new name sets its own password at first login (open_signup: true)"
+        because = ", the default with a class; an admin or an invite adds a name" if classes(self.groups) else ""
+        return f"nobody else can sign up (open_signup: false{because})"
+
+
+class NoticeMail(Checked):
     """How ``gpuslice usage --notices FOLDER --send`` mails the weekly idle notice (docs/operations.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,172 +177,6 @@ class NoticeMail(BaseModel):
         return self
 
 
-class Settings(BaseModel):
-    """The platform's settings: ``gpuslice up``'s YAML, checked by ``from_mapping``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    port: int = Field(default=8000, description="The proxy's public port: people open http://127.0.0.1:PORT/.")
-    hub_port: int = Field(default=8081, description="The hub's own port (behind the proxy).")
-    proxy_api_port: int = Field(default=8001, description="The proxy's REST API port.")
-    portal_port: int = Field(
-        default=8502, description="The portal gate's port (behind the proxy at /services/portal/)."
-    )
-    streamlit_port: int = Field(default=0, description="The Streamlit server behind the gate (0: any free port).")
-    data_dir: Path = Field(default=Path("gpuslice-data"), description="Hub database, allocation ledger, users' homes.")
-    admin_users: tuple[str, ...] = Field(default=(), description="Users who may see and stop every server.")
-    simulate: str = Field(default=DEFAULT_SIMULATE, description="gpus.simulate: GPUs to simulate when NVML finds none.")
-    source: str = Field(default="built-in defaults", description="Where these settings came from (a file path).")
-    groups: tuple[dict[str, Any], ...] = Field(
-        default=(), description="Classes: members and GPU rules (spawner/quotas.py)."
-    )
-    images: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Image id -> {path, description}.")
-    isolation: str = Field(
-        default_factory=lambda: default_isolation(),
-        description="unix-users (an account per user; the default as root) or none (every notebook runs as "
-        "gpuslice's own account; the default otherwise).",
-    )
-    user_env: Path = Field(
-        default=Path("/opt/gpuslice/user"),
-        description="Under unix-users: the Python environment every account can read that notebooks run from.",
-    )
-    idle_timeout: int = Field(default=3600, description="Seconds of inactivity before a server is stopped.")
-    gpu_idle_timeout: int = Field(
-        default=900, description="While anyone waits for a GPU: seconds idle before a slice is reclaimed."
-    )
-    line_max_wait: int = Field(
-        default=14400, description="Longest a request may wait in the GPU line (seconds); it is then told so."
-    )
-    open_signup: bool = Field(default=True, description="Anyone may create an account at first login.")
-    admin_password_from: str = Field(
-        default="",
-        description='The admins\' first password: "file:PATH" (mode 0600) or "env:NAME"; empty: generated, shown once.',
-    )
-    smallest_slice: str = Field(
-        default="256MiB",
-        description="The smallest GPU slice a server may ask for; smaller ones are refused (CUDA needs about this).",
-    )
-    monitoring: dict[str, Any] = Field(
-        default_factory=lambda: _monitoring({}, "defaults"),
-        description="enabled, webhook_url, scrape_interval, the monitoring ports and oncall (an OnCall).",
-    )
-    market: dict[str, Any] = Field(
-        default_factory=lambda: _market({}, "defaults"),
-        description="url, models_root, images_catalog, models_catalog, proposals_per_hour (docs/markets.md).",
-    )
-    notice_mail: NoticeMail | None = Field(
-        default=None, description="Mail the weekly idle notice (gpuslice usage --send); none: files only."
-    )
-
-
-# The keys a settings file may have: the fields, with the GPU spec under gpus.simulate.
-TOP_LEVEL_KEYS = tuple(sorted({*Settings.model_fields, "gpus"} - {"simulate", "source"}))
-
-
-DEFAULT_CONFIG = Path("gpuslice.yaml")  # read by `gpuslice up` and written by `gpuslice class add` without --config
-
-
-def default_isolation() -> str:
-    """As root, an account per user: otherwise every notebook would run as root (docs/security.md)."""
-    return "unix-users" if os.geteuid() == 0 else "none"
-
-
-def config_path(given: Path | None) -> Path | None:
-    """The settings file to use: the one given, else ./gpuslice.yaml where it exists, else none (defaults)."""
-    if given is not None:
-        return given
-    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
-
-
-def load(path: Path | None) -> Settings:
-    """Read ``path`` (None: the defaults); raise SettingsError on anything malformed."""
-    if path is None:
-        return Settings()
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(raw, dict):
-        raise SettingsError(f"{path}: the top level must be a mapping of keys to values")
-    return from_mapping(raw, str(path))
-
-
-def from_mapping(raw: dict[str, Any], source: str) -> Settings:
-    _refuse_unknown(raw, TOP_LEVEL_KEYS, source)
-    port = _port(raw, "port", 8000, source)
-    admins = raw.get("admin_users", [])
-    if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
-        raise SettingsError(f"{source}: admin_users must be a list of user names")
-    gpus = raw.get("gpus") or {}
-    if not isinstance(gpus, dict):
-        raise SettingsError(f"{source}: gpus must be a mapping (for example gpus: {{simulate: 2x16GiB:T4}})")
-    simulate = str(gpus.get("simulate", DEFAULT_SIMULATE))
-    try:
-        parse_gpu_spec(simulate)
-    except ValueError as exc:
-        raise SettingsError(f"{source}: gpus.simulate: {exc}") from None
-    data_dir = raw.get("data_dir", "gpuslice-data")
-    if not isinstance(data_dir, str) or not data_dir:
-        raise SettingsError(f"{source}: data_dir must be a folder path")
-    return Settings(
-        port=port,
-        hub_port=_port(raw, "hub_port", 8081, source),
-        proxy_api_port=_port(raw, "proxy_api_port", 8001, source),
-        portal_port=_port(raw, "portal_port", 8502, source),
-        streamlit_port=0 if raw.get("streamlit_port", 0) == 0 else _port(raw, "streamlit_port", 0, source),
-        data_dir=Path(data_dir),
-        admin_users=tuple(admins),
-        simulate=simulate,
-        source=source,
-        groups=_groups(raw.get("groups") or {}, source),
-        images=_images(raw.get("images") or {}, source),
-        isolation=_choice(raw, "isolation", ("none", "unix-users"), default_isolation(), source),
-        user_env=_user_env(raw, source),
-        idle_timeout=_positive_int(raw, "idle_timeout", 3600, source),
-        line_max_wait=_positive_int(raw, "line_max_wait", 14400, source),
-        gpu_idle_timeout=_positive_int(raw, "gpu_idle_timeout", 900, source),
-        open_signup=_bool(raw, "open_signup", True, source),
-        admin_password_from=_password_source(raw, source),
-        smallest_slice=_amount(raw, "smallest_slice", "256MiB", source),
-        monitoring=_monitoring(raw.get("monitoring") or {}, source),
-        market=_market(raw.get("market") or {}, source),
-        notice_mail=_notice_mail(raw.get("notice_mail"), source),
-    )
-
-
-def _notice_mail(raw: Any, source: str) -> NoticeMail | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise SettingsError(f"{source}: notice_mail must be a mapping (smtp_smarthost, smtp_from, address)")
-    try:
-        return NoticeMail.model_validate(raw)
-    except ValidationError as exc:
-        raise SettingsError(f"{source}: notice_mail: {validation_problems(exc)}") from None
-
-
-def _groups(raw: Any, source: str) -> tuple[dict[str, Any], ...]:
-    if not isinstance(raw, dict):
-        raise SettingsError(f"{source}: groups must map group names to their rules")
-    try:
-        return tuple({"name": str(name), **group_rules(str(name), rules)} for name, rules in raw.items())
-    except GroupRulesError as exc:
-        raise SettingsError(f"{source}: {exc}") from None
-
-
-def _images(raw: Any, source: str) -> dict[str, dict[str, Any]]:
-    if not isinstance(raw, dict):
-        raise SettingsError(f"{source}: images must map image ids to {{path, description}}")
-    images = {}
-    for name, spec in raw.items():
-        if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
-            raise SettingsError(f"{source}: images.{name} needs a path (a Python environment prefix)")
-        images[str(name)] = dict(spec)
-    return images
-
-
 _DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")  # Alertmanager's duration syntax, one part
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")  # Alertmanager's names
@@ -245,7 +196,7 @@ def _http_url(value: str | None) -> str | None:
     return value
 
 
-class Contact(BaseModel):
+class Contact(Checked):
     """Someone Alertmanager notifies: a person or a team, by webhook and/or email."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -272,7 +223,7 @@ class Contact(BaseModel):
         return bool(self.webhook_url or self.webhook_url_file or self.email)
 
 
-class OnCall(BaseModel):
+class OnCall(Checked):
     """Who is paged, when, and who next (docs/operations.md). Empty: one webhook per severity."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -330,6 +281,16 @@ class OnCall(BaseModel):
             raise ValueError("smtp_auth_username and smtp_auth_password_file go together")
         return self
 
+    @model_validator(mode="after")
+    def _everyone_reachable(self) -> OnCall:
+        mailed = [c.name for c in self.contacts() if c.email]
+        if mailed and not (self.smtp_smarthost and self.smtp_from):
+            raise ValueError(f"{', '.join(mailed)} should get email: set smtp_smarthost and smtp_from")
+        unreachable = [c.name for c in self.contacts() if not c.reachable]
+        if unreachable:
+            raise ValueError(f"give {', '.join(unreachable)} a webhook_url (or webhook_url_file) or an email")
+        return self
+
     @property
     def enabled(self) -> bool:
         return bool(self.rotation or self.second_line or self.owner or self.deadman_url or self.deadman_url_file)
@@ -338,147 +299,293 @@ class OnCall(BaseModel):
         return (*self.rotation, *(c for c in (self.second_line, self.owner) if c))
 
 
-def validation_problems(exc: ValidationError) -> str:
-    """A pydantic error in one line for people: "key.path: what is wrong; ..."."""
-    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-
-
 def read_oncall(raw: Any, source: str) -> OnCall:
     """monitoring.oncall checked (gpuslice.yaml and the chart's values alike); SettingsError naming the key."""
     if not isinstance(raw, dict):
         raise SettingsError(f"{source}: monitoring.oncall must be a mapping (rotation, second_line, owner, ...)")
     try:
-        oncall = OnCall.model_validate(raw)
+        return OnCall.model_validate(raw)
     except ValidationError as exc:
-        raise SettingsError(f"{source}: monitoring.oncall: {validation_problems(exc)}") from None
-    mailed = [c.name for c in oncall.contacts() if c.email]
-    if mailed and not (oncall.smtp_smarthost and oncall.smtp_from):
-        raise SettingsError(
-            f"{source}: monitoring.oncall: {', '.join(mailed)} should get email: set smtp_smarthost and smtp_from"
-        )
-    unreachable = [c.name for c in oncall.contacts() if not c.reachable]
-    if unreachable:
-        who = ", ".join(unreachable)
-        raise SettingsError(f"{source}: monitoring.oncall: give {who} a webhook_url (or webhook_url_file) or an email")
-    return oncall
+        raise SettingsError(f"{source}: {problems(exc, 'monitoring.oncall')}") from None
 
 
 # Prometheus and Alertmanager ask for basic auth as this user; the password is in a 0600 file
 # (spawner.environ.MONITORING_PASSWORD_FILE) that only the platform's account can read.
 MONITORING_USER = "gpuslice"
 
-MONITORING_PORTS = {
-    "exporter_port": 9400,
-    "prometheus_port": 9090,
-    "alertmanager_port": 9093,
-    "node_exporter_port": 9100,
-}
+
+class ImageEnv(Checked):
+    """images.ID: a Python environment notebooks may run from (the single machine's image market)."""
+
+    path: str = Field(description="The environment's prefix (its bin/python runs the server).")
+    description: str = Field(default="", description="What it holds, for the spawn form.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_path(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
+            raise ValueError("needs a path (a Python environment prefix)")
+        return raw
 
 
-def _monitoring(raw: Any, source: str) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise SettingsError(f"{source}: monitoring must be a mapping (enabled, webhook_url, ports)")
-    _refuse_unknown(
-        raw, ("enabled", "webhook_url", "scrape_interval", "oncall", *MONITORING_PORTS), f"{source}: monitoring"
-    )
-    result: dict[str, Any] = {
-        "enabled": _bool(raw, "enabled", True, f"{source}: monitoring"),
-        "oncall": read_oncall(raw.get("oncall") or {}, source),
-        "webhook_url": raw.get("webhook_url"),
-        "scrape_interval": str(raw.get("scrape_interval", "15s")),
-    }
-    for key, fallback in MONITORING_PORTS.items():
-        result[key] = _port(raw, key, fallback, f"{source}: monitoring")
-    if result["webhook_url"] is not None and not str(result["webhook_url"]).startswith(("http://", "https://")):
-        raise SettingsError(f"{source}: monitoring.webhook_url must be an http(s) URL")
-    return result
+class Monitoring(Checked):
+    """monitoring: the exporter, Prometheus and Alertmanager started by `gpuslice up` (docs/monitoring.md)."""
+
+    enabled: Flag = Field(default=True, description="Start monitoring where Prometheus is installed.")
+    webhook_url: str | None = Field(default=None, description="Alertmanager posts every alert here.")
+    scrape_interval: Text = Field(default="15s", description="How often Prometheus scrapes.")
+    exporter_port: Port = Field(default=9400, description="The GPU exporter's port.")
+    prometheus_port: Port = Field(default=9090, description="Prometheus' port.")
+    alertmanager_port: Port = Field(default=9093, description="Alertmanager's port.")
+    node_exporter_port: Port = Field(default=9100, description="node-exporter's port.")
+    oncall: OnCall = Field(default_factory=OnCall, description="Who is paged, when, and who next.")
+
+    @field_validator("webhook_url", mode="before")
+    @classmethod
+    def _url(cls, value: Any) -> Any:
+        if value is not None and not str(value).startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return value
+
+    @field_validator("oncall", mode="before")
+    @classmethod
+    def _oncall_mapping(cls, raw: Any) -> Any:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict | OnCall):
+            raise ValueError("must be a mapping (rotation, second_line, owner, ...)")
+        return raw
 
 
 CATALOGS = Path(__file__).parents[1] / "images"
-MARKET_KEYS = {"url", "models_root", "images_catalog", "models_catalog", "proposals_per_hour"}
 
 
-def _market(raw: Any, source: str) -> dict[str, Any]:
-    """url ('' : a SQLite file in data_dir), models_root ('' : data_dir/models), catalogs, rate limit."""
+class Market(Checked):
+    """market: where the image and model markets keep their data (docs/markets.md)."""
+
+    url: Text = Field(default="", description="SQLAlchemy URL ('': a SQLite file in data_dir).")
+    models_root: Text = Field(default="", description="The model files' folder ('': data_dir/models).")
+    images_catalog: Text = Field(default=str(CATALOGS / "catalog.yaml"), description="The image market's seed.")
+    models_catalog: Text = Field(default=str(CATALOGS / "models.yaml"), description="The model market's seed.")
+    proposals_per_hour: PositiveInt = Field(default=3, description="Model proposals one user may make per hour.")
+
+    @field_validator("images_catalog", "models_catalog", mode="before")
+    @classmethod
+    def _default_when_empty(cls, value: Any, info: Any) -> Any:
+        return value or cls.model_fields[info.field_name].default
+
+
+def _default_isolation() -> str:
+    return default_isolation()
+
+
+class Settings(Platform):
+    """gpuslice.yaml: the single-machine platform's settings, read by ``load``."""
+
+    extra_keys = ("gpus",)  # gpus.simulate is read into simulate
+    not_keys = ("simulate", "source")
+
+    port: Port = Field(default=8000, description="The proxy's public port: people open http://127.0.0.1:PORT/.")
+    hub_port: Port = Field(default=8081, description="The hub's own port (behind the proxy).")
+    proxy_api_port: Port = Field(default=8001, description="The proxy's REST API port.")
+    portal_port: Port = Field(
+        default=8502, description="The portal gate's port (behind the proxy at /services/portal/)."
+    )
+    streamlit_port: PortOrZero = Field(
+        default=0, description="The Streamlit server behind the gate (0: any free port)."
+    )
+    data_dir: Path = Field(default=Path("gpuslice-data"), description="Hub database, allocation ledger, users' homes.")
+    simulate: str = Field(default=DEFAULT_SIMULATE, description="gpus.simulate: GPUs to simulate when NVML finds none.")
+    source: str = Field(default="built-in defaults", description="Where these settings came from (a file path).")
+    images: dict[str, ImageEnv] = Field(default_factory=dict, description="Image id -> {path, description}.")
+    isolation: one_of("none", "unix-users") = Field(  # type: ignore[valid-type]
+        default_factory=_default_isolation,
+        description="unix-users (an account per user; the default as root) or none (every notebook runs as "
+        "gpuslice's own account; the default otherwise).",
+    )
+    user_env: Path = Field(
+        default=Path("/opt/gpuslice/user"),
+        description="Under unix-users: the Python environment every account can read that notebooks run from.",
+    )
+    line_max_wait: Seconds = Field(
+        default=LINE_MAX_WAIT_S, description="Longest a request may wait in the GPU line (seconds); it is then told so."
+    )
+    admin_password_from: str = Field(
+        default="",
+        description='The admins\' first password: "file:PATH" (mode 0600) or "env:NAME"; empty: generated, shown once.',
+    )
+    smallest_slice: Amount = Field(
+        default=quantity_text(DEFAULT_SMALLEST_SLICE),
+        description="The smallest GPU slice a server may ask for; smaller ones are refused (CUDA needs about this).",
+    )
+    monitoring: Monitoring = Field(
+        default_factory=Monitoring,
+        description="enabled, webhook_url, scrape_interval, the monitoring ports and oncall (an OnCall).",
+    )
+    market: Market = Field(
+        default_factory=Market,
+        description="url, models_root, images_catalog, models_catalog, proposals_per_hour (docs/markets.md).",
+    )
+    notice_mail: NoticeMail | None = Field(
+        default=None, description="Mail the weekly idle notice (gpuslice usage --send); none: files only."
+    )
+    limits: dict[str, Any] = Field(
+        default_factory=dict,
+        description="As root, each server's cgroup: memory, processes, cpu_weight, tmp, shm, home, and under "
+        "classes each class's own (spawner/cgroups.py has the defaults; docs/security.md#limits-per-server).",
+    )
+
+    @field_validator("limits", mode="before")
+    @classmethod
+    def _limits(cls, raw: Any) -> Any:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise ValueError("must be a mapping (for example limits: {memory: 4GiB})")
+        try:
+            parse_settings_limits(raw)
+        except LimitsError as exc:
+            raise ValueError(str(exc).removeprefix("limits: ").removeprefix("limits.")) from None
+        return raw
+
+    @model_validator(mode="after")
+    def _limits_of_known_classes(self) -> Settings:
+        named = set(self.limits.get("classes") or {}) - {g.name for g in self.groups}
+        if named:
+            known = ", ".join(sorted(g.name for g in self.groups)) or "none configured"
+            raise ValueError(f"limits.classes names no class of groups: {', '.join(sorted(named))} (classes: {known})")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpus_simulate(cls, data: Any) -> Any:
+        """The file's ``gpus: {simulate: SPEC}`` is the field ``simulate``."""
+        if isinstance(data, dict) and "gpus" in data:
+            gpus = data["gpus"] or {}
+            if not isinstance(gpus, dict):
+                raise ValueError("gpus must be a mapping (for example gpus: {simulate: 2x16GiB:T4})")
+            data = {k: v for k, v in data.items() if k != "gpus"}
+            if "simulate" in gpus:
+                data["simulate"] = str(gpus["simulate"])
+        return data
+
+    @field_validator("simulate")
+    @classmethod
+    def _gpu_spec(cls, spec: str) -> str:
+        try:
+            parse_gpu_spec(spec)
+        except ValueError as exc:
+            raise ValueError(f"gpus.simulate: {exc}") from None
+        return spec
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _folder(cls, value: Any) -> Any:
+        if not isinstance(value, str | Path) or not str(value):
+            raise ValueError("must be a folder path")
+        return value
+
+    @field_validator("images", mode="before")
+    @classmethod
+    def _images(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            raise ValueError("must map image ids to {path, description}")
+        return {str(name): spec for name, spec in raw.items()}
+
+    @field_validator("user_env", mode="before")
+    @classmethod
+    def _absolute(cls, value: Any) -> Any:
+        if not Path(str(value)).is_absolute():
+            raise ValueError("must be an absolute folder path (such as /opt/gpuslice/user)")
+        return value
+
+    @field_validator("admin_password_from", mode="before")
+    @classmethod
+    def _password_source(cls, value: Any) -> Any:
+        if not isinstance(value, str) or (value and not value.startswith(("file:", "env:"))):
+            raise ValueError(f'must be "file:PATH" or "env:NAME", not {value!r}')
+        return value
+
+    @field_validator("monitoring", "market", "notice_mail", mode="before")
+    @classmethod
+    def _a_mapping(cls, value: Any, info: Any) -> Any:
+        if value is None and info.field_name != "notice_mail":
+            return {}
+        if value is not None and not isinstance(value, dict | BaseModel):
+            raise ValueError(f"must be a mapping ({', '.join(_SECTION_KEYS[info.field_name])})")
+        return value
+
+
+_SECTION_KEYS = {
+    "monitoring": ("enabled", "webhook_url", "ports", "oncall"),
+    "market": tuple(sorted(Market.keys())),
+    "notice_mail": ("smtp_smarthost", "smtp_from", "address"),
+}
+
+
+# The keys a settings file may have: the fields, with the GPU spec under gpus.simulate.
+TOP_LEVEL_KEYS = Settings.keys()
+
+DEFAULT_CONFIG = Path("gpuslice.yaml")  # read by `gpuslice up` and written by `gpuslice class add` without --config
+
+
+def default_isolation() -> str:
+    """As root, an account per user: otherwise every notebook would run as root (docs/security.md)."""
+    return "unix-users" if os.geteuid() == 0 else "none"
+
+
+def config_path(given: Path | None) -> Path | None:
+    """The settings file to use: the one given, else ./gpuslice.yaml where it exists, else none (defaults)."""
+    if given is not None:
+        return given
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+
+
+def load(path: Path | None) -> Settings:
+    """Read ``path`` (None: the defaults); raise SettingsError on anything malformed."""
+    if path is None:
+        return Settings()
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(raw, dict):
-        raise SettingsError(f"{source}: market must be a mapping ({', '.join(sorted(MARKET_KEYS))})")
-    _refuse_unknown(raw, tuple(MARKET_KEYS), f"{source}: market")
-    for key in ("url", "models_root", "images_catalog", "models_catalog"):
-        if not isinstance(raw.get(key, ""), str):
-            raise SettingsError(f"{source}: market.{key} must be text")
-    return {
-        "url": raw.get("url", ""),
-        "models_root": raw.get("models_root", ""),
-        "images_catalog": raw.get("images_catalog") or str(CATALOGS / "catalog.yaml"),
-        "models_catalog": raw.get("models_catalog") or str(CATALOGS / "models.yaml"),
-        "proposals_per_hour": _positive_int(raw, "proposals_per_hour", 3, f"{source}: market"),
-    }
+        raise SettingsError(f"{path}: the top level must be a mapping of keys to values")
+    return from_mapping(raw, str(path))
+
+
+def from_mapping(raw: dict[str, Any], source: str) -> Settings:
+    """The settings in ``raw`` (a settings file's mapping), checked; SettingsError names ``source`` and the key."""
+    internal = sorted(str(k) for k in raw if k in Settings.not_keys)  # fields the reader sets, not keys
+    if internal:
+        raise SettingsError(f"{source}: {unknown_keys_message(internal, Settings.keys())}")
+    try:
+        return Settings.model_validate({**raw, "source": source})
+    except ValidationError as exc:
+        raise SettingsError(f"{source}: {problems(exc)}") from None
+
+
+def from_environment(env: environ.Environment | None = None) -> Settings:
+    """The settings a process of `gpuslice up` runs with: the file its environment names, with the data
+    folder and the markets' places `gpuslice up` handed down (spawner/environ.py) put in."""
+    env = env or environ.read()
+    path = env.get(environ.SETTINGS)
+    settings = load(Path(path) if path else None)
+    market = settings.market.model_copy(
+        update={
+            "url": env.get(environ.MARKET_URL) or settings.market.url,
+            "models_root": env.get(environ.MODELS_ROOT) or settings.market.models_root,
+        }
+    )
+    data_dir = Path(env.get(environ.DATA_DIR) or settings.data_dir)
+    return settings.model_copy(update={"data_dir": data_dir, "market": market})
 
 
 def market_url(settings: Settings) -> str:
-    return str(settings.market["url"]) or f"sqlite:///{(settings.data_dir / 'market.sqlite').absolute()}"
+    return settings.market.url or f"sqlite:///{(settings.data_dir / 'market.sqlite').absolute()}"
 
 
 def models_root(settings: Settings) -> Path:
-    return Path(settings.market["models_root"] or settings.data_dir / "models").absolute()
-
-
-def _refuse_unknown(raw: dict[str, Any], known: tuple[str, ...], where: str) -> None:
-    """A key we do not know is a typo or a feature this version lacks: say so, never ignore it."""
-    unknown = sorted(str(k) for k in raw if k not in known)
-    if unknown:
-        raise SettingsError(f"{where}: {unknown_keys_message(unknown, known)}")
-
-
-def _port(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:
-    value = raw.get(key, fallback)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise SettingsError(f"{source}: {key} must be a number from 1 to 65535, not {value!r}")
-    return value
-
-
-def _user_env(raw: dict[str, Any], source: str) -> Path:
-    path = Path(str(raw.get("user_env", "/opt/gpuslice/user")))
-    if not path.is_absolute():
-        raise SettingsError(f"{source}: user_env must be an absolute folder path (such as /opt/gpuslice/user)")
-    return path
-
-
-def _choice(raw: dict[str, Any], key: str, allowed: tuple[str, ...], fallback: str, source: str) -> str:
-    value = raw.get(key, fallback)
-    if value not in allowed:
-        raise SettingsError(f"{source}: {key} must be one of {', '.join(allowed)}, not {value!r}")
-    return str(value)
-
-
-def _positive_int(raw: dict[str, Any], key: str, fallback: int, source: str) -> int:
-    value = raw.get(key, fallback)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SettingsError(f"{source}: {key} must be a whole number of seconds above 0, not {value!r}")
-    return value
-
-
-def _password_source(raw: dict[str, Any], source: str) -> str:
-    value = raw.get("admin_password_from", "")
-    if not isinstance(value, str) or (value and not value.startswith(("file:", "env:"))):
-        raise SettingsError(f'{source}: admin_password_from must be "file:PATH" or "env:NAME", not {value!r}')
-    return value
-
-
-def _amount(raw: dict[str, Any], key: str, fallback: str, source: str) -> str:
-    value = raw.get(key, fallback)
-    try:
-        if not isinstance(value, str):
-            raise ShareError(f"a {type(value).__name__} is not an amount of memory.")
-        if parse_quantity(value) <= 0:
-            raise ShareError(f"{value!r} is not an amount of memory above 0.")
-    except ShareError as exc:
-        raise SettingsError(f"{source}: {key}: {exc} Write for example 256MiB.") from None
-    return value
-
-
-def _bool(raw: dict[str, Any], key: str, fallback: bool, source: str) -> bool:
-    value = raw.get(key, fallback)
-    if not isinstance(value, bool):
-        raise SettingsError(f"{source}: {key} must be true or false, not {value!r}")
-    return value
+    return Path(settings.market.models_root or settings.data_dir / "models").absolute()

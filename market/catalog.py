@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from spawner.shares import ShareError, parse_quantity
+from sizes import SizeError, parse_quantity
 
 SLUG = r"^[a-z0-9][a-z0-9-]{0,62}$"
 Slug = Annotated[str, Field(pattern=SLUG, description="lower-case letters, digits and '-', 63 at most")]
@@ -37,7 +37,7 @@ class _Entry(BaseModel):
     def _size_is_a_quantity(cls, value: str) -> str:
         try:
             parse_quantity(str(value))
-        except ShareError as exc:
+        except SizeError as exc:
             raise ValueError(str(exc)) from None
         return str(value)
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import JSON, Boolean, Float, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -223,13 +225,25 @@ class Store:
 
     # -- schema -------------------------------------------------------------------------
 
-    def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision (creates it on a new database)."""
+    def _alembic(self) -> Config:
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         config.attributes["engine"] = self.engine
+        return config
+
+    def at_newest(self) -> bool:
+        """Whether the schema is at the newest Alembic revision (``gpuslice upgrade`` asks before migrating)."""
+        head = ScriptDirectory.from_config(self._alembic()).get_current_head()
         try:
-            command.upgrade(config, "head")
+            with self.engine.connect() as connection:
+                return MigrationContext.configure(connection).get_current_revision() == head
+        except SQLAlchemyError as exc:
+            raise MarketError(f"the market database {self._where()} could not be read: {_short(exc)}") from exc
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision (creates it on a new database)."""
+        try:
+            command.upgrade(self._alembic(), "head")
         except SQLAlchemyError as exc:
             raise MarketError(f"the market database {self._where()} could not be migrated: {_short(exc)}") from exc
 

@@ -10,7 +10,7 @@ from spawner import environ, secretenv
 
 def require_identity() -> Identity:
     secretenv.load_secrets()  # the gate's key and the hub token, from the gate's 0600 file (first page only)
-    secret = bytes.fromhex(environ.PORTAL_SECRET.get()) or b""
+    secret = bytes.fromhex(environ.read().get(environ.PORTAL_SECRET)) or b""
     try:
         if not secret:
             raise IdentityError("the portal has no gate secret: start it with gpuslice up")

@@ -200,10 +200,11 @@ def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[b
 
 
 def main() -> None:
-    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/portal/")
-    listen = urlsplit(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8502"))
+    env = environ.read()
+    prefix = env.get(environ.SERVICE_PREFIX)
+    listen = urlsplit(env.get(environ.SERVICE_URL))
     host, port = listen.hostname or "127.0.0.1", listen.port or 8502
-    streamlit_port = int(environ.STREAMLIT_PORT.get()) or free_port()
+    streamlit_port = env.streamlit_port or free_port()
     secret = secrets.token_bytes(32)  # lives only in this process and its Streamlit child
     child = start_streamlit(streamlit_port, prefix, secret)
     app = make_app(prefix, Upstream(streamlit_port, secret), secrets.token_bytes(32))

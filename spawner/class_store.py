@@ -1,7 +1,7 @@
 """The classes as the running hub keeps them: one SQLite file that the hub, its spawners and the CLI share.
 
 A class is its rules as the settings write them (``members``, ``teachers``, ``max_slice``,
-``budget``, ...; checked by spawner/quotas.py's one parser). The spawners read the rules here
+``budget``, ...; read by spawner/quotas.py's one model, ``GroupRules``). The spawners read the rules here
 at every spawn and every form, so a class added, changed or removed takes effect at once,
 without restarting the hub and without stopping anyone's server.
 
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from spawner.quotas import GroupRulesError, group_rules
+from spawner.quotas import DEFAULT_GROUP, GroupRules, GroupRulesError, read_group, read_groups
 from spawner.sqlite_schema import SchemaError, migrate
 
 Rules = dict[str, Any]  # one class's rules in settings spelling, with its "name"
@@ -45,12 +45,18 @@ def digest(rules: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(rules, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def as_rules(group: GroupRules) -> Rules:
+    """A class's rules in settings spelling with its name, as the store and the classes API keep them."""
+    return {"name": group.name, **group.model_dump(mode="json", exclude_defaults=True, exclude={"name"})}
+
+
 def checked(name: str, rules: Mapping[str, Any]) -> Rules:
-    """``rules`` through the one parser of group rules, with the name; GroupRulesError says what is wrong."""
+    """``rules`` read as GroupRules (spawner/quotas.py), with the name; GroupRulesError says what is wrong."""
     if not name or not isinstance(name, str):
         raise GroupRulesError("a class needs a name")
-    plain = group_rules(name, {k: v for k, v in rules.items() if k != "name"})
-    return {"name": name, **{k: v for k, v in plain.items() if v is not None}}
+    if name == DEFAULT_GROUP:
+        raise GroupRulesError(f"{DEFAULT_GROUP!r} names the rules of users in no class: change them in the settings")
+    return as_rules(read_group(name, {k: v for k, v in rules.items() if k != "name"}))
 
 
 _MADE: set[Path] = set()  # the stores whose schema this process has made: reads need no write lock
@@ -95,6 +101,10 @@ class ClassStore:
             rows = db.execute("SELECT name, rules FROM class ORDER BY name").fetchall()
         return tuple({"name": name, **json.loads(rules)} for name, rules in rows)
 
+    def groups(self) -> tuple[GroupRules, ...]:
+        """Every class's rules as the spawners apply them."""
+        return read_groups(list(self.classes()))
+
     def get(self, name: str) -> Rules | None:
         return next((c for c in self.classes() if c["name"] == name), None)
 
@@ -116,9 +126,11 @@ class ClassStore:
             )
             return made
 
-    def seed(self, declared: Iterable[Mapping[str, Any]]) -> None:
-        """Take the settings' classes (see the module's doc): new ones and those whose definition changed."""
-        wanted = {str(c["name"]): checked(str(c["name"]), c) for c in declared}
+    def seed(self, declared: Iterable[GroupRules | Mapping[str, Any]]) -> None:
+        """Take the settings' classes (see the module's doc): new ones and those whose definition changed.
+        The ``default`` rules are no class: they stay in the settings."""
+        read = [c if isinstance(c, GroupRules) else read_group(str(c["name"]), c) for c in declared]
+        wanted = {c.name: as_rules(c) for c in read if c.name != DEFAULT_GROUP}
         with self._write() as db:
             known = {name: seeded for name, seeded in db.execute("SELECT name, seeded FROM class").fetchall()}
             for name, rules in wanted.items():

@@ -1,17 +1,22 @@
-"""Every ``GPUSLICE_*`` environment variable, declared once with what it means.
+"""Every environment variable gpuslice reads, declared once with what it means, and read here only.
 
-In the pure core so that every layer may import it; code reads and writes these
-variables through the declarations here, never by a literal name (tests/test_environ.py
-checks it). The one exception is the kernel hook (spawner/kernel_hook/), which runs in
-users' kernels without our packages; the test checks that its names match the ones here.
-docs/platform.md#environment-variables lists them for people.
+In the pure core so that every layer may import it. Code names these variables through
+the declarations here, never by a literal name, and reads the process environment only
+through ``read()``: one typed snapshot (``Environment``), the one place where an unset
+variable gets its default (tests/test_environ.py checks both). What a variable *means* for
+the settings (the data folder, the markets' database) is applied by the settings model
+(hub/settings.py ``from_environment``). Exceptions: the kernel hook (spawner/kernel_hook/),
+which runs in users' kernels without our packages (the test checks that its names match
+the ones here), and the hand-over of secrets (spawner/secretenv.py), which moves them
+between the environment and a 0600 file. docs/platform.md#environment-variables lists the
+``GPUSLICE_*`` variables for people.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -19,17 +24,6 @@ class EnvVar:
     name: str
     doc: str  # what it means, who sets it, who reads it
     default: str = ""
-
-    def get(self, environ: Mapping[str, str] | None = None) -> str:
-        """The value, or the default when unset or empty."""
-        return (os.environ if environ is None else environ).get(self.name) or self.default
-
-    def require(self) -> str:
-        """The value; a clear error naming the variable when it is unset (the chart sets it)."""
-        value = os.environ.get(self.name)
-        if not value:
-            raise RuntimeError(f"{self.name} is not set: {self.doc}")
-        return value
 
 
 # -- the single-machine platform: set by `gpuslice up` for the hub and its services ------------
@@ -60,6 +54,11 @@ SECRETS_FILE = EnvVar(
     "GPUSLICE_SECRETS_FILE",
     "A 0600 file of a service's secrets (hub tokens, the portal key), read and deleted as it starts.",
 )
+DEVICE_DIR = EnvVar(
+    "GPUSLICE_DEVICE_DIR",
+    "Where the GPUs' device nodes are, for each server's device rules (default /dev; a test's folder of mknod nodes).",
+    "/dev",
+)
 NODE_NAME = EnvVar("GPUSLICE_NODE_NAME", "The exporter's Hostname label (default: localhost).")
 
 # -- Kubernetes: set by the chart's Deployments ---------------------------------------------------
@@ -79,7 +78,9 @@ ADMIN_PASSWORD_FILE = EnvVar(
 BACKEND = EnvVar("GPUSLICE_BACKEND", '"kubernetes" when the portal runs in the chart (else: the local ledger).')
 SHARING_BACKEND = EnvVar("GPUSLICE_SHARING_BACKEND", "The chart's GPU sharing backend, for the portal.", "gpushare")
 GPUSHARE_MEMORY_UNIT = EnvVar(
-    "GPUSLICE_GPUSHARE_MEMORY_UNIT", "gpushare's --memory-unit (GiB or MiB), for the portal's inventory.", "GiB"
+    "GPUSLICE_GPUSHARE_MEMORY_UNIT",
+    "gpushare's --memory-unit (GiB or MiB; empty: inferred from the nodes), for the portal's inventory.",
+    "",
 )
 
 # -- notebook servers: set by the spawners, read in the server and by the kernel hook --------------
@@ -90,4 +91,69 @@ SIMULATED = EnvVar("GPUSLICE_SIMULATED", '"1" when the server\'s GPUs are simula
 MODELS = EnvVar("GPUSLICE_MODELS", "Comma-separated ids of the models mounted in the server.")
 MODELS_DIR = EnvVar("GPUSLICE_MODELS_DIR", "The folder in the server where the models are mounted.")
 
+# -- set by others: JupyterHub for its managed services, Kubernetes in every pod ---------------------
+HUB_API_URL = EnvVar(
+    "JUPYTERHUB_API_URL", "The hub's REST API, for a service JupyterHub started.", "http://127.0.0.1:8081/hub/api"
+)
+HUB_API_TOKEN = EnvVar("JUPYTERHUB_API_TOKEN", "A JupyterHub service's own API token (moved to a 0600 file first).")
+SERVICE_PREFIX = EnvVar(
+    "JUPYTERHUB_SERVICE_PREFIX", "The URL prefix of a service behind the proxy.", "/services/portal/"
+)
+SERVICE_URL = EnvVar("JUPYTERHUB_SERVICE_URL", "Where a JupyterHub service listens.", "http://127.0.0.1:8502")
+POD_NAMESPACE = EnvVar("POD_NAMESPACE", "The pod's namespace (the chart sets it from the downward API).", "default")
+KUBE_API_HOST = EnvVar("KUBERNETES_SERVICE_HOST", "The Kubernetes API's address in every pod (set by Kubernetes).")
+KUBE_API_PORT = EnvVar("KUBERNETES_SERVICE_PORT", "The Kubernetes API's port in every pod (set by Kubernetes).", "443")
+
 ALL: tuple[EnvVar, ...] = tuple(v for v in globals().values() if isinstance(v, EnvVar))
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The variables above as one typed snapshot of a process's environment (``read()``)."""
+
+    values: Mapping[str, str] = field(repr=False)  # the raw variables: tokens among them, never printed
+
+    def get(self, var: EnvVar) -> str:
+        """The value, or the variable's default when unset or empty."""
+        return self.values.get(var.name) or var.default
+
+    def require(self, var: EnvVar) -> str:
+        """The value; a clear error naming the variable when it is unset (the chart sets it)."""
+        value = self.values.get(var.name)
+        if not value:
+            raise RuntimeError(f"{var.name} is not set: {var.doc}")
+        return value
+
+    @property
+    def on_kubernetes(self) -> bool:
+        """The portal runs in the chart (GPUSLICE_BACKEND=kubernetes), not beside the local ledger."""
+        return self.get(BACKEND) == "kubernetes"
+
+    @property
+    def streamlit_port(self) -> int:
+        return int(self.get(STREAMLIT_PORT) or 0)
+
+    @property
+    def pod_namespace(self) -> str:
+        return self.get(POD_NAMESPACE)
+
+    @property
+    def in_cluster_api(self) -> dict[str, str]:
+        """The Kubernetes API's address variables, as a managed service's environment needs them."""
+        return {v.name: self.values[v.name] for v in (KUBE_API_HOST, KUBE_API_PORT) if self.values.get(v.name)}
+
+    def kube_api_url(self) -> str | None:
+        """The in-cluster API server's URL (None: not in a pod)."""
+        host = self.values.get(KUBE_API_HOST.name)
+        return f"https://{host}:{self.get(KUBE_API_PORT)}" if host else None
+
+
+def named(name: str) -> str:
+    """A variable the settings name by hand (``admin_password_from: env:NAME``); empty when unset."""
+    return os.environ.get(name, "")
+
+
+def read(environ: Mapping[str, str] | None = None) -> Environment:
+    """The declared variables of ``environ`` (default: this process's), the one read of the environment."""
+    source = os.environ if environ is None else environ
+    return Environment({v.name: source[v.name] for v in ALL if v.name in source})

@@ -10,10 +10,10 @@ from typing import Protocol
 
 import jinja2
 
-from spawner.backends import slice_note
 from spawner.inventory import Inventory
 from spawner.quotas import GroupQuota, Usage
 from spawner.shares import GpuRequest, RequestKind, format_bytes, slice_choices
+from spawner.sharing import slice_note
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("spawner", "templates"),
@@ -222,5 +222,5 @@ def render_spawn_form(
         default_image=chosen_image,
         models=list(source.approved_models()),
         chosen_models=previous.models if previous.models is not None else source.selected_models(),
-        slice_note=slice_note(inventory.backend) if slices else "",
+        slice_note=(inventory.slice_note or slice_note(inventory.backend)) if slices else "",
     )

@@ -18,6 +18,7 @@ from spawner.shares import ShareError, format_bytes, parse_quantity
 
 _ENTRY = re.compile(r"^\s*(?P<count>[0-9]+)\s*[xX]\s*(?P<size>[^:]+?)\s*(?::\s*(?P<model>[^,]*?))?\s*$")
 SPEC_EXAMPLE = "2x16GiB:T4,1x80GiB:H100"
+DEFAULT_SIMULATE = SPEC_EXAMPLE  # the GPUs simulated where NVML finds none, unless the settings say otherwise
 
 
 @dataclass(frozen=True)

@@ -22,30 +22,37 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.client.models import V1EnvVar, V1Pod, V1ResourceRequirements, V1Volume, V1VolumeMount
+from kubernetes_asyncio.client.models import (
+    CoreV1ResourceClaim,
+    V1EnvVar,
+    V1Pod,
+    V1PodResourceClaim,
+    V1ResourceRequirements,
+    V1Volume,
+    V1VolumeMount,
+)
 from kubespawner import KubeSpawner
 from kubespawner.utils import get_k8s_model
 from tornado import web
 from traitlets import Dict, Float, Instance, Unicode, default, validate
 
 from market.catalog import check_relative
-from spawner import environ
-from spawner.backends import Backend, gpushare_unit_bytes, mig_table, render
+from spawner import environ, sharing
 from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import (
     GROUP_ANNOTATION,
     USERNAME,
     Allocation,
+    Gpu,
     Inventory,
     Pending,
     add_pending,
-    build_kube,
     holds_resources,
 )
 from spawner.ledger import Held, server_key, stop_message
@@ -56,6 +63,8 @@ from spawner.placement import Choice, ClusterState, Demand, explain, held_demand
 from spawner.quotas import Usage
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind
+from spawner.sharing.base import ApiList, Listing, SharingBackend, Target
+from spawner.sharing.gpushare import unit_bytes
 from spawner.stop_events import STOPPED, pod_event, stop_request
 from spawner.waitline import activity_report_interval
 
@@ -72,6 +81,7 @@ class ApiUnavailableError(web.HTTPError):
 
 
 MODELS_VOLUME = "gpuslice-models"
+CLAIM = "gpu"  # the pod's resource claim (DRA), made from the template named after the pod
 MODELS_DIR = "/models"
 
 
@@ -80,6 +90,7 @@ class Snapshot:
     nodes: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     taken: float
+    objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # the backend's other lists
 
 
 class ClusterCache:
@@ -89,16 +100,40 @@ class ClusterCache:
         self._snapshot: Snapshot | None = None
         self._lock = asyncio.Lock()
 
-    async def get(self, api: Any, namespace: str, ttl_s: float) -> Snapshot:
+    async def get(self, api: Any, namespace: str, ttl_s: float, reads: tuple[ApiList, ...] = ()) -> Snapshot:
+        """Nodes, the namespace's pods, and the lists the sharing backend reads (``reads``)."""
         async with self._lock:  # fifty spawns at 9:00 make one listing, not fifty
             if self._snapshot is None or time.monotonic() - self._snapshot.taken > ttl_s:
                 nodes = await _items(api.list_node(_preload_content=False))
                 pods = await _items(api.list_namespaced_pod(namespace, _preload_content=False))
-                self._snapshot = Snapshot(nodes, pods, time.monotonic())
+                objects = {read.key: await _items(_get(api, read.path)) for read in reads}
+                self._snapshot = Snapshot(nodes, pods, time.monotonic(), objects)
             return self._snapshot
 
     def forget(self) -> None:
         self._snapshot = None
+
+
+def _get(api: Any, path: str) -> Any:
+    """GET any path of the API (another group's list) with the hub's credentials, unread."""
+    headers = {"Accept": "application/json"}
+    return api.api_client.call_api(
+        path, "GET", header_params=headers, auth_settings=["BearerToken"], _preload_content=False
+    )
+
+
+async def _send(api: Any, method: str, path: str, body: Any = None) -> int:
+    """POST, PUT or DELETE any path of the API; the HTTP status (ApiException for errors other than 404/409)."""
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    response = await api.api_client.call_api(
+        path, method, header_params=headers, body=body, auth_settings=["BearerToken"], _preload_content=False
+    )
+    raw = await response.read()
+    if response.status >= 400 and response.status not in (404, 409):
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = raw
+        raise error
+    return int(response.status)
 
 
 async def _items(call: Any) -> list[dict[str, Any]]:
@@ -153,6 +188,8 @@ class PodAdditions:
     scheduler_name: str  # "" : KubeSpawner's scheduler_name
     volumes: tuple[dict[str, Any], ...] = ()
     volume_mounts: tuple[dict[str, Any], ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    claim_template: str = ""  # a ResourceClaimTemplate the pod's container claims its GPU from (DRA)
 
 
 def add_to_pod(pod: V1Pod, extra: PodAdditions) -> V1Pod:
@@ -163,6 +200,11 @@ def add_to_pod(pod: V1Pod, extra: PodAdditions) -> V1Pod:
     resources.limits = {**(resources.limits or {}), **extra.limits}
     container.resources = resources
     pod.metadata.annotations = {**(pod.metadata.annotations or {}), **extra.annotations}
+    pod.metadata.labels = {**(pod.metadata.labels or {}), **extra.labels}
+    if extra.claim_template:
+        claim = V1PodResourceClaim(name=CLAIM, resource_claim_template_name=extra.claim_template)
+        pod.spec.resource_claims = [*(pod.spec.resource_claims or []), claim]
+        resources.claims = [*(resources.claims or []), CoreV1ResourceClaim(name=CLAIM)]
     kept = [e for e in container.env or [] if e.name not in extra.env]
     container.env = [*kept, *(V1EnvVar(name=name, value=value) for name, value in extra.env.items())]
     if extra.scheduler_name:
@@ -173,11 +215,11 @@ def add_to_pod(pod: V1Pod, extra: PodAdditions) -> V1Pod:
     return pod
 
 
-def chosen_product(inventory: Inventory, choice: Choice | None) -> str:
-    """The GPU product of the card a placement chose ("" for a CPU-only server)."""
+def chosen_card(inventory: Inventory, choice: Choice | None) -> Gpu | None:
+    """The (first) card a placement chose (None for a CPU-only server)."""
     if choice is None or not choice.gpus:
-        return ""
-    return inventory.nodes[choice.node].gpus[choice.gpus[0]].model
+        return None
+    return inventory.nodes[choice.node].gpus[choice.gpus[0]]
 
 
 def fits_somewhere(demand: Demand, inventory: Inventory) -> bool:
@@ -216,13 +258,20 @@ class RetryingPodCreate:
 
 
 class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
-    gpu_backend = Unicode("gpushare", help="How the cluster shares GPUs: gpushare, hami, timeslicing, mig, whole.").tag(
-        config=True
-    )
+    gpu_backend = Unicode(
+        "gpushare",
+        help="How the cluster shares GPUs: a backend of spawner/sharing/ (gpushare, hami, timeslicing, ...).",
+    ).tag(config=True)
+    gpu_backend_settings = Dict(
+        help="""The sharing backend's own settings, by the names of its fields in spawner/sharing/<backend>.py
+        (for example {"cores_percent": 30} for hami)."""
+    ).tag(config=True)
     gpushare_memory_unit = Unicode(
-        "GiB",
+        "",
         help="""gpushare's device plugin --memory-unit (GiB or MiB): the unit of aliyun.com/gpu-mem
-        in node capacity, pod limits and ALIYUN_COM_GPU_MEM_POD.""",
+        in node capacity, pod limits and ALIYUN_COM_GPU_MEM_POD. Empty: inferred from the nodes as
+        gpushare's inspect tool does (more than 100 units per card is MiB); a unit set wins, with a
+        warning in the log when the nodes read otherwise.""",
     ).tag(config=True)
     gpu_inventory_ttl = Float(5.0, help="Seconds a listing of nodes and pods is reused across spawns.").tag(config=True)
     gpu_profile_groups = Dict(
@@ -243,16 +292,18 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     gpu_option_keys = OPTION_KEYS | {"profile", "wait"}
     _gpu_cluster: Inventory | None = None
     _gpu_pods: list[dict[str, Any]] | None = None  # the listing _gpu_cluster was built from
+    _gpu_sharing: SharingBackend | None = None  # the sharing backend fitted to that listing
     _gpu_placement: tuple[str | None, Choice | None] | None = None  # the group charged and where, once placed
     _gpu_api_error = ""
     _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
+    _gpu_claim: dict[str, Any] | None = None  # this spawn's ResourceClaimTemplate spec (DRA)
     _gpu_placing = False  # start() checks and places; KubeSpawner's start has not begun
     _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
 
     @validate("gpu_backend")
     def _check_backend(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
-        allowed = [b.value for b in Backend if b is not Backend.LOCAL]
+        allowed = sharing.names(kubernetes=True)
         if value not in allowed:
             raise ValueError(f"gpu_backend must be one of {', '.join(allowed)}, not {value!r}")
         return value
@@ -260,7 +311,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     @validate("gpushare_memory_unit")
     def _check_gpushare_unit(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
-        gpushare_unit_bytes(value)  # raises with the allowed units
+        unit_bytes(value)  # raises with the allowed units
         return value
 
     @default("options_form")
@@ -269,10 +320,16 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
 
     # -- the cluster ---------------------------------------------------------------------
 
+    def sharing_backend(self) -> SharingBackend:
+        """The sharing backend with its settings (gpushare's memory unit from its own trait)."""
+        settings = {"memory_unit": self.gpushare_memory_unit} if self.gpu_backend == "gpushare" else {}
+        return sharing.backend(self.gpu_backend, **{**settings, **self.gpu_backend_settings})
+
     async def cluster(self) -> tuple[Inventory, list[dict[str, Any]]]:
         cache = CACHES.setdefault(self.namespace, ClusterCache())
         try:
-            snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl)
+            reads = self.sharing_backend().reads
+            snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl, reads)
         except ApiException as exc:
             if exc.status not in (401, 403):
                 raise
@@ -281,13 +338,8 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
                 "started. Its ServiceAccount needs get, list and watch on nodes: helm/gpuslice grants them (with "
                 "Zero to JupyterHub, install it beside in companion mode, docs/kubernetes.md). Tell an admin."
             ) from exc
-        inventory = build_kube(
-            snapshot.nodes,
-            snapshot.pods,
-            Backend(self.gpu_backend),
-            gpushare_memory_unit=self.gpushare_memory_unit,
-            now=datetime.now(UTC),
-        )
+        listing = Listing(snapshot.nodes, snapshot.pods, snapshot.objects, now=datetime.now(UTC))
+        self._gpu_sharing, inventory = sharing.read(self.sharing_backend(), listing)
         for warning in inventory.warnings:
             self.log.warning("gpuslice inventory: %s", warning)
         pending = PENDING.setdefault(self.namespace, {})
@@ -302,7 +354,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         return Machine(gpus, f"Kubernetes ({self.gpu_backend})")
 
     def form_state(self) -> tuple[Inventory, Usage]:
-        inventory = self._gpu_cluster or Inventory([], Backend(self.gpu_backend))
+        inventory = self._gpu_cluster or Inventory([], self.gpu_backend)
         return inventory, Usage()
 
     # -- images and models ---------------------------------------------------------------
@@ -383,6 +435,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
             self._gpu_placing = False  # no await until KubeSpawner's start has begun: progress follows it
         self._gpu_api_error = ""
         try:
+            await self._write_claim_template()
             return await super().start()
         except ApiException as exc:
             raise ApiUnavailableError(
@@ -416,8 +469,9 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
             await self._wait_in_line(request, image)
         assert self._gpu_placement is not None and self._gpu_cluster is not None  # _rows set it
         group, choice = self._gpu_placement
-        product = chosen_product(self._gpu_cluster, choice)
-        self._apply(request, self.images()[image].target, group, mounts, product)
+        card = chosen_card(self._gpu_cluster, choice)
+        product, uuid = (card.model, card.uuid) if card else ("", "")
+        self._apply(request, self.images()[image].target, group, mounts, product, uuid)
         self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
         CACHES.setdefault(self.namespace, ClusterCache()).forget()  # the next spawn sees this pod
 
@@ -481,6 +535,36 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         self._forget_placement()
         await self._note_stop()
         await super().stop(now=now)
+        if self.sharing_backend().claims:  # its template outlives the pod (the claim goes with the pod)
+            await _send(self.api, "DELETE", self._claim_templates_path(self._claim_template_name))
+
+    # -- DRA: the ResourceClaimTemplate beside the pod -------------------------------------
+
+    @property
+    def _claim_template_name(self) -> str:
+        return f"{self.pod_name}-{CLAIM}"
+
+    def _claim_templates_path(self, name: str = "") -> str:
+        path = f"/apis/resource.k8s.io/v1/namespaces/{self.namespace}/resourceclaimtemplates"
+        return f"{path}/{name}" if name else path
+
+    async def _write_claim_template(self) -> None:
+        """Create this spawn's ResourceClaimTemplate (replacing one a previous spawn of the server left)."""
+        if not self._gpu_claim:
+            return
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {
+                "name": self._claim_template_name,
+                "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/managed-by": "gpuslice"},
+            },
+            "spec": self._gpu_claim,
+        }
+        if await _send(self.api, "POST", self._claim_templates_path(), template) == 409:
+            await _send(self.api, "DELETE", self._claim_templates_path(self._claim_template_name))
+            await _send(self.api, "POST", self._claim_templates_path(), template)
 
     async def _note_stop(self) -> None:
         """Say who stopped this server and why in an Event that outlives the pod (never fails the stop)."""
@@ -515,23 +599,25 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
             raise GpuRefused(403, f"Profile {profile!r} is only for the groups {', '.join(sorted(allowed))}.", "quota")
 
     def _apply(
-        self, request: GpuRequest, container: str, group: str | None, mounts: list[dict[str, Any]], product: str = ""
+        self,
+        request: GpuRequest,
+        container: str,
+        group: str | None,
+        mounts: list[dict[str, Any]],
+        product: str = "",
+        uuid: str = "",
     ) -> None:
         """Decide this spawn's resources, annotations, env, image and volumes (``get_pod_manifest`` adds them).
 
         KubeSpawner's traits are never changed: each spawn starts from the configuration.
-        ``product``: the GPU product of the card the placement chose (MIG's profiles depend on it).
+        ``product``, ``uuid``: the GPU product and UUID of the card the placement chose (MIG's profiles
+        depend on the product; DRA pins the claim to the UUID).
         """
         card = max((g.memory_bytes for g in self._gpu_cluster.gpus()), default=0) if self._gpu_cluster else 0
         holds_gpu = request.kind is not RequestKind.CPU
-        mig = Backend(self.gpu_backend) is Backend.MIG and holds_gpu
-        spec = render(
-            request,
-            Backend(self.gpu_backend),
-            card_bytes=card or None,
-            gpushare_memory_unit=self.gpushare_memory_unit,
-            mig_profiles=mig_table(product) if mig else (),  # the chosen card's own profiles
-        )
+        backend = self._gpu_sharing or self.sharing_backend()  # fitted to the cluster as last listed
+        target = Target(card_bytes=card or None, product=product, uuid=uuid, group=group)
+        spec = backend.render(request, target)
         env = {**spec.env, environ.MODELS_DIR.name: MODELS_DIR}
         if mounts:
             env[environ.MODELS.name] = ",".join(m["mountPath"].rsplit("/", 1)[1] for m in mounts)
@@ -542,10 +628,13 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
             annotations={**spec.annotations, **({GROUP_ANNOTATION: group} if group else {})},
             env=env,
             image=container,
-            scheduler_name=self.gpu_scheduler_name if holds_gpu else "",
+            scheduler_name=(spec.scheduler_name or self.gpu_scheduler_name) if holds_gpu else "",
             volumes=({"name": MODELS_VOLUME, **self.gpu_models_volume},) if mounts else (),
             volume_mounts=tuple(mounts),
+            labels=dict(spec.labels),
+            claim_template=self._claim_template_name if spec.claim else "",
         )
+        self._gpu_claim = spec.claim
         for warning in spec.warnings:
             self.log.warning("gpuslice: %s: %s", self.pod_name, warning)
 

@@ -15,6 +15,10 @@ Whenever a request leaves the line (placed, left, cancelled) the same transactio
 writes the finished wait to the ``wait`` table (``waits``: the Overview's percentiles).
 The server events cannot serve for that: they keep the latest few per server and do
 not name the class charged.
+
+``server_process`` names each local server's process (pid and start time) from the moment it
+exists until it ends, whether or not the hub lived to record it: `gpuslice up` stops those
+no hub claims (hub/recovery.py), and every one at a full stop.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from typing import TypeVar
 from spawner.inventory import Allocation
 from spawner.placement import Demand
 from spawner.sqlite_schema import migrate
-from spawner.waitline import Entry, Reservation, Wait, put_first
-from spawner.words import instant
+from spawner.waitline import HELD_TOO_LONG, Entry, Reservation, Wait, put_first
+from spawner.words import INSTANT, instant
 
 # Step 1 is the schema as it stood when the stores were first versioned (spawner/sqlite_schema.py);
 # a change to the tables is a new step appended to SCHEMA_STEPS, never an edit of an old one.
@@ -88,7 +92,19 @@ CREATE TABLE IF NOT EXISTS reservation (
     by_ TEXT NOT NULL            -- who reserved it
 );
 """
-SCHEMA_STEPS = (SCHEMA,)
+# Step 2: each local server's process, from the moment it exists (docs/platform.md#releasing-slices-and-restarts).
+SERVER_PROCESS = """
+CREATE TABLE IF NOT EXISTS server_process (
+    pid INTEGER NOT NULL,        -- a local notebook server's process, recorded as soon as it exists
+    started REAL NOT NULL,       -- its start time: after it ends, its pid may name another process
+    key TEXT NOT NULL,           -- "user/server"
+    url TEXT NOT NULL,           -- where it listens (a hub that restarted before it answered asks)
+    unit TEXT NOT NULL DEFAULT '', -- the cgroup or systemd unit it runs in ('' for none)
+    created REAL NOT NULL,
+    PRIMARY KEY (pid, started)
+);
+"""
+SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS)
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
@@ -168,13 +184,31 @@ def reclaim_notice(latest: ServerEvent | None, now: float, stop_after_s: float, 
     """
     if latest is None or latest.kind != "warned" or not 0 <= now - latest.created < stop_after_s + grace_s:
         return None
-    at = instant(latest.created + stop_after_s)  # the reader's pages show it in their own time
+    # The time the warning announced (the reader's pages show it in their own time).
+    announced = INSTANT.search(latest.message)
+    at = announced.group(0) if announced else instant(latest.created + stop_after_s)
+    if latest.message.startswith(HELD_TOO_LONG):
+        return (
+            f"Others wait and you have held this GPU as long as your class allows: this server stops at {at}."
+            " Save your work now."
+        )
     # Short enough for JupyterLab's notification, which cuts messages after 140 characters. What
     # counts as use: spawner/lab/jupyter_server_config.py (an open page alone does not).
     return (
         f"Idle while others wait for a GPU: this server stops at {at} unless you run a cell or save."
         " Save your work now."
     )
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    """A local server's process as the ledger records it (``server_process``)."""
+
+    key: str
+    pid: int
+    started: float
+    url: str  # http://IP:PORT, without the server's prefix
+    unit: str = ""
 
 
 def server_key(user: str, server: str) -> str:
@@ -244,6 +278,12 @@ class Ledger:
 
     def holdings(self) -> list[Held]:
         return self._read_only(_read)
+
+    def hold_starts(self) -> dict[str, tuple[float, str | None]]:
+        """Each holding server: when its slice was placed (its first row's time), and the group charged."""
+        query = "SELECT key, MIN(created), grp FROM allocation GROUP BY key"
+        rows = self._read_only(lambda db: db.execute(query).fetchall())
+        return {str(key): (float(created), grp) for key, created, grp in rows}
 
     def allocate(self, key: str, decide: Decide) -> list[Held] | None:
         """Atomically: replace ``key``'s holds with what ``decide`` returns (None: refuse).
@@ -372,6 +412,26 @@ class Ledger:
     def set_pid(self, key: str, pid: int) -> None:
         with self._write() as db:
             db.execute("UPDATE allocation SET pid = ? WHERE key = ?", (pid, key))
+
+    def add_process(self, process: ServerProcess) -> None:
+        """Record a server's process (and its pid on the server's holds), as soon as it exists."""
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO server_process (pid, started, key, url, unit, created)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (process.pid, process.started, process.key, process.url, process.unit, time.time()),
+            )
+            db.execute("UPDATE allocation SET pid = ? WHERE key = ?", (process.pid, process.key))
+
+    def processes(self) -> list[ServerProcess]:
+        """Every recorded server process, oldest first (some may have ended since)."""
+        query = "SELECT key, pid, started, url, unit FROM server_process ORDER BY created"
+        return [ServerProcess(*row) for row in self._read_only(lambda db: db.execute(query).fetchall())]
+
+    def forget_process(self, process: ServerProcess) -> None:
+        """The process has ended (or was stopped)."""
+        with self._write() as db:
+            db.execute("DELETE FROM server_process WHERE pid = ? AND started = ?", (process.pid, process.started))
 
     def release(self, key: str) -> int:
         """Drop ``key``'s holds; returns how many rows went (0 when it held nothing)."""

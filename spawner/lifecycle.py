@@ -19,14 +19,16 @@ import aiohttp
 from traitlets import Instance, Unicode
 
 from spawner import environ
-from spawner.backends import Backend, ServerGpuSpec, render
 from spawner.inventory import Inventory, build_local
-from spawner.ledger import Held, stop_message
+from spawner.ledger import Held, ServerProcess, stop_message
 from spawner.line import WAITING_PROGRESS, WaitingLineMixin, usage_of
 from spawner.placement import Choice, Demand
+from spawner.processes import Proc, identify, running
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.sharing.base import ServerGpuSpec, Target
+from spawner.sharing.local import Local
 from spawner.waitline import activity_report_interval
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
@@ -80,6 +82,9 @@ class LedgerGpuMixin(WaitingLineMixin):
     """
 
     _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
+    _gpu_process: ServerProcess | None = None  # the server's process as the ledger records it
+    _gpu_adopted = False  # its process came from the ledger: the hub was killed before it recorded it
+    _gpu_unit = ""  # the cgroup or systemd scope the server runs in ("" for none: spawner/confinement.py)
 
     gpu_kernel_hook_dir = Unicode(
         str(HOOK_DIR),
@@ -152,11 +157,11 @@ class LedgerGpuMixin(WaitingLineMixin):
 
     def _spec_for(self, request: GpuRequest, holds: list[Held]) -> ServerGpuSpec:
         if not holds:
-            return render(request, Backend.LOCAL)
+            return Local().render(request)
         by_index = {g.index: g for g in self._machine.gpus}
         cards = [by_index[h.gpu_index] for h in holds]
         devices = tuple(g.uuid if not g.simulated else str(g.index) for g in cards)
-        return render(request, Backend.LOCAL, card_bytes=cards[0].memory_bytes, devices=devices)
+        return Local().render(request, Target(card_bytes=cards[0].memory_bytes, devices=devices))
 
     # -- the spawner lifecycle ----------------------------------------------------------
 
@@ -180,9 +185,8 @@ class LedgerGpuMixin(WaitingLineMixin):
             models = ", ".join(self._gpu_models or {})
             self._stage(50, f"models mounted in ~/models: {models}" if models else "no models to mount")
             result = await super().start()  # type: ignore[misc]
+            self._remember_process(result)
             pid = getattr(self, "pid", 0)
-            if pid and holds:
-                self._ledger.set_pid(self._key, pid)
             started = f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer"
             self._record("started", 50, started)
             self._stage(70, started)
@@ -196,6 +200,22 @@ class LedgerGpuMixin(WaitingLineMixin):
             self._gpu_starting = False
         return result
 
+    def _remember_process(self, started: Any) -> None:
+        """Record the new server's process in the ledger at once, before it answers.
+
+        JupyterHub writes the process id to its database only when start() returns, which is
+        after the server's first answer here: a hub killed in between (a class pressing Start
+        together can take minutes to answer) would leave a server nobody knows of. With this
+        record the restarted hub adopts it (``poll``), or the next `gpuslice up` stops it
+        (hub/recovery.py). Nothing to record for a process that has already ended.
+        """
+        pid = getattr(self, "pid", 0)
+        proc = identify(pid) if pid else None
+        if proc is not None:
+            address = _address(started, self.server)  # type: ignore[attr-defined]
+            self._gpu_process = ServerProcess(self._key, proc.pid, proc.started, address, self._gpu_unit)
+            self._ledger.add_process(self._gpu_process)
+
     async def _first_answer(self, started: Any) -> None:
         """Wait here, not only in JupyterHub's wait after start(), for the server's first answer.
 
@@ -203,8 +223,7 @@ class LedgerGpuMixin(WaitingLineMixin):
         after JupyterHub's own check would never be shown. Raises when the server exits first
         or stays silent for ``http_timeout`` (the slice is then released like any failed start).
         """
-        ip, port = started if isinstance(started, tuple) else (self.server.ip, self.server.port)  # type: ignore[attr-defined]
-        url = f"http://{ip or '127.0.0.1'}:{port}{self.server.base_url}api"  # type: ignore[attr-defined]
+        url = f"{_address(started, self.server)}{self.server.base_url}api"  # type: ignore[attr-defined]
         timeout = self.http_timeout  # type: ignore[attr-defined]
         status, silent = await answer_or_exit(url, super().poll, timeout, interval=0.2)  # type: ignore[misc]
         if status is not None:
@@ -220,9 +239,11 @@ class LedgerGpuMixin(WaitingLineMixin):
         """Called after the slice is held, before the server starts (a backend mounts models here)."""
 
     async def poll(self) -> int | None:
+        if not self._gpu_restart.checked and not getattr(self, "pid", 0):
+            self._adopt_recorded_process()
         status: int | None = await super().poll()  # type: ignore[misc]
         if self._gpu_restart.due(status):  # the hub's first look at a server it did not start
-            url, timeout = f"{self.server.url}api", self.http_timeout  # type: ignore[attr-defined]
+            url, timeout = f"{await self.get_url()}api", self.http_timeout  # type: ignore[attr-defined]
             status = await self._gpu_restart.check(url, super().poll, timeout, self.log, self._key)  # type: ignore[misc, attr-defined]
         if status is None and self._gpu_holds:
             # Running: make sure the ledger still holds the slice (it may have been lost). A read
@@ -235,6 +256,28 @@ class LedgerGpuMixin(WaitingLineMixin):
             # Nobody stopped it (stop() records "stopped"): it crashed, exited or was killed.
             self._record("died", 100, _died_message(status))
         return status
+
+    def _adopt_recorded_process(self) -> None:
+        """The hub was killed after the server's process started and before it recorded it:
+        take the process (and its address and slice) from the ledger, for JupyterHub to check as
+        any server that ran through a restart. Only for a server the hub believes started."""
+        if getattr(self, "server", None) is None:
+            return
+        ours = [p for p in self._ledger.processes() if p.key == self._key and running(Proc(p.pid, p.started))]
+        if not ours:
+            return
+        self._gpu_process, self._gpu_adopted = ours[-1], True
+        self.pid, self._gpu_unit = ours[-1].pid, ours[-1].unit
+        self._gpu_holds = self._gpu_holds or [h for h in self._ledger.holdings() if h.key == self._key] or None
+        self.log.info(  # type: ignore[attr-defined]
+            "gpuslice: %s: its server (pid %s) started while the hub was killed; checking it", self._key, self.pid
+        )
+
+    async def get_url(self) -> str:
+        """Where the server listens: JupyterHub asks after a restart; an adopted server's is in the ledger."""
+        if self._gpu_adopted and self._gpu_process is not None:
+            return f"{self._gpu_process.url}{self.server.base_url}"  # type: ignore[attr-defined]
+        return str(self.server.url)  # type: ignore[attr-defined]
 
     async def stop(self, now: bool = False) -> None:
         self._record(*self._stop_reason())
@@ -284,20 +327,32 @@ class LedgerGpuMixin(WaitingLineMixin):
         state: dict[str, Any] = super().get_state()  # type: ignore[misc]
         if self._gpu_holds:
             state["gpuslice_holds"] = [h.__dict__ for h in self._gpu_holds]
+        if self._gpu_unit:
+            state["gpuslice_unit"] = self._gpu_unit
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)  # type: ignore[misc]
         self._gpu_holds = [Held(**h) for h in state.get("gpuslice_holds", [])] or None
+        self._gpu_unit = str(state.get("gpuslice_unit", ""))
 
     def clear_state(self) -> None:
         # Every way a server ends passes here: stopped, died (JupyterHub skips stop()
         # for a dead server), culled, failed to start, or found dead after a restart.
         super().clear_state()  # type: ignore[misc]
         self._ledger.release(self._key)
+        self._forget_ended_processes()
         # Not the line: a place survives a hub restart (the new hub clears the spawn it lost);
         # a waiting spawn that ends in this hub leaves the line itself (_wait_in_line).
         self._gpu_holds = None
+
+    def _forget_ended_processes(self) -> None:
+        """Drop the ledger's records of this server's processes that have ended (one still
+        running, which a stop could not end, stays for the next `gpuslice up` to stop)."""
+        for process in self._ledger.processes():
+            if process.key == self._key and not running(Proc(process.pid, process.started)):
+                self._ledger.forget_process(process)
+        self._gpu_process, self._gpu_adopted = None, False
 
     def placement_text(self) -> str:
         if not self._gpu_holds:
@@ -390,6 +445,14 @@ async def _answers_http(url: str) -> bool:
             return response.status < 500
     except (TimeoutError, aiohttp.ClientError):
         return False
+
+
+def _address(started: Any, server: Any) -> str:
+    """``http://IP:PORT`` from what a spawner's start() returned (a URL or an (ip, port) pair)."""
+    if isinstance(started, str):
+        return started.rstrip("/")
+    ip, port = started if isinstance(started, tuple) else (server.ip, server.port)
+    return f"http://{ip or '127.0.0.1'}:{port}"
 
 
 def _died_message(status: int) -> str:

@@ -28,10 +28,12 @@ from spawner.inventory import Inventory
 from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
-from spawner.quotas import Usage, check, group_quota, largest_slice
+from spawner.quotas import Usage, budgets, check, largest_slice
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
 from spawner.waitline import (
+    GPU_IDLE_TIMEOUT_S,
+    LINE_MAX_WAIT_S,
     Entry,
     Reservation,
     activity_report_interval,
@@ -67,13 +69,14 @@ class WaitingLineMixin(GpuShareMixin):
         "gpuslice-ledger.sqlite", help="The SQLite file holding every slice handed out on this machine."
     ).tag(config=True)
     gpu_line_max_wait = Integer(
-        4 * 3600,
+        LINE_MAX_WAIT_S,
         help="""Longest a request may wait in the GPU line (seconds); it is then told so and leaves the line.
         A waiting spawn's start_timeout is raised by this much, so JupyterHub never gives up on it first.""",
     ).tag(config=True)
     gpu_line_poll = Float(2.0, help="Seconds between a waiting spawn's looks at the line.").tag(config=True)
     gpu_idle_timeout = Integer(
-        900, help="Seconds idle before a slice is reclaimed while anyone waits (for the line's estimated start times)."
+        GPU_IDLE_TIMEOUT_S,
+        help="Seconds idle before a slice is reclaimed while anyone waits (for the line's estimated start times).",
     ).tag(config=True)
     gpu_option_keys = OPTION_KEYS | {"wait"}
 
@@ -204,14 +207,14 @@ class WaitingLineMixin(GpuShareMixin):
             return self._decide(request, image, holds), None  # nobody waits: the direct path and its refusals
         inventory = self._inventory(holds)
         me = self._entry(request, image, inventory, holds, mine, now)
-        budgets = {q.name: q.budget_bytes for q in map(group_quota, self.gpu_group_rules())}
-        why = never_fits(me, inventory, budgets)
+        budget_of = budgets(self.gpu_group_rules)
+        why = never_fits(me, inventory, budget_of)
         if why:
             raise GpuRefused(409, f"{request.describe()} cannot wait in line: {why}.", "capacity")
         admitted = admit(
             [*line, me],
             inventory,
-            budgets=budgets,
+            budgets=budget_of,
             group_bytes=group_bytes_of(holds),
             held_by_user=servers_by_user(holds),
             policy=self.gpu_policy,
@@ -235,7 +238,7 @@ class WaitingLineMixin(GpuShareMixin):
             )
         # The place as this transaction sees it: the progress words need not read the line again.
         present = [e for e in line if not e.away(now)]
-        self._gpu_line_view = line_view(me, present, holds, budget_holding_back(me, budgets, group_bytes_of(holds)))
+        self._gpu_line_view = line_view(me, present, holds, budget_holding_back(me, budget_of, group_bytes_of(holds)))
         return None, me
 
     def _entry(
@@ -314,9 +317,7 @@ class WaitingLineMixin(GpuShareMixin):
         else:
             words += " No start time can be told yet: it depends on when others stop their servers."
         if view and view.budget_group:
-            budget = next(
-                (q.budget_bytes for q in map(group_quota, self.gpu_group_rules()) if q.name == view.budget_group), None
-            )
+            budget = budgets(self.gpu_group_rules).get(view.budget_group)
             in_all = f" ({format_bytes(budget)})" if budget else ""
             words += (
                 f" Your class {view.budget_group} is using its whole GPU budget{in_all} now:"

@@ -9,12 +9,13 @@ the hub's API sends and the portal reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from spawner.ledger import Held, Ledger, server_key
+from spawner.quotas import GroupRules
 from spawner.waitline import (
     Entry,
     Manager,
@@ -79,9 +80,9 @@ def wait_times(ledger_path: Path, manager: Manager, since: float) -> list[WaitSt
     return wait_stats(w for w in Ledger(ledger_path).waits(since) if sees_wait(manager, w))
 
 
-def line_manager(viewer: str, admin: bool, rules: Iterable[Mapping[str, Any]]) -> Manager:
+def line_manager(viewer: str, admin: bool, rules: Iterable[GroupRules]) -> Manager:
     """Who acts on the line: an admin, or the teacher of the classes whose rules list them under ``teachers``."""
-    taught = frozenset(str(r.get("name", "")) for r in rules if viewer in (r.get("teachers") or ()))
+    taught = frozenset(r.name for r in rules if viewer in r.teachers)
     return Manager(viewer, admin=admin, classes=taught)
 
 

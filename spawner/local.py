@@ -21,14 +21,17 @@ import pwd
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
-from traitlets import Unicode, validate
+from traitlets import Bool, Dict, Unicode, validate
 
 from spawner import environ, mounts
+from spawner.cgroups import Limits, limits_for
+from spawner.confinement import Confinement, Server, for_machine, nvidia_nodes, platform_id, unit_name
 from spawner.lifecycle import LedgerGpuMixin
 
 SYSTEM_PREFIX = "jupyter-"
@@ -47,6 +50,15 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
         "Under unix-users, one every account can read (hub/userenv.py).",
     ).tag(config=True)
     home_root = Unicode("homes", help="Folder holding each user's home folder when isolation is none.").tag(config=True)
+    gpu_confine = Bool(
+        True, help="As root, each server in a cgroup or systemd scope of its own, with its limits (gpu_limits)."
+    ).tag(config=True)
+    gpu_limits = Dict(
+        help="The settings' limits (memory, processes, cpu_weight, tmp, shm); a class's own limits go over them."
+    ).tag(config=True)
+    gpu_device_dir = Unicode(
+        "/dev", help="Where the GPUs' device nodes are, for each server's device rules (a test's mknod folder)."
+    ).tag(config=True)
 
     @validate("isolation")
     def _check_isolation(self, proposal: dict[str, Any]) -> str:
@@ -68,7 +80,7 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
         return SYSTEM_PREFIX + str(self.user.name).lower()
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
-        if self.isolation == "unix-users":
+        if self.isolation == "unix-users" and not self._gpu_unit:
             ensure_system_user(self.system_user)
             return super().make_preexec_fn(self.system_user)  # type: ignore[no-any-return]
         home = self.home_dir
@@ -122,10 +134,23 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
             self.home_dir.mkdir(parents=True, exist_ok=True)
 
     def prepare_server(self) -> None:
-        """Put the chosen models at ~/models/<name>, read-only (see spawner.mounts)."""
+        """Confine the server (as root); put the chosen models at ~/models/<name>, read-only (see spawner.mounts)."""
         models = self._gpu_models or {}
         models_dir = self.home_dir / mounts.MODELS_DIRNAME
-        if os.geteuid() == 0 and self.isolation == "none":
+        confinement = self._confinement()
+        if confinement is not None:
+            mounts.prepare_mountpoints(models_dir, models)
+            self._gpu_unit = unit_name(platform_id(self._data_dir), self._key, time.time())
+            server = Server(
+                self._gpu_unit,
+                self.server_limits(),
+                {h.gpu_index for h in self._gpu_holds or []},
+                user=self.system_user if self.isolation == "unix-users" else "",
+                keep=self._paths_to_keep(),
+                models={str(models_dir / name): str(source) for name, source in models.items()},
+            )
+            self.cmd = confinement.command(server, nvidia_nodes(Path(self.gpu_device_dir)), list(self.cmd))
+        elif os.geteuid() == 0 and self.isolation == "none":
             mounts.prepare_mountpoints(models_dir, models)
             if models:
                 self.cmd = mounts.bind_command(models_dir, models, list(self.cmd))
@@ -136,6 +161,49 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
         env = super().get_env()
         env[environ.MODELS_DIR.name] = str(self.home_dir / mounts.MODELS_DIRNAME)
         return env
+
+    # -- confinement ---------------------------------------------------------------------
+
+    @property
+    def _data_dir(self) -> Path:
+        return Path(self.gpu_ledger_path).absolute().parent
+
+    def _confinement(self) -> Confinement | None:
+        return machine_confinement(self._data_dir) if self.gpu_confine else None
+
+    def server_limits(self) -> Limits:
+        """The settings' limits, or those of the user's class (the one charged for the slice first)."""
+        mine = {g.name for g in self.user.groups}
+        classes = [g.name for g in self.gpu_group_rules if g.name in mine]
+        charged = [h.group for h in self._gpu_holds or [] if h.group in classes]
+        return limits_for(self.gpu_limits, [*charged, *classes])
+
+    def _paths_to_keep(self) -> list[str]:
+        """What the server needs from the machine's /tmp once its own is mounted there: its home,
+        the environment it runs from, the kernel hook, the device nodes (in tests all may be under /tmp)."""
+        paths = [self.home_dir, Path(self.cmd[0]).parent.parent, Path(self.gpu_kernel_hook_dir), Path(self.gpu_lab_dir)]
+        paths.append(Path(self.gpu_device_dir))
+        return sorted({str(p.absolute()) for p in paths if p.absolute().is_relative_to("/tmp")})
+
+    def clear_state(self) -> None:
+        unit = self._gpu_unit
+        super().clear_state()
+        self._gpu_unit = ""
+        confinement = self._confinement()
+        if unit and confinement is not None:
+            left = confinement.remove(unit)  # the kernels and anything else the server left
+            if left:
+                self.log.info("gpuslice: %s: ended %d process(es) left in %s", self._key, len(left), unit)
+
+
+_CONFINEMENTS: dict[Path, Confinement | None] = {}
+
+
+def machine_confinement(data_dir: Path) -> Confinement | None:
+    """The machine's way of confining servers, found once per hub process (`gpuslice up` says which)."""
+    if data_dir not in _CONFINEMENTS:
+        _CONFINEMENTS[data_dir] = for_machine(data_dir)
+    return _CONFINEMENTS[data_dir]
 
 
 def ensure_system_user(name: str) -> None:

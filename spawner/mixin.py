@@ -13,17 +13,27 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
-from traitlets import Dict, Integer, List, Unicode, default
+from traitlets import Any as AnyTrait
+from traitlets import Integer, List, TraitError, Unicode, default, validate
 
-from spawner.backends import ServerGpuSpec
 from spawner.class_store import ClassStore
 from spawner.form import FormChoice, form_gpu_value, render_spawn_form, whole_gpus_allowed
-from spawner.gpus import Machine, machine
+from spawner.gpus import DEFAULT_SIMULATE, Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
 from spawner.ledger import Held, server_key
 from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
-from spawner.quotas import GroupQuota, Usage, check, group_quota, largest_slice
+from spawner.quotas import (
+    DEFAULT_GROUP,
+    GroupQuota,
+    GroupRules,
+    GroupRulesError,
+    Usage,
+    check,
+    largest_slice,
+    read_groups,
+    rules_for,
+)
 from spawner.request import OPTION_KEYS, GpuRefused, options_from_form, read_request
 from spawner.shares import (
     DEFAULT_SMALLEST_SLICE,
@@ -34,6 +44,7 @@ from spawner.shares import (
     parse_request,
     quantity_text,
 )
+from spawner.sharing.base import ServerGpuSpec
 
 
 def asked_bytes(request: GpuRequest, inventory: Inventory) -> int:
@@ -52,14 +63,16 @@ class GpuShareMixin(ImagesMixin):
     """
 
     gpu_simulate = Unicode(
-        "2x16GiB:T4,1x80GiB:H100",
+        DEFAULT_SIMULATE,
         help="GPUs to simulate when NVML finds none: COUNTxSIZE[:MODEL], comma-separated.",
     ).tag(config=True)
     gpu_policy = Unicode("default", help="Placement policy (see spawner.placement.POLICIES).").tag(config=True)
     gpu_groups = List(
-        Dict(),
+        AnyTrait(),
         help="""Group rules, each a dict: name, max_slice ("4GiB"), max_gpus, budget ("40GiB"),
-        servers_per_user, images (list of image ids). Members come from JupyterHub groups.""",
+        servers_per_user, images (list of image ids); read once into GroupRules (spawner/quotas.py).
+        Members come from JupyterHub groups; users in none get the group named "default" (or the
+        built-in default rules: a small slice, no whole cards, one server).""",
     ).tag(config=True)
     gpu_classes_path = Unicode(
         "",
@@ -99,19 +112,30 @@ class GpuShareMixin(ImagesMixin):
     def _machine(self) -> Machine:
         return machine(self.gpu_simulate)
 
-    def gpu_group_rules(self) -> list[dict[str, Any]]:
-        """The classes' rules now: the class store's when there is one (live), else the configured gpu_groups."""
-        if self.gpu_classes_path:
-            return list(ClassStore(self.gpu_classes_path).classes())
-        return [dict(g) for g in self.gpu_groups]
+    @validate("gpu_groups")
+    def _typed_groups(self, proposal: dict[str, Any]) -> list[GroupRules]:
+        """Each group's rules read once, here (the config may give dicts, as z2jh's values do)."""
+        try:
+            return list(read_groups(proposal["value"]))
+        except GroupRulesError as exc:
+            raise TraitError(f"{type(self).__name__}.gpu_groups: {exc}") from None
+
+    @property
+    def gpu_group_rules(self) -> list[GroupRules]:
+        """The groups' rules now: the class store's classes when there is one (they change live) with the
+        configured ``default`` rules; else ``gpu_groups`` as the GroupRules they were read into."""
+        configured = [rules for rules in self.gpu_groups if isinstance(rules, GroupRules)]
+        if not self.gpu_classes_path:
+            return configured
+        return [*ClassStore(self.gpu_classes_path).groups(), *(g for g in configured if g.name == DEFAULT_GROUP)]
 
     def _quota_groups(self) -> list[GroupQuota]:
-        """The user's classes' rules: those whose hub group or ``members`` list names the user."""
+        """The rules that hold for this user: their classes' (their hub groups' or those whose ``members``
+        name them: a member added live) in configured order, else the default rules."""
         name = self.user.name  # type: ignore[attr-defined]
-        mine = {g.name for g in self.user.groups}  # type: ignore[attr-defined]
-        return [
-            group_quota(g) for g in self.gpu_group_rules() if g.get("name") in mine or name in (g.get("members") or ())
-        ]
+        rules = self.gpu_group_rules
+        mine = [g.name for g in self.user.groups] + [g.name for g in rules if name in g.members]  # type: ignore[attr-defined]
+        return [group.quota for group in rules_for(mine, rules)]
 
     # -- reading the request ------------------------------------------------------------
 

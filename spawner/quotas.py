@@ -1,22 +1,44 @@
-"""Per-group rules for classes: slice size, group budget, servers per user, images.
+"""Per-group rules for classes: slice size, group budget, servers per user, images, longest hold.
 
 Pure code. A user may belong to several groups (a student in two classes, a
 teaching assistant who is also staff). A request is checked against every group of
 the user; it is granted under the first group, in the order the groups are
 configured, whose rules it meets all of, and that group's budget is charged. When no
 group grants it, the refusal names each group's failing rule with the numbers.
-Users in no configured group get ``default`` rules (unlimited unless configured).
+
+Users in no configured group get the ``default`` rules: finite (``DEFAULT_RULES``: a
+4 GiB slice at most, no whole cards, one server, 16 GiB for all of them together),
+changed by a group named ``default`` in the settings (the keys it leaves out keep
+these values). A second account made outside a class therefore never gets more than
+a small slice.
+
+Group rules are written in three places (gpuslice.yaml's ``groups``, the chart's
+``groups`` in camelCase, Zero to JupyterHub's ``KubeGpuSpawner.gpu_groups``) and read by
+one model, ``GroupRules``; ``GroupRules.quota`` is what ``check`` applies.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from spawner.shares import GpuRequest, RequestKind, ShareError, format_bytes, parse_quantity
+from pydantic import BeforeValidator, ValidationError, WithJsonSchema, field_validator, model_validator
+
+from sizes import SizeError, parse_quantity
+from spawner.checked import (
+    AMOUNT_PATTERN,
+    Checked,
+    Count,
+    Duration,
+    Limit,
+    Names,
+    UserNames,
+    duration_seconds,
+    problems,
+)
+from spawner.shares import GpuRequest, RequestKind, format_bytes
 
 
 @dataclass(frozen=True)
@@ -29,6 +51,7 @@ class GroupQuota:
     budget_bytes: int | None = None  # GPU memory the whole group may hold at once
     servers_per_user: int | None = None  # running servers per member
     allowed_images: frozenset[str] | None = None  # image-market ids; None: any
+    max_hold_s: float | None = None  # while others wait for a GPU: longest one server may hold its slice
 
 
 @dataclass(frozen=True)
@@ -52,9 +75,6 @@ class QuotaDecision:
         return " ".join(self.reasons)
 
 
-UNLIMITED = GroupQuota("default")
-
-
 def check(
     request: GpuRequest,
     slice_bytes: int,
@@ -63,7 +83,7 @@ def check(
     usage: Usage,
 ) -> QuotaDecision:
     """Is ``request`` (taking ``slice_bytes`` of GPU memory in all) within a group's rules?"""
-    candidates = list(groups) or [UNLIMITED]
+    candidates = list(groups) or [DEFAULT_RULES.quota]
     reasons: list[str] = []
     first_rule = ""
     for group in candidates:
@@ -129,7 +149,7 @@ def remaining(group: GroupQuota, usage: Usage) -> int | None:
 def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -> int:
     """The largest slice any of the user's groups would grant now (for the spawn form)."""
     best = 0
-    for group in list(groups) or [UNLIMITED]:
+    for group in list(groups) or [DEFAULT_RULES.quota]:
         limit = card_bytes if group.max_slice_bytes is None else min(card_bytes, group.max_slice_bytes)
         left = remaining(group, usage)
         if left is not None:
@@ -140,13 +160,49 @@ def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -
     return best
 
 
-# A group's rules as written in settings and in the chart's values (camelCase there, as
-# Helm values are: maxSlice); ``members`` and ``profiles`` say who is in the group.
-GROUP_RULE_KEYS = ("members", "teachers", "profiles", "max_slice", "max_gpus", "budget", "servers_per_user", "images")
+_SLICES = re.compile(r"^\s*(\d+)\s+slices?(?:\s+of\s+(.+?))?\s*$", re.IGNORECASE)
+SLICES_PATTERN = r"^\s*[0-9]+\s+[sS][lL][iI][cC][eE][sS]?(\s+[oO][fF]\s+.+)?\s*$"  # as JSON schema (no flags)
+
+
+def size_rule(text: str, max_slice: str | None = None) -> int:
+    """A size rule in bytes: "8GiB", or a budget in slices: "2 slices of 4 GiB", or "2 slices" of the
+    group's ``max_slice``; SizeError saying how to write it."""
+    counted = _SLICES.match(text)
+    if not counted:
+        return parse_quantity(text)
+    count, of = int(counted.group(1)), counted.group(2) or max_slice
+    if of is None:
+        raise SizeError(f'{text!r} says how many slices but not of what size: write "{count} slices of 4GiB"')
+    return count * parse_quantity(of)
+
+
+def _budget(value: Any) -> Any:
+    """A budget as an amount of memory or in slices ("2 slices", "2 slices of 4 GiB"); 0 allowed: none."""
+    if value is None:
+        return None
+    counted = _SLICES.match(str(value))
+    try:
+        if counted is None:
+            parse_quantity(str(value))
+        elif counted.group(2):
+            parse_quantity(counted.group(2))
+    except SizeError as exc:
+        raise ValueError(str(exc)) from None
+    return str(value)
+
+
+Budget = Annotated[
+    str | None,
+    BeforeValidator(_budget),
+    WithJsonSchema({"type": "string", "anyOf": [{"pattern": AMOUNT_PATTERN}, {"pattern": SLICES_PATTERN}]}),
+]
 
 
 class GroupRulesError(ValueError):
     """Group rules that cannot be used; the message names the group and the key."""
+
+
+DEFAULT_GROUP = "default"  # the group whose rules hold for users in no other group
 
 
 def rule_key(key: str) -> str:
@@ -154,78 +210,123 @@ def rule_key(key: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
 
 
-def group_rules(name: str, raw: Mapping[str, Any] | None) -> dict[str, Any]:
-    """One group's rules checked, keys in settings spelling; GroupRulesError says what is wrong.
+class GroupRules(Checked):
+    """One group's rules as people write them (sizes as text, "4GiB"); ``None``: no limit.
 
-    The one parser of group rules: settings files, the chart's values and ``group_quota``
-    all come through here.
+    The chart's camelCase keys (``maxSlice``) are read as their settings spelling.
     """
+
+    not_keys = ("name",)
+
+    name: str
+    members: UserNames = ()
+    teachers: UserNames = ()
+    profiles: Names = ()  # KubeSpawner profiles this group may choose (Kubernetes)
+    max_slice: Limit = None
+    max_gpus: Count = None
+    budget: Budget = None  # an amount of memory, or slices: "2 slices" (of max_slice), "2 slices of 4GiB"
+    servers_per_user: Count = None
+    images: Names | None = None  # image-market ids; None: any
+    max_hold: Duration = None  # while others wait for a GPU: longest one server holds its slice (2h, 90min, s)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_spelling(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return {rule_key(str(k)): v for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _slices_of_a_size(self) -> GroupRules:
+        if self.budget is not None and self.max_slice is None:
+            try:
+                size_rule(self.budget)
+            except SizeError as exc:
+                raise ValueError(f"budget: {exc}, or set max_slice") from None
+        return self
+
+    @field_validator("members", "teachers")
+    @classmethod
+    def _nobody_in_default(cls, names: tuple[str, ...], info: Any) -> tuple[str, ...]:
+        if names and info.data.get("name") == DEFAULT_GROUP:
+            raise ValueError(f"must be empty: the {DEFAULT_GROUP} group's rules hold for users in no other group")
+        return names
+
+    @property
+    def quota(self) -> GroupQuota:
+        """The rules in bytes, as ``check`` applies them."""
+
+        def size(text: str | None) -> int | None:
+            return None if text is None else parse_quantity(text)
+
+        return GroupQuota(
+            name=self.name,
+            max_slice_bytes=size(self.max_slice),
+            max_gpus=self.max_gpus,
+            budget_bytes=None if self.budget is None else size_rule(self.budget, self.max_slice),
+            servers_per_user=self.servers_per_user,
+            allowed_images=None if self.images is None else frozenset(self.images),
+            max_hold_s=None if self.max_hold is None else duration_seconds(self.max_hold),
+        )
+
+
+# Users in no group: a small slice, no whole cards, one server, a budget for all of them together.
+DEFAULT_RULES = GroupRules(name=DEFAULT_GROUP, max_slice="4GiB", max_gpus=0, budget="16GiB", servers_per_user=1)
+GROUP_RULE_KEYS = GroupRules.keys()
+
+
+def read_group(name: str, raw: Any) -> GroupRules:
+    """One group's rules (``raw`` from a settings file or the chart's values); GroupRulesError says what is wrong."""
+    if isinstance(raw, GroupRules):
+        return raw
     where = f"groups.{name}"
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise GroupRulesError(f"{where} must be a mapping of rules")
-    rules = {rule_key(str(k)): v for k, v in raw.items()}
-    unknown = sorted(set(rules) - set(GROUP_RULE_KEYS))
-    if unknown:
-        raise GroupRulesError(f"{where}: {unknown_keys_message(unknown, GROUP_RULE_KEYS)}")
-    for key in ("max_slice", "budget"):
-        if rules.get(key) is not None:
-            try:
-                size_rule(str(rules[key]), None if key == "max_slice" else rules.get("max_slice"))
-            except ShareError as exc:
-                raise GroupRulesError(f"{where}.{key}: {exc}") from None
-    for key in ("max_gpus", "servers_per_user"):
-        value = rules.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise GroupRulesError(f"{where}.{key} must be a whole number, 0 or more")
-    for key in ("members", "teachers", "profiles", "images"):
-        value = rules.get(key)
-        if value is not None and (not isinstance(value, list) or not all(isinstance(m, str) for m in value)):
-            raise GroupRulesError(
-                f"{where}.{key} must be a list of {'user names' if key in ('members', 'teachers') else 'names'}"
-            )
-    return {**rules, "members": rules.get("members") or []}
+    try:
+        rules = GroupRules.model_validate({**raw, "name": name})
+    except ValidationError as exc:
+        raise GroupRulesError(problems(exc, where)) from None
+    if name == DEFAULT_GROUP:  # the keys the settings leave out keep the built-in defaults
+        written = rules.model_dump(include=rules.model_fields_set)
+        rules = GroupRules.model_validate({**DEFAULT_RULES.model_dump(), **written})
+    return rules
 
 
-_SLICES = re.compile(r"^\s*(\d+)\s+slices?(?:\s+of\s+(.+?))?\s*$", re.IGNORECASE)
+def read_groups(raw: Any) -> tuple[GroupRules, ...]:
+    """Every group: a mapping of names to rules (settings, the chart), or a list of rules with a name (z2jh)."""
+    if isinstance(raw, Mapping):
+        return tuple(read_group(str(name), rules) for name, rules in raw.items())
+    if isinstance(raw, list | tuple):
+        return tuple(_named(entry) for entry in raw)
+    raise GroupRulesError("groups must map group names to their rules")
 
 
-def size_rule(text: str, max_slice: Any = None) -> int:
-    """A size rule in bytes: "8GiB", or a budget in slices: "2 slices of 4 GiB", or "2 slices" of the
-    class's ``max_slice``; ShareError saying how to write it."""
-    counted = _SLICES.match(text)
-    if not counted:
-        return parse_quantity(text.replace(" ", ""))
-    count, of = int(counted.group(1)), counted.group(2) or (str(max_slice) if max_slice is not None else None)
-    if of is None:
-        raise ShareError(f'{text!r} says how many slices but not of what size: write "{count} slices of 4GiB"')
-    return count * parse_quantity(of.replace(" ", ""))
+def _named(entry: Any) -> GroupRules:
+    if isinstance(entry, GroupRules):
+        return entry
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+        raise GroupRulesError(f"each group's rules need a name: {entry!r}")
+    return read_group(entry["name"], {k: v for k, v in entry.items() if k != "name"})
 
 
-def group_quota(raw: Mapping[str, Any]) -> GroupQuota:
-    """A group's quota from its rules and ``name`` (sizes as text, "4GiB"; lists of images)."""
-    name = str(raw["name"])
-    rules = group_rules(name, {k: v for k, v in raw.items() if k != "name"})
-
-    def size(key: str) -> int | None:
-        slice_rule = None if key == "max_slice" else rules.get("max_slice")
-        return None if rules.get(key) is None else size_rule(str(rules[key]), slice_rule)
-
-    images = rules.get("images")
-    return GroupQuota(
-        name=name,
-        max_slice_bytes=size("max_slice"),
-        max_gpus=rules.get("max_gpus"),
-        budget_bytes=size("budget"),
-        servers_per_user=rules.get("servers_per_user"),
-        allowed_images=None if images is None else frozenset(images),
-    )
+def default_rules(groups: Iterable[GroupRules]) -> GroupRules:
+    """The rules of users in no group: the settings' ``default`` group, else ``DEFAULT_RULES``."""
+    return next((g for g in groups if g.name == DEFAULT_GROUP), DEFAULT_RULES)
 
 
-def unknown_keys_message(unknown: Sequence[str], known: Sequence[str]) -> str:
-    """ "unknown key(s) colr (did you mean colour?); use ...": a typo gets its likely fix."""
-    guesses = [
-        f"{k} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, known, 1)) else k for k in unknown
-    ]
-    return f"unknown key(s) {', '.join(guesses)}; use {', '.join(sorted(known))}"
+def classes(groups: Iterable[GroupRules]) -> tuple[GroupRules, ...]:
+    """The groups people belong to (every group but ``default``)."""
+    return tuple(g for g in groups if g.name != DEFAULT_GROUP)
+
+
+def rules_for(user_groups: Iterable[str], groups: Sequence[GroupRules]) -> list[GroupRules]:
+    """The rules that hold for a member of ``user_groups``: theirs in configured order, else the default."""
+    mine = set(user_groups)
+    return [g for g in classes(groups) if g.name in mine] or [default_rules(groups)]
+
+
+def budgets(groups: Sequence[GroupRules]) -> dict[str, int | None]:
+    """Each group's GPU budget in bytes by name, the default's included (None: no budget)."""
+    return {g.quota.name: g.quota.budget_bytes for g in (*classes(groups), default_rules(groups))}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from spawner.quotas import GroupRules
 
 
 @dataclass(frozen=True)
@@ -25,16 +26,13 @@ class Scope:
         return bool(self.users - {self.viewer})
 
 
-def scope_for(
-    viewer: str, admin: bool, rules: Iterable[Mapping[str, Any]], groups: Mapping[str, Sequence[str]]
-) -> Scope:
+def scope_for(viewer: str, admin: bool, rules: Iterable[GroupRules], groups: Mapping[str, Sequence[str]]) -> Scope:
     """The viewer's scope: a group whose rules list them under ``teachers`` adds its members
     (the hub's group of that name and the rule's own ``members``)."""
     if admin:
         return Scope(viewer, everyone=True)
     users = {viewer}
     for rule in rules:
-        if viewer in (rule.get("teachers") or ()):
-            name = str(rule.get("name", ""))
-            users |= set(groups.get(name, ())) | set(rule.get("members") or ())
+        if viewer in rule.teachers:
+            users |= set(groups.get(rule.name, ())) | set(rule.members)
     return Scope(viewer, users=frozenset(users))

@@ -10,9 +10,8 @@ A request is one of three kinds:
   "4096MiB") or a share of a card ("0.25").
 * Whole cards: ``gpus=N`` (``gpu_memory`` left at "0", or "1" meaning one card).
 
-Memory units follow Kubernetes quantity rules: binary suffixes ``Ki Mi Gi Ti Pi
-Ei`` are powers of 1024, decimal suffixes ``k M G T P E`` powers of 1000. A
-trailing ``B`` is accepted ("4GiB", "4GB") because people type it.
+Amounts of memory ("4GiB", Kubernetes quantity rules) are read by the sizes package,
+below every other (the markets read them too).
 """
 
 from __future__ import annotations
@@ -20,18 +19,40 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 
-MiB = 1024**2
-GiB = 1024**3
-
-_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
-_QUANTITY = re.compile(
-    r"^\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?"
-    r"\s*(?P<unit>[KMGTPE]i|[kKMGTPE])?(?P<b>[bB])?\s*$"
+from sizes import (
+    MAX_INPUT_CHARS,
+    QUANTITY,
+    GiB,
+    MiB,
+    SizeError,
+    decimal_of,
+    format_bytes,
+    parse_quantity,
+    quantity_text,
+    refuse_long,
+    unit_hint,
 )
+
+__all__ = [  # the sizes' names too: a GPU request's callers read sizes from here
+    "CPU_ONLY",
+    "DEFAULT_SMALLEST_SLICE",
+    "EXAMPLES",
+    "MAX_INPUT_CHARS",
+    "GiB",
+    "GpuRequest",
+    "MiB",
+    "RequestKind",
+    "ShareError",
+    "format_bytes",
+    "parse_gpu_memory",
+    "parse_gpus",
+    "parse_quantity",
+    "parse_request",
+    "quantity_text",
+    "slice_choices",
+]
 
 EXAMPLES = '"4GiB", "512MiB", "0.25" (a quarter of a card) or "0" for CPU only'
 
@@ -39,15 +60,10 @@ EXAMPLES = '"4GiB", "512MiB", "0.25" (a quarter of a card) or "0" for CPU only'
 # context takes a few hundred MiB before a framework allocates anything, so a slice
 # smaller than this would show the card to a notebook while charging almost nothing.
 DEFAULT_SMALLEST_SLICE = 256 * MiB
-# Longer text is no amount anyone means ("16GiB", "0.25", "1e3Mi"); refusing it first
-# keeps Decimal and int() away from million-digit input.
-MAX_INPUT_CHARS = 32
-# More memory than any GPU will have; larger amounts are refused before arithmetic.
-_MAX_EXPONENT = 30
 
-
-class ShareError(ValueError):
-    """A GPU request that cannot be honoured; the message says what to type instead."""
+# One error type for every bad amount or request (the sizes parser raises it too); its
+# message says what to type instead.
+ShareError = SizeError
 
 
 class RequestKind(StrEnum):
@@ -106,65 +122,6 @@ class GpuRequest:
 CPU_ONLY = GpuRequest()
 
 
-def format_bytes(n: int | float) -> str:
-    """Binary units, shortest exact-ish form: 4294967296 -> "4 GiB"."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            text = f"{value:.2f}".rstrip("0").rstrip(".")
-            return f"{text} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def parse_quantity(text: str) -> int:
-    """A Kubernetes-style memory quantity in bytes, rounded up to a whole byte.
-
-    >>> parse_quantity("4Gi"), parse_quantity("4G"), parse_quantity("1.5MiB")
-    (4294967296, 4000000000, 1572864)
-    """
-    _refuse_long(text, "an amount of memory", "16GiB or 512MiB")
-    match = _QUANTITY.match(text)
-    if not match:
-        raise ShareError(f"{text!r} is not an amount of memory{_unit_hint(text)}; write for example 16GiB or 512MiB.")
-    number = _decimal(match)
-    if number is None:
-        return _TOO_MANY_BYTES
-    unit = match["unit"] or ""
-    if unit in _BINARY:
-        number *= Decimal(1024) ** _BINARY[unit]
-    elif unit in _DECIMAL:
-        number *= Decimal(1000) ** _DECIMAL[unit]
-    return math.ceil(number)
-
-
-# Stands for "more than any card": larger than any real GPU's memory, small enough for arithmetic.
-_TOO_MANY_BYTES = 2**63
-
-
-def _decimal(match: re.Match[str]) -> Decimal | None:
-    """The number a _QUANTITY match spells, or None when its exponent puts it beyond any card.
-
-    An exponent far below zero gives Decimal zero's neighbourhood, not zero: the caller
-    refuses it as below the smallest slice rather than reading it as CPU only.
-    """
-    exponent = int(match["exp"] or 0)  # at most MAX_INPUT_CHARS digits: int() is safe
-    if exponent > _MAX_EXPONENT:
-        return None
-    try:
-        return Decimal(match["number"]).scaleb(max(exponent, -_MAX_EXPONENT - 10))
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-        return None
-
-
-def _refuse_long(text: str, what: str, example: str) -> None:
-    if len(text) > MAX_INPUT_CHARS:
-        raise ShareError(
-            f"{text[:12]!r}... is {len(text)} characters long, which is not {what}; "
-            f"type at most {MAX_INPUT_CHARS} characters, for example {example}."
-        )
-
-
 def parse_gpu_memory(value: object) -> GpuRequest:
     """One ``gpu_memory`` value (text or number) as a request, before card limits.
 
@@ -180,19 +137,19 @@ def parse_gpu_memory(value: object) -> GpuRequest:
     if not isinstance(value, str):
         raise ShareError(f"gpu_memory must be text or a number, not {type(value).__name__}; type {EXAMPLES}.")
     text = value.strip()
-    _refuse_long(text, "an amount of GPU memory", EXAMPLES)
+    refuse_long(text, "an amount of GPU memory", EXAMPLES)
     if not text:
         return CPU_ONLY
     if text.startswith("-"):
         raise ShareError(f"GPU memory cannot be negative ({text!r}); type {EXAMPLES}.")
     if text.lower() in {"nan", "inf", "infinity", "+inf"}:
         raise ShareError(f"{text!r} is not an amount of GPU memory; type {EXAMPLES}.")
-    match = _QUANTITY.match(text)
+    match = QUANTITY.match(text)
     if match is None:
-        hint = _unit_hint(text)
+        hint = unit_hint(text)
         raise ShareError(f"{text!r} is not an amount of GPU memory{hint}; type for example {EXAMPLES}.")
     if not match["unit"] and not match["b"]:
-        number = _decimal(match)
+        number = decimal_of(match)
         return _share_from_number(_BEYOND_ADVICE if number is None else float(number), repr(text))
     amount = parse_quantity(text)
     return GpuRequest(memory_bytes=amount) if amount else CPU_ONLY
@@ -201,13 +158,6 @@ def parse_gpu_memory(value: object) -> GpuRequest:
 def _short_repr(value: object) -> str:
     text = repr(value)
     return text if len(text) <= MAX_INPUT_CHARS else f"a number of {len(text)} digits"
-
-
-def _unit_hint(text: str) -> str:
-    unit = re.sub(r"^[\s0-9.eE+-]+", "", text)
-    if not unit:
-        return ""
-    return f" (unknown unit {unit!r}; use Ki, Mi, Gi or k, M, G, optionally followed by B)"
 
 
 def _share_from_number(number: float, shown: str) -> GpuRequest:
@@ -242,7 +192,7 @@ def parse_gpus(value: object) -> int:
         raise ShareError(f"gpus must be a whole number of cards, not {value!r}.")
     if isinstance(value, str):
         text = value.strip() or "0"
-        _refuse_long(text, "a number of cards", "0, 1 or 2")
+        refuse_long(text, "a number of cards", "0, 1 or 2")
         if not re.fullmatch(r"\+?[0-9]+", text):
             raise ShareError(f"gpus must be a whole number of cards such as 0, 1 or 2, not {value!r}.")
         return int(text)
@@ -302,14 +252,6 @@ def _check_floor(request: GpuRequest, largest_card_bytes: int | None, smallest: 
             f"{request.describe()} is below the smallest slice, {format_bytes(smallest)}; "
             f'ask for "{quantity_text(smallest)}" or more, or "0" for CPU only.'
         )
-
-
-def quantity_text(n: int) -> str:
-    """Bytes as a quantity people can type back: 268435456 -> "256MiB"."""
-    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
-        if n and n % 1024**power == 0:
-            return f"{n // 1024**power}{unit}"
-    return str(n)
 
 
 def _check_limits(request: GpuRequest, largest_card_bytes: int | None, most_cards: int | None) -> None:

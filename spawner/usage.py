@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from spawner.quotas import GroupRules
+
 BUSY_PERCENT = 5
 # The slice's share of its card, where Prometheus has it; and that share again, only at
 # the times the card is busy and the server has a process on it.
@@ -118,12 +120,12 @@ def to_csv(rows: Iterable[UsageRow]) -> str:
     return out.getvalue()
 
 
-def group_members(groups: Iterable[Mapping[str, object]]) -> dict[str, str]:
+def group_members(groups: Iterable[GroupRules]) -> dict[str, str]:
     """user -> the first class (settings ``groups``) that lists them as a member."""
     found: dict[str, str] = {}
     for group in groups:
-        for member in group.get("members", ()) or ():  # type: ignore[attr-defined]
-            found.setdefault(str(member), str(group["name"]))
+        for member in group.members:
+            found.setdefault(member, group.name)
     return found
 
 

@@ -185,6 +185,13 @@ def put_first(entries: Iterable[Entry], key: str) -> list[Entry]:
     return [replace(e, priority=top + 1) if e.key == key else e for e in entries]
 
 
+# While anyone waits: seconds a GPU server may be idle before its slice is reclaimed (the
+# settings' gpu_idle_timeout; every deployment's default comes from here), and the longest
+# a request may wait in the line (line_max_wait).
+GPU_IDLE_TIMEOUT_S = 900
+LINE_MAX_WAIT_S = 4 * 3600
+
+
 def warning_lead(gpu_idle_timeout: float) -> float:
     """Seconds between the reclaimer's warning and the stop: 3 minutes, less for short timeouts."""
     return min(180.0, gpu_idle_timeout / 3)
@@ -240,6 +247,8 @@ class Holder:
     has_gpu: bool
     kernels_idle_since: float | None  # None: a kernel is busy now
     gpu_idle_since: float | None  # None: its processes use the GPU now
+    held_since: float | None = None  # when its slice was placed, as the platform recorded it
+    max_hold_s: float | None = None  # its class's max_hold; None: no cap
 
 
 # GPU memory moves a little on its own (allocator caches, the driver); a change larger than
@@ -319,7 +328,12 @@ def with_gpu_activity(holders: Iterable[Holder], traces: Mapping[str, GpuTrace],
 
 
 def reclaim(
-    holders: Iterable[Holder], *, waiting: int, now: float, gpu_idle_timeout: float = 900.0, warn_before: float = 180.0
+    holders: Iterable[Holder],
+    *,
+    waiting: int,
+    now: float,
+    gpu_idle_timeout: float = GPU_IDLE_TIMEOUT_S,
+    warn_before: float = 180.0,
 ) -> tuple[list[str], list[str]]:
     """GPU-aware reclaiming while anyone waits: (servers to warn, servers to stop), longest idle first.
 
@@ -340,6 +354,35 @@ def reclaim(
     stop = [key for seconds, key in chosen if seconds >= gpu_idle_timeout]
     warn = [key for seconds, key in chosen if seconds < gpu_idle_timeout]
     return warn, stop
+
+
+# The words of the reclaimer's warning and stop note for a server held past its class's max_hold:
+# spawner/ledger.py ``reclaim_notice`` tells the owner from them that using the server will not keep it.
+HELD_TOO_LONG = "held past the max_hold"
+
+
+def over_hold(
+    holders: Iterable[Holder], *, waiting: int, now: float, warn_before: float = 180.0
+) -> tuple[list[str], list[str]]:
+    """While others wait: (servers to warn, servers to stop) for having held their slice past their
+    class's ``max_hold``, used or not, longest past it first, at most ``waiting`` of them.
+
+    What a server reports as activity is its owner's to forge (a cell that runs every few minutes,
+    or a script that posts to the hub's activity API), so idleness alone cannot free a slice from
+    someone determined to keep it; the time held can, measured from the platform's own record of
+    the placement. Warned ``warn_before`` seconds ahead; nobody waiting: nothing.
+    """
+    if waiting <= 0:
+        return [], []
+    past: list[tuple[float, str]] = []
+    for h in holders:
+        if h.has_gpu and h.held_since is not None and h.max_hold_s is not None:
+            beyond = now - h.held_since - h.max_hold_s
+            if beyond >= -warn_before:
+                past.append((beyond, h.key))
+    past.sort(key=lambda pair: (-pair[0], pair[1]))
+    chosen = past[:waiting]
+    return [key for beyond, key in chosen if beyond < 0], [key for beyond, key in chosen if beyond >= 0]
 
 
 def still_freeing(freeing: Mapping[str, float], active: Set[str], now: float, grace_s: float) -> dict[str, float]:

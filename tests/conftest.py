@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.leaks import LeakCheck
+
 # KubeSpawner needs a kubeconfig even when it makes no API call, and kubernetes_asyncio
 # reads $KUBECONFIG once, when it is first imported. Tests that talk to the Kubernetes
 # API double write their own and hand it to the hub's environment.
@@ -52,6 +54,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("browser")
         if "benchmark" in item.name:
             item.add_marker("bench")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every process a test starts is ended, and one left running fails the run (tests/leaks.py).
+    config.pluginmanager.register(LeakCheck(config), "gpuslice-process-leaks")
 
 
 # The fast tier (`scripts/test --fast`): pure logic only. A test that starts a process or opens

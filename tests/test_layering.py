@@ -1,9 +1,11 @@
 """Imports go one way, lowest layer first (docs/architecture.md draws the layers).
 
 Read from the source with ``ast`` (nothing is imported), so a lazy import inside a
-function counts as much as one at the top. Each module of ours gets a layer; a module
-may import its own layer and the layers below it, never one above. The portal also
-takes from the hub nothing but the settings model.
+function counts as much as one at the top: there is no exception for it. Each module of
+ours gets a layer; a module may import its own layer and the layers below it, never one
+above. The portal also takes from the hub nothing but the settings model. Between
+packages, imports form no cycle (a command above the hub, the benchmarks', registers
+itself through an entry point instead of being imported).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("spawner", "market", "hub", "portal", "bench")
+PACKAGES = ("sizes", "spawner", "market", "hub", "portal", "bench")
 
 CORE, LOWER, RUNTIME, HUB, PORTAL, BENCH = 1, 2, 3, 4, 5, 6
 LAYER_NAMES = {CORE: "pure core", LOWER: "market/ledger/NVML", RUNTIME: "spawner runtime", HUB: "hub", PORTAL: "portal"}
@@ -24,11 +26,13 @@ LAYER_NAMES[BENCH] = "bench"
 # The most specific prefix wins; a module under no prefix below takes its package's layer.
 LAYERS: dict[str, int] = {
     # 1. pure core: no I/O, imports nothing of ours but each other.
+    "sizes": CORE,  # amounts of memory ("4GiB"): below the markets and the spawners, which both read them
     "spawner.shares": CORE,
-    "spawner.backends": CORE,
+    "spawner.sharing": CORE,  # one module per sharing backend (pods, inventory, extender, form words)
     "spawner.inventory": CORE,
     "spawner.placement": CORE,  # and its split modules (spawner.placement_*, spawner.placement.*)
     "spawner.quotas": CORE,
+    "spawner.checked": CORE,  # pydantic models of what people write: unknown keys and values refused clearly
     "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
     "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
@@ -36,6 +40,7 @@ LAYERS: dict[str, int] = {
     "spawner.usage": CORE,  # utilization reports: GPU-hours per user, class and week (CLI and portal)
     "spawner.scope": CORE,  # whose servers and names a viewer may see (the portal and the hub's line API)
     "spawner.words": CORE,  # times and places in the words people read (instants the pages localize)
+    "spawner.cgroups": CORE,  # a server's limits and device rules, and each cgroup layout's files
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
@@ -48,6 +53,10 @@ LAYERS: dict[str, int] = {
     "spawner.lifetime": LOWER,
     "spawner.secretenv": LOWER,
     "spawner.ports": LOWER,
+    "spawner.processes": LOWER,  # servers' processes by pid and start time (psutil)
+    "spawner.cgroupfs": LOWER,  # the cgroup filesystem (v1, v2)
+    "spawner.systemd_units": LOWER,  # systemd's transient scopes
+    "spawner.confinement": LOWER,  # a server's cgroup by this machine's means (the two above)
     # 3. the spawner runtime: everything else in spawner/ (mixin and its parts, local, kube, mounts).
     "spawner": RUNTIME,
     "hub": HUB,
@@ -55,11 +64,7 @@ LAYERS: dict[str, int] = {
     "bench": BENCH,
 }
 # The kernel hook runs inside users' kernels, where our packages are not installed.
-STANDALONE = ("spawner.kernel_hook",)
-# Upward imports allowed inside a function only (lazy), each with its reason.
-LAZY_UPWARD = {
-    ("hub.cli", "bench"): "`gpuslice bench spawn|class|class-day|placement` imports it when asked for",
-}
+STANDALONE = ("spawner.kernel_hook", "spawner.confined_start")  # confined_start: run by path, as root
 # What the portal may take from the hub (layer 4): the settings model and the chart's values reader.
 PORTAL_FROM_HUB = ("hub.settings", "hub.kube_values")
 
@@ -127,7 +132,7 @@ def _check(imp: Import, where: str) -> list[str]:
     mine, theirs = layer_of(imp.importer), layer_of(imp.imported)
     if mine is None or theirs is None:
         return []
-    if theirs > mine and not (imp.nested and _lazy_allowed(imp)):
+    if theirs > mine:
         return [
             f"{where}: {imp.importer} ({LAYER_NAMES[mine]}, layer {mine}) imports {imp.imported} "
             f"({LAYER_NAMES[theirs]}, layer {theirs}): imports go downward only; move the shared piece "
@@ -140,30 +145,47 @@ def _check(imp: Import, where: str) -> list[str]:
     return []
 
 
-def _lazy_allowed(imp: Import) -> bool:
-    return any(imp.importer == a and (imp.imported + ".").startswith(b + ".") for a, b in LAZY_UPWARD)
-
-
 def test_imports_go_one_way() -> None:
     assert violations(ROOT) == []
 
 
-# The package-level order; the market sits below the spawner runtime but above the core in spawner/.
-PACKAGE_ORDER = ("market", "spawner", "hub", "portal", "bench")
+# The package-level order: each package imports only those before it (lazy imports too).
+PACKAGE_ORDER = ("sizes", "market", "spawner", "hub", "portal", "bench")
 
 
 def package_violations(root: Path) -> list[str]:
-    """Each import of a package that comes later in PACKAGE_ORDER (market may use the pure core)."""
+    """Each import of a package that comes later in PACKAGE_ORDER."""
     rank = {p: i for i, p in enumerate(PACKAGE_ORDER)}
     problems = []
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             for imp in imports_of(path, root):
-                top = imp.imported.split(".")[0]
-                core_for_market = package == "market" and layer_of(imp.imported) == CORE
-                if rank[top] > rank[package] and not core_for_market and not (imp.nested and _lazy_allowed(imp)):
+                if rank[imp.imported.split(".")[0]] > rank[package]:
                     problems.append(f"{path.relative_to(root)}:{imp.line}: package {package} imports {imp.imported}")
     return problems
+
+
+def package_cycles(root: Path) -> list[list[str]]:
+    """Every cycle between packages (a -> b -> ... -> a) in the imports under ``root``, lazy ones too."""
+    edges: dict[str, set[str]] = {p: set() for p in PACKAGES}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            edges[package] |= {imp.imported.split(".")[0] for imp in imports_of(path, root)} - {package}
+    cycles = []
+    for start in PACKAGES:
+        stack = [(start, [start])]
+        while stack:
+            here, trail = stack.pop()
+            for there in sorted(edges[here]):
+                if there == start:
+                    cycles.append([*trail, start])
+                elif there not in trail and there > start:  # each cycle once, from its smallest package
+                    stack.append((there, [*trail, there]))
+    return cycles
+
+
+def test_packages_import_each_other_in_no_cycle() -> None:
+    assert package_cycles(ROOT) == []
 
 
 def test_every_package_imports_only_the_packages_below_it() -> None:
@@ -181,8 +203,9 @@ def test_every_package_imports_only_the_packages_below_it() -> None:
         ("spawner/quotas.py", "def f():\n    import spawner.ledger\n", "imports spawner.ledger"),
         ("market/store.py", "from spawner.mixin import x\n", "imports spawner.mixin"),
         ("hub/cli.py", "from portal import app\n", "imports portal.app"),
-        ("hub/cli.py", "from bench.spawn import run\n", "imports bench.spawn"),  # lazy only
-        ("hub/cli.py", "def f():\n    from bench.spawn import run\n", None),
+        ("hub/cli.py", "from bench.spawn import run\n", "imports bench.spawn"),
+        ("hub/cli.py", "def f():\n    from bench.spawn import run\n", "imports bench.spawn"),  # lazy: the same
+        ("market/catalog.py", "from sizes import parse_quantity\n", None),
         ("hub/platform.py", "def f():\n    from bench.spawn import run\n", "imports bench.spawn"),
         ("portal/gate.py", "from hub.with_hub import die_with_parent\n", "takes only hub.settings, hub.kube_values"),
         ("portal/x.py", "from spawner.mixin import machine\n", "may not import the spawner runtime"),
@@ -206,8 +229,25 @@ def test_an_upward_import_is_caught(tmp_path: Path, module: str, source: str, co
 def test_an_upward_package_import_is_caught(tmp_path: Path) -> None:
     for module, source in [
         ("market/a.py", "from spawner.shares import parse_quantity\n"),
-        ("spawner/b.py", "import hub\n"),
+        ("spawner/b.py", "def f():\n    import hub\n"),
+        ("sizes/c.py", "\n"),
     ]:
         (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / module).write_text(source)
-    assert package_violations(tmp_path) == ["spawner/b.py:1: package spawner imports hub"]
+    assert sorted(package_violations(tmp_path)) == [
+        "market/a.py:1: package market imports spawner.shares.parse_quantity",
+        "spawner/b.py:2: package spawner imports hub",
+    ]
+
+
+def test_a_cycle_through_a_lazy_import_is_caught(tmp_path: Path) -> None:
+    """The two cycles there were: hub's command importing the benchmarks, the markets the GPU request parser."""
+    for module, source in [
+        ("hub/cli.py", "def bench():\n    from bench.spawn import run\n"),
+        ("bench/spawn.py", "from hub.settings import load\n"),
+        ("market/catalog.py", "from spawner.shares import parse_quantity\n"),
+        ("spawner/images.py", "from market.store import Store\n"),
+    ]:
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text(source)
+    assert sorted(package_cycles(tmp_path)) == [["bench", "hub", "bench"], ["market", "spawner", "market"]]

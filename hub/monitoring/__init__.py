@@ -68,7 +68,7 @@ def prometheus_config(
 
     The machine's exporters carry a ``node`` target label (the exporter's Hostname) so that
     NodeDown and GpuExporterDown name the node their GPUs' alerts are inhibited by.
-    ``password_file``: Prometheus and Alertmanager ask for basic auth, and this is its password.
+    ``password_file``: Prometheus, Alertmanager and the exporters ask for basic auth, and this is its password.
     """
     auth = {"basic_auth": {"username": MONITORING_USER, "password_file": str(password_file)}} if password_file else {}
 
@@ -90,7 +90,7 @@ def prometheus_config(
         job("alertmanager", ports.alertmanager, **auth),
     ]
     if node_exporter:
-        jobs.append(job("node", ports.node_exporter))
+        jobs.append(job("node", ports.node_exporter, **auth))
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in RULE_FILES],

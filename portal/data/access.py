@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from portal.identity import Identity
 from spawner.inventory import Allocation, Inventory
 from spawner.ledger import Held, ServerEvent
+from spawner.quotas import GroupRules
 from spawner.scope import Scope as Scope  # re-exported: the portal names it from here
 from spawner.scope import scope_for
 
 HIDDEN = ""  # the user name of an allocation the viewer may not see
 
 
-def scope_of(identity: Identity, rules: Iterable[Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> Scope:
+def scope_of(identity: Identity, rules: Iterable[GroupRules], groups: Mapping[str, Sequence[str]]) -> Scope:
     """The identity's scope: a group whose rules list them under ``teachers`` adds its members."""
     return scope_for(identity.name, identity.admin, rules, groups)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,9 @@ import requests
 from portal.data import access
 from portal.data.access import Scope
 from portal.data.errors import SourceUnavailableError, why
-from spawner.backends import Backend
+from spawner import environ, sharing
 from spawner.gpus import machine
-from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, Inventory, build_kube, build_local
+from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, Inventory, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
 from spawner.stop_events import (
     STOP_REQUESTED,
@@ -67,9 +66,11 @@ class KubeClient:
 
     @classmethod
     def in_cluster(cls) -> KubeClient:
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+        url = environ.read().kube_api_url()
+        if url is None:
+            raise RuntimeError("not in a Kubernetes pod: KUBERNETES_SERVICE_HOST is not set")
         account = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-        return cls(f"https://{host}:{port}", (account / "token").read_text(), str(account / "ca.crt"))
+        return cls(url, (account / "token").read_text(), str(account / "ca.crt"))
 
     def items(self, path: str) -> list[dict[str, Any]]:
         try:
@@ -105,13 +106,16 @@ def note_kube_stop(client: KubeClient, namespace: str, scope: Scope, user: str, 
 
 
 def kube_inventory(
-    client: KubeClient, namespace: str, backend: str, *, gpushare_memory_unit: str = "GiB"
+    client: KubeClient, namespace: str, backend: str, *, gpushare_memory_unit: str = ""
 ) -> tuple[Inventory, list[Held]]:
     """Nodes and the namespace's pods as the core's inventory; holds from the pods' annotations."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods")
-    inventory = build_kube(
-        client.items("/api/v1/nodes"), pods, Backend(backend), gpushare_memory_unit=gpushare_memory_unit
-    )
+    settings = {"memory_unit": gpushare_memory_unit} if backend == "gpushare" else {}
+    reader = sharing.backend(backend, **settings)
+    objects = {
+        read.key: client.items(read.path) for read in reader.reads
+    }  # DRA's slices and claims, KAI's reservations
+    inventory = sharing.build_kube(client.items("/api/v1/nodes"), pods, reader, objects=objects)
     groups = {
         str(p["metadata"].get("name")): (p["metadata"].get("annotations") or {}).get(GROUP_ANNOTATION) for p in pods
     }

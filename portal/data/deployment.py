@@ -11,13 +11,13 @@ read and changed only there (the classes live in the running hub: not in either 
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
 from hub.kube_values import KubeValues, load_kube_values
-from hub.settings import OnCall, Settings, load, market_url
+from hub.settings import OnCall, Settings, market_url
+from hub.settings import from_environment as settings_from_environment
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError
 from portal.data import access, cluster
@@ -57,11 +57,11 @@ class Deployment(Protocol):
 class OneMachine:
     """``gpuslice up``: the settings file, this machine's GPUs and the ledger in the data folder."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, env: environ.Environment | None = None) -> None:
+        self.settings, self.env = settings, env or environ.read()
 
     def data_dir(self) -> Path:
-        return Path(environ.DATA_DIR.get() or self.settings.data_dir)
+        return self.settings.data_dir
 
     @property
     def _ledger(self) -> Path:
@@ -80,36 +80,39 @@ class OneMachine:
         cluster.note_stop(self._ledger, scope, user, server)
 
     def _monitoring_on(self) -> None:
-        if not self.settings.monitoring["enabled"]:
+        if not self.settings.monitoring.enabled:
             raise MetricsUnavailableError("monitoring is off in the settings (monitoring.enabled)")
 
     def prometheus_url(self) -> str:
         self._monitoring_on()
-        return environ.PROMETHEUS_URL.get() or f"http://127.0.0.1:{self.settings.monitoring['prometheus_port']}"
+        return self.env.get(environ.PROMETHEUS_URL) or f"http://127.0.0.1:{self.settings.monitoring.prometheus_port}"
 
     def alertmanager_url(self) -> str:
         self._monitoring_on()
-        return environ.ALERTMANAGER_URL.get() or f"http://127.0.0.1:{self.settings.monitoring['alertmanager_port']}"
+        port = self.settings.monitoring.alertmanager_port
+        return self.env.get(environ.ALERTMANAGER_URL) or f"http://127.0.0.1:{port}"
 
     def oncall(self) -> OnCall:
-        oncall: OnCall = self.settings.monitoring["oncall"]
-        return oncall
+        return self.settings.monitoring.oncall
 
     def market_url(self) -> str:
-        return environ.MARKET_URL.get() or market_url(self.settings)
+        return market_url(self.settings)  # the settings have what `gpuslice up` handed down
 
     def proposals_per_hour(self) -> int:
-        return int(self.settings.market["proposals_per_hour"])
+        return self.settings.market.proposals_per_hour
 
     def models_root(self) -> Path:
-        return Path(environ.MODELS_ROOT.get() or settings_models_root(self.settings))
+        return settings_models_root(self.settings)
 
 
 class Kubernetes:
     """The Helm chart: its values (a ConfigMap), nodes and pods from the Kubernetes API."""
 
-    def __init__(self, values: KubeValues, client: cluster.KubeClient | None, namespace: str) -> None:
-        self.values, self._client, self.namespace = values, client, namespace
+    def __init__(
+        self, values: KubeValues, client: cluster.KubeClient | None, env: environ.Environment | None = None
+    ) -> None:
+        self.values, self._client, self.env = values, client, env or environ.read()
+        self.namespace = self.env.pod_namespace
 
     @property
     def client(self) -> cluster.KubeClient:
@@ -119,14 +122,14 @@ class Kubernetes:
 
     def data_dir(self) -> Path:
         """The portal's own folder (the chart mounts one for the incident store), not the hub's volume."""
-        return Path(environ.DATA_DIR.get() or Settings().data_dir)
+        return settings_from_environment(self.env).data_dir
 
     def inventory(self) -> tuple[Inventory, list[Held]]:
         return cluster.kube_inventory(
             self.client,
             self.namespace,
-            environ.SHARING_BACKEND.get(),
-            gpushare_memory_unit=environ.GPUSHARE_MEMORY_UNIT.get(),
+            self.env.get(environ.SHARING_BACKEND),
+            gpushare_memory_unit=self.env.get(environ.GPUSHARE_MEMORY_UNIT),
         )
 
     def server_events(self) -> dict[str, ServerEvent]:
@@ -151,7 +154,7 @@ class Kubernetes:
         return self.values.oncall
 
     def market_url(self) -> str:
-        url = self.values.market_url()
+        url = self.values.market_url(self.env)
         if url.startswith("sqlite"):  # on the hub's volume, which only the hub's pod mounts
             raise MarketError(
                 "on Kubernetes the portal reaches the markets only in a database server: the chart's "
@@ -163,7 +166,7 @@ class Kubernetes:
         return self.values.proposals_per_hour
 
     def models_root(self) -> Path:
-        return Path(environ.MODELS_ROOT.get() or settings_models_root(Settings()))
+        return settings_models_root(settings_from_environment(self.env))
 
 
 def _chart_url(url: str, key: str, what: str) -> str:
@@ -173,8 +176,8 @@ def _chart_url(url: str, key: str, what: str) -> str:
 
 
 def from_environment() -> Deployment:
-    """The deployment the gate's environment names (``GPUSLICE_BACKEND=kubernetes`` in the chart)."""
-    if environ.BACKEND.get() == "kubernetes":
-        return Kubernetes(load_kube_values(), None, os.environ.get("POD_NAMESPACE", "default"))
-    path = environ.SETTINGS.get()
-    return OneMachine(load(Path(path) if path else None))
+    """The deployment the gate's environment names (``environ.BACKEND`` "kubernetes" in the chart)."""
+    env = environ.read()
+    if env.on_kubernetes:
+        return Kubernetes(load_kube_values(), None, env)
+    return OneMachine(settings_from_environment(env), env)

@@ -226,7 +226,7 @@ def _message(response: requests.Response) -> str:
 
 def _refusal(response: requests.Response) -> str:
     if response.status_code == 404:
-        return "the hub serves no GPU line API (/hub/api/gpuslice/line): it needs hub/kube_line.py's add_gpu_line"
+        return "the hub serves no GPU line API (/hub/api/gpuslice/line): it needs hub/wiring.py's configure_hub"
     if response.status_code in (401, 403):
         return f"HTTP {response.status_code}, {_message(response)}"
     return f"the hub answered HTTP {response.status_code}: {_message(response)}"

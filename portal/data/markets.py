@@ -8,10 +8,9 @@ server" and "three proposals an hour" are enforced, on the server side.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 from market.files import ModelFilesError, checksum, inside, size_of
@@ -19,6 +18,7 @@ from market.rules import installed, launch_blocker, local_prefix
 from market.store import Image, Model, Store
 from portal.data.hub import HubClient
 from portal.identity import Identity
+from spawner.quotas import DEFAULT_GROUP, GroupRules, rules_for
 from spawner.shares import format_bytes, parse_quantity, slice_choices
 
 
@@ -63,18 +63,20 @@ def image_cards(
 CPU_ONLY = "0"
 
 
-def launch_choices(rules: Sequence[Mapping[str, Any]], my_groups: set[str], largest_card: int) -> tuple[list[str], str]:
+def launch_choices(rules: Sequence[GroupRules], my_groups: set[str], largest_card: int) -> tuple[list[str], str]:
     """The GPU choices for launching from the market ("0": CPU only, "4GiB": a slice) and the default.
 
-    Only slices the reader's groups allow (the largest any of them allows); the default is
-    the class's slice, else the smallest slice; CPU only when the machine has no GPU.
+    Only slices the reader's groups allow (the largest any of them allows; in no group, the
+    default rules'); the default is the class's slice, else the smallest slice; CPU only when
+    the machine has no GPU.
     """
-    mine = [r for r in rules if r.get("name") in my_groups]
-    limits = [parse_quantity(str(r["max_slice"])) if r.get("max_slice") else largest_card for r in mine]
+    mine = rules_for(my_groups, rules)
+    in_a_class = any(r.name != DEFAULT_GROUP for r in mine)
+    limits = [largest_card if r.quota.max_slice_bytes is None else r.quota.max_slice_bytes for r in mine]
     ceiling = min(largest_card, max(limits, default=largest_card))
     sizes = sorted(set(slice_choices(ceiling)) | {min(limit, ceiling) for limit in limits if limit})
     values = [CPU_ONLY, *(format_bytes(size).replace(" ", "") for size in sizes)]
-    class_slice = next((min(limit, ceiling) for limit in limits if limit < largest_card), None)
+    class_slice = in_a_class and next((min(limit, ceiling) for limit in limits if limit < largest_card), None)
     if class_slice:
         return values, format_bytes(class_slice).replace(" ", "")
     return values, values[1] if len(values) > 1 else CPU_ONLY

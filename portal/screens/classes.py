@@ -4,12 +4,11 @@ import streamlit as st
 
 from portal import views
 from portal.sources import classes, servers
-from spawner.quotas import group_quota
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Classes")
-rules = {g["name"]: group_quota(g) for g in classes.group_rules()}
+rules = {g.name: g.quota for g in classes.group_rules()}
 groups = classes.visible_groups(identity)
 _, holds = servers.inventory(identity)
 rows = views.class_rows(groups, rules, holds, servers.servers(identity), idle_after_s=1800, now_ts=time.time())

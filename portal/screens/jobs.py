@@ -9,6 +9,7 @@ from portal import views
 from portal.data.errors import SourceUnavailableError
 from portal.sources import classes, clients, line, servers
 from spawner.line_admin import Waiting
+from spawner.quotas import classes as class_rules
 from spawner.shares import format_bytes, parse_quantity
 from spawner.waitline import may_manage
 from spawner.words import ordinal
@@ -195,9 +196,7 @@ if booked:
 else:
     st.caption("No GPU memory is reserved for a class.")
 
-taught = sorted(
-    {str(rule.get("name", "")) for rule in classes.group_rules()} if manager.admin else set(manager.classes)
-)
+taught = sorted({rule.name for rule in class_rules(classes.group_rules())} if manager.admin else set(manager.classes))
 if taught:
     with st.form("reserve"):
         st.caption("Keep GPU memory for a class's students for a time: others cannot take it meanwhile.")

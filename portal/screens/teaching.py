@@ -16,7 +16,7 @@ from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ClassInfo
 from portal.data.prometheus import MetricsUnavailableError
 from portal.sources import classes, clients, line, metrics, servers
-from spawner.quotas import GroupRulesError, group_quota
+from spawner.quotas import GroupRulesError, read_group
 from spawner.shares import format_bytes
 from spawner.words import ordinal
 
@@ -77,7 +77,7 @@ if not mine:
 
 by_name = {c.name: c for c in mine}
 chosen: ClassInfo = by_name[st.selectbox("Class", sorted(by_name)) or sorted(by_name)[0]]
-quota = group_quota(chosen.rules)
+quota = read_group(chosen.name, {k: v for k, v in chosen.rules.items() if k != "name"}).quota
 members = chosen.members
 
 # -- budget ----------------------------------------------------------------------------------

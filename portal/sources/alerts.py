@@ -15,6 +15,7 @@ from portal.identity import Identity
 from portal.incidents import Escalation, Incident, Silence, group
 from portal.sources import clients
 from portal.sources.metrics import monitoring_auth
+from spawner import environ
 
 
 def alertmanager_url() -> str:
@@ -44,7 +45,7 @@ def incident_store() -> IncidentStore:
         return IncidentStore(path)
     except (OSError, sqlite3.Error) as exc:  # a read-only volume: say where, not a traceback
         raise MetricsUnavailableError(
-            f"the incident store {path} cannot be written ({exc}); give the portal a writable GPUSLICE_DATA_DIR"
+            f"the incident store {path} cannot be written ({exc}); give the portal a writable {environ.DATA_DIR.name}"
         ) from exc
 
 

@@ -17,6 +17,7 @@ from portal.data.hub import ClassInfo
 from portal.identity import Identity
 from portal.sources import clients
 from portal.sources.snapshot import Snapshot
+from spawner.quotas import GroupRules, read_groups
 
 CLASSES_S = 1.0  # how old the classes may be: a class added elsewhere shows within a second
 GROUPS_S = 5.0  # the hub's groups (a chart's classes keep their members there)
@@ -32,9 +33,9 @@ def _all_classes() -> list[ClassInfo]:
     return _classes_source().get()
 
 
-def group_rules() -> tuple[dict[str, Any], ...]:
+def group_rules() -> tuple[GroupRules, ...]:
     """The classes' rules (max_slice, budget, teachers, members, ...), as the spawners read them now."""
-    return tuple(c.rules for c in _all_classes())
+    return read_groups([c.rules for c in _all_classes()])
 
 
 @st.cache_resource

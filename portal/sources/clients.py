@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
 from portal.data import deployment as deployments
 from portal.data.hub import HubClient
 from portal.identity import Identity
+from spawner import environ
 
 # How old the hub's and the ledger's state may be on a live page. One snapshot is shared by
 # every viewer (the data layer narrows it to each viewer's scope), so the hub is asked at
@@ -26,13 +25,13 @@ def deployment() -> deployments.Deployment:
 
 
 def _hub_api_url() -> str:
-    return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+    return environ.read().get(environ.HUB_API_URL)
 
 
 @st.cache_resource
 def hub_client() -> HubClient:
     """The portal service's own token: it reads users, servers, groups and the GPU line, and changes nothing."""
-    return HubClient(_hub_api_url(), os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+    return HubClient(_hub_api_url(), environ.read().get(environ.HUB_API_TOKEN))
 
 
 def acting_client(identity: Identity) -> HubClient:

@@ -28,7 +28,7 @@ def prometheus_url() -> str:
 
 def monitoring_auth() -> tuple[str, str] | None:
     """Prometheus's and Alertmanager's basic auth, from the 0600 file gpuslice up made (None: none asked)."""
-    path = environ.MONITORING_PASSWORD_FILE.get()
+    path = environ.read().get(environ.MONITORING_PASSWORD_FILE)
     return (MONITORING_USER, Path(path).read_text().strip()) if path else None
 
 

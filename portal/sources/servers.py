@@ -87,9 +87,9 @@ def _taught_class_of(identity: Identity, user: str) -> str | None:
     """A class the reader teaches that ``user`` is in (None: none)."""
     return next(
         (
-            str(rules["name"])
+            rules.name
             for rules in classes.group_rules()
-            if identity.name in (rules.get("teachers") or ()) and user in classes.groups().get(str(rules["name"]), [])
+            if identity.name in rules.teachers and user in classes.groups().get(rules.name, [])
         ),
         None,
     )

@@ -11,7 +11,7 @@ write is not: JupyterLab saves its own layout (the workspace) every ten seconds 
 notebook is open, whether or not anyone is there.
 
 The hub no longer reads the proxy's traffic as activity either (``last_activity_interval``
-0 in hub/jupyterhub_config.py and hub/kube_line.py): what the server reports is what counts.
+0, set by hub/wiring.py for every hub): what the server reports is what counts.
 A user can run their own server without this file; they gain nothing they could not have
 by running a cell now and then, which any user may do.
 

@@ -9,9 +9,11 @@ from tests.e2e.platform import Platform
 @pytest.fixture
 def platform(tmp_path: Path) -> Iterator[Platform]:
     running = Platform(tmp_path)
-    running.start()
-    yield running
-    running.stop()
+    try:  # stopped even when it fails to start
+        running.start()
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture
@@ -24,5 +26,16 @@ def make_platform(tmp_path: Path) -> Iterator[object]:
         return created
 
     yield make
-    for p in made:
-        p.stop()
+    stop_all(made)
+
+
+def stop_all(platforms: list[Platform]) -> None:
+    """Stop every platform, even when stopping one fails; then raise the first failure."""
+    failures = []
+    for p in platforms:
+        try:
+            p.stop()
+        except AssertionError as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]

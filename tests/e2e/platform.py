@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -10,16 +11,31 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import psutil
 import requests
 import yaml
 
 from hub.accounts import has_password, passwords_path, set_password, write_private
+from spawner.confinement import for_machine
+from spawner.ledger import Ledger
 from spawner.ports import free_port
+from spawner.processes import Proc, running, stop_trees
 
 GPUSLICE = str(Path(sys.executable).with_name("gpuslice"))
 PASSWORD = "a-long-password"  # every test account's; admins' and class members' set before the hub starts
+# The users these tests sign up are in no class and are the subjects of other things (the
+# line, isolation, the portal): no limits for them, and sign-up open even beside a class, as
+# explicit choices. A test of the defaults passes open_signup=None and a default group of its own
+# in groups ({}: the built-in default rules).
+NO_LIMITS = {"max_slice": None, "max_gpus": None, "budget": None, "servers_per_user": None}
+
+
+def _command(pid: int) -> list[str]:
+    with contextlib.suppress(psutil.Error):
+        return list(psutil.Process(pid).cmdline())
+    return []
 
 
 def process_alive(pid: int) -> bool:
@@ -56,12 +72,15 @@ class Platform:
             # One account for every user, as on a personal machine: these tests are about other
             # things. tests/e2e/test_attacker.py passes isolation=None to run under the defaults.
             "isolation": "none",
+            "open_signup": True,
         }
         admin_password = self.root / "admin-password"
         write_private(admin_password, PASSWORD)
         base["admin_password_from"] = f"file:{admin_password}"
         self.config = self.root / "gpuslice.yaml"
         merged = {**base, **self.settings}
+        if merged.get("groups") is not None or "groups" not in self.settings:
+            merged["groups"] = {"default": NO_LIMITS, **(merged.get("groups") or {})}
         self.config.write_text(yaml.safe_dump({k: v for k, v in merged.items() if v is not None}))
         self.log = self.root / "platform.log"
 
@@ -76,26 +95,79 @@ class Platform:
                 if member not in self.unclaimed and not has_password(store, member):
                     set_password(store, member, PASSWORD)
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([GPUSLICE, "up", "--config", str(self.config)], stdout=log, stderr=log)
+            # A process group of its own: what a stop cannot end is ended by group (see stop).
+            self.proc = subprocess.Popen(
+                [GPUSLICE, "up", "--config", str(self.config)], stdout=log, stderr=log, start_new_session=True
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"gpuslice up exited early:\n{self.log.read_text()[-4000:]}"
+            if self.proc.poll() is not None:
+                self._failed_to_start(f"gpuslice up exited early:\n{self.log.read_text()[-4000:]}")
             try:
                 if requests.get(f"{self.url}/hub/health", timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.3)
-        raise AssertionError(f"the hub did not answer in {timeout_s}s:\n{self.log.read_text()[-4000:]}")
+        self._failed_to_start(f"the hub did not answer in {timeout_s}s:\n{self.log.read_text()[-4000:]}")
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+    def _failed_to_start(self, why: str) -> NoReturn:
+        """End what the failed start left (whoever called start), then fail."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        stop_trees(self.processes_left(wait_s=0), grace_s=5)
+        raise AssertionError(why)
+
+    def stop(self) -> None:
+        """Stop the platform as its operator does (SIGTERM to `gpuslice up`), then end whatever of it
+        is left, by process group and by recorded pid. A stop that left anything running fails
+        (after ending it); after a test killed the hub, what it left is ended quietly."""
+        graceful = self.proc is not None and self.proc.poll() is None
+        if self.proc is not None and graceful:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        left = self.processes_left()
+        named = "\n".join(f"  pid {p.pid}: {' '.join(_command(p.pid) or ['?'])[:160]}" for p in left)
+        stop_trees(left, grace_s=5)
+        confinement = for_machine(self.data_dir.absolute())
+        cgroups = sorted(confinement.names()) if confinement is not None else []
+        for name in cgroups:
+            confinement.remove(name)  # type: ignore[union-attr]
+        if graceful and left:
+            raise AssertionError(f"gpuslice up stopped but left {len(left)} process(es) running (now ended):\n{named}")
+        if graceful and cgroups:
+            raise AssertionError(f"gpuslice up stopped but left these server cgroups (now removed): {cgroups}")
+
+    def processes_left(self, wait_s: float = 30) -> list[Proc]:
+        """This platform's processes still running once `gpuslice up` has ended: its process group,
+        the servers the ledger records, and anything working in its folder (hub, proxy, monitoring,
+        servers and kernels under isolation none). Those still stopping get ``wait_s`` to end."""
+        mine: list[Proc] = []
+        group = self.proc.pid if self.proc is not None else None
+        for process in psutil.process_iter(["cwd"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                in_root = Path(process.info["cwd"] or "/").is_relative_to(self.root)
+                if in_root or (group is not None and os.getpgid(process.pid) == group):
+                    mine.append(Proc(process.pid, process.create_time()))
+        if (self.data_dir / "ledger.sqlite").exists():
+            mine += [Proc(p.pid, p.started) for p in Ledger(self.data_dir / "ledger.sqlite").processes()]
+        deadline = time.monotonic() + wait_s
+        left = [p for p in set(mine) if running(p)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = [p for p in left if running(p)]
+        return left
 
     def monitoring_auth(self) -> tuple[str, str]:
         """Prometheus's and Alertmanager's basic auth, read from the 0600 file as the platform's account can."""

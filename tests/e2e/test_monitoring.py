@@ -1,6 +1,7 @@
 """Real Prometheus and Alertmanager, started by `gpuslice up`, scraping a real exporter and hub."""
 
 import json
+import shutil
 from typing import Any
 
 import requests
@@ -31,6 +32,8 @@ def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform
 
     wait_for(targets_up, "every scrape target to be up", 60)  # Prometheus scrapes itself and Alertmanager with auth
     _monitoring_asks_for_credentials(platform, ports["prometheus_port"], ports["alertmanager_port"])
+    if shutil.which("prometheus-node-exporter"):  # it asks for the password too, and Prometheus gives it
+        assert [r["value"][1] for r in prometheus.custom_query('up{job="node"}')] == ["1"]
     util = prometheus.custom_query("DCGM_FI_DEV_GPU_UTIL")
     assert sorted(r["metric"]["gpu"] for r in util) == ["0", "1"]
 

@@ -95,14 +95,14 @@ def test_the_hubs_sqlite_databases_are_absolute_paths_on_its_claim(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hub.kube_values import load_kube_values
+    from spawner import environ
 
-    monkeypatch.delenv("GPUSLICE_DB_URL", raising=False)
-    monkeypatch.delenv("GPUSLICE_MARKET_URL", raising=False)
     docs = rendered(tmp_path, {})
     config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gs-gpuslice-hub")
     (tmp_path / "values.yaml").write_text(config["data"]["values.yaml"])
     values = load_kube_values(tmp_path / "values.yaml")
-    for url in (values.db_url(), values.market_url()):
+    no_secrets = environ.read({})  # neither database URL given: SQLite on the hub's claim
+    for url in (values.db_url(no_secrets), values.market_url(no_secrets)):
         path = url.removeprefix("sqlite:///")
         assert path.startswith("/"), url  # not relative to the image's working folder
         _, volume = mounted_volume(hub_pod(docs), path)

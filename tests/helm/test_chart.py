@@ -10,8 +10,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hub import roles
-
 REPO = Path(__file__).parents[2]
 CHART = REPO / "helm" / "gpuslice"
 ALL_FEATURES = Path(__file__).with_name("all-features.yaml")
@@ -182,8 +180,11 @@ def test_z2jh_values_plug_gpuslice_into_zero_to_jupyterhub() -> None:
     assert config["KubeGpuSpawner"]["gpu_backend"] in {"gpushare", "hami", "timeslicing", "mig", "whole"}
     assert values["hub"]["services"]["portal"]["url"].endswith(":8502")
     assert "apiToken" not in values["hub"]["services"]["portal"]  # z2jh generates it
-    # The reader's token as the chart's own hub gives it: the GPU line's Queue acts with it.
-    assert values["hub"]["services"]["portal"]["oauth_client_allowed_scopes"] == roles.PORTAL_OAUTH_SCOPES
+    # The portal's OAuth scopes and roles, the rules and the GPU line come from the one hub wiring
+    # (hub/wiring.py), as on the chart's hub: the values file does not restate them.
+    assert "oauth_client_allowed_scopes" not in values["hub"]["services"]["portal"]
+    assert "loadRoles" not in values["hub"]
+    assert "configure_z2jh_hub(c, z2jh.get_config)" in values["hub"]["extraConfig"]["gpuslice"]
     assert values["hub"]["image"]["name"].endswith("/hub")
 
 

@@ -7,6 +7,8 @@ import pytest
 import yaml
 
 from hub.kube_values import KubeValuesError, load_kube_values
+from spawner import environ
+from spawner.quotas import GroupRules
 from tests.helm.test_chart import ALL_FEATURES, render
 
 pytestmark = pytest.mark.process  # starts processes: not in the fast tier
@@ -45,8 +47,8 @@ def test_the_portals_values_come_from_the_chart(tmp_path: Path) -> None:
     values = load_kube_values(rendered_values(tmp_path, CLASSES))
     assert values.prometheus_url == "http://prometheus-operated.monitoring:9090"
     assert values.alertmanager_url == "http://alertmanager-operated.monitoring:9093"
-    assert values.group_list() == (
-        {"name": "ml101", "members": ["alice", "bob"], "max_slice": "4GiB", "budget": "16GiB", "profiles": ["t4"]},
+    assert values.groups == (
+        GroupRules(name="ml101", members=("alice", "bob"), max_slice="4GiB", budget="16GiB", profiles=("t4",)),
     )
     assert (values.admin_users, values.idle_timeout, values.proposals_per_hour) == (("teacher",), 1800, 5)
     assert values.gpu_idle_timeout == 600
@@ -71,12 +73,10 @@ def test_database_urls_come_from_the_secrets_else_the_hubs_volume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     values = load_kube_values(rendered_values(tmp_path))
-    monkeypatch.delenv("GPUSLICE_DB_URL", raising=False)
-    monkeypatch.delenv("GPUSLICE_MARKET_URL", raising=False)
-    assert values.db_url() == "sqlite:////srv/gpuslice/data/jupyterhub.sqlite"
-    assert values.market_url() == "sqlite:////srv/gpuslice/data/market.sqlite"
-    monkeypatch.setenv("GPUSLICE_MARKET_URL", "postgresql://market@db/market")
-    assert values.market_url() == "postgresql://market@db/market"
+    assert values.db_url(environ.read({})) == "sqlite:////srv/gpuslice/data/jupyterhub.sqlite"
+    assert values.market_url(environ.read({})) == "sqlite:////srv/gpuslice/data/market.sqlite"
+    secret = environ.read({"GPUSLICE_MARKET_URL": "postgresql://market@db/market"})
+    assert values.market_url(secret) == "postgresql://market@db/market"
 
 
 def test_a_values_file_from_another_release_is_refused_naming_the_key(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_oncall_values_become_the_same_typed_settings(tmp_path: Path) -> None:
 
     path = rendered_values(tmp_path, {"monitoring": {"oncall": ONCALL}})
     values = load_kube_values(path)
-    expected = from_mapping({"monitoring": {"oncall": ONCALL_AS_SETTINGS}}, "gpuslice.yaml").monitoring["oncall"]
+    expected = from_mapping({"monitoring": {"oncall": ONCALL_AS_SETTINGS}}, "gpuslice.yaml").monitoring.oncall
     assert values.oncall == expected
     assert [c.name for c in values.oncall.contacts()] == ["alice", "bob", "platform-team", "dave"]
     assert values.oncall.escalate_after == "10m"

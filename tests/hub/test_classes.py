@@ -6,6 +6,7 @@ import yaml
 from hub.accounts import AccountsError, has_password, invites_path, passwords_path, redeem_invite
 from hub.cli import main
 from hub.settings import load
+from spawner.quotas import GroupRules
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +78,7 @@ def test_class_add_writes_the_group_and_keeps_other_settings(
     loaded = load(settings)
     assert loaded.port == 9000 and loaded.admin_users == ("teacher",)
     assert loaded.groups == (
-        {"name": "ml101", "max_slice": "4GiB", "budget": "40GiB", "servers_per_user": 1, "members": ["alice", "bob"]},
+        GroupRules(name="ml101", max_slice="4GiB", budget="40GiB", servers_per_user=1, members=("alice", "bob")),
     )
 
 
@@ -131,7 +132,7 @@ def test_class_add_keeps_the_files_comments_and_order(tmp_path: Path, capsys: py
     for comment in ("# Our lab's platform", "# the firewall opens this one", "# the autumn class"):
         assert comment in text
     assert text.index("ml100") < text.index("ml101")
-    assert load(settings).groups[1] == {"name": "ml101", "budget": "8GiB", "members": ["alice"]}
+    assert load(settings).groups[1] == GroupRules(name="ml101", budget="8GiB", members=("alice",))
 
 
 def test_a_size_without_its_unit_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,6 +141,8 @@ def test_a_size_without_its_unit_is_refused(tmp_path: Path, capsys: pytest.Captu
     roster.write_text("alice\n")
     assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--budget", "8"]) == 2
     assert "--budget 8: give the size with its unit, for example 8GiB" in capsys.readouterr().err
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), "--max-hold", "2"]) == 2
+    assert "--max-hold 2: give the duration with its unit, for example 2h" in capsys.readouterr().err
     assert not settings.exists()  # nothing written
 
 
@@ -155,7 +158,7 @@ def test_without_config_it_writes_where_gpuslice_up_reads(
     out = capsys.readouterr().out
     assert f"written to {tmp_path / 'gpuslice.yaml'}; `gpuslice up` run in this folder reads it" in out
     found = config_path(None)  # what `gpuslice up` without --config loads
-    assert found is not None and load(found).groups[0]["members"] == ["alice"]
+    assert found is not None and load(found).groups[0].members == ("alice",)
 
 
 def test_a_lost_code_is_renewed_and_the_old_one_stops_working(
@@ -187,7 +190,7 @@ def test_a_new_class_leaves_the_comment_before_the_next_key_where_it_was(tmp_pat
     assert main(["class", "add", "cv202", str(roster), "--config", str(settings), "--teachers", "Tina, tom"]) == 0
     text = settings.read_text()
     assert text.index("cv202") < text.index("# where alerts go") < text.index("monitoring:"), text
-    assert load(settings).groups[1] == {"name": "cv202", "teachers": ["tina", "tom"], "members": ["alice"]}
+    assert load(settings).groups[1] == GroupRules(name="cv202", teachers=("tina", "tom"), members=("alice",))
     assert main(["class", "remove", "cv202", "--config", str(settings)]) == 0
     text = settings.read_text()
     assert "cv202" not in text and text.index("ml101") < text.index("# where alerts go") < text.index("monitoring:")
@@ -205,3 +208,39 @@ def test_without_a_running_hub_the_class_waits_in_the_file_for_the_next_start(
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "gpuslice-cli-hub-token").write_text("t")
     assert "no hub is running now" in tell_running_hub(settings, {"action": "remove-class", "name": "x"}, 2)
+
+
+def test_teachers_from_the_option_or_the_roster_get_invite_codes_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings, roster = tmp_path / "gpuslice.yaml", tmp_path / "r.csv"
+    roster.write_text("username,role\ncarol,student\nTom,Teacher\ndave,\n")
+    args = ["--teachers", "tina, tom", "--max-hold", "2h"]
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings), *args]) == 0
+    printed = capsys.readouterr().out
+    assert "class ml101: 2 students and 2 teacher(s)" in printed
+    codes = dict(line.split(",") for line in printed.splitlines() if "," in line and " " not in line)
+    assert set(codes) == {"carol", "dave", "tom", "tina"}  # a teacher's name is never left to be claimed
+    group = load(settings).groups[0]
+    assert group.members == ("carol", "dave") and group.teachers == ("tom", "tina")
+    assert group.quota.max_hold_s == 7200
+    roster.write_text("carol\n")
+    assert main(["class", "add", "ml101", str(roster), "--config", str(settings)]) == 0
+    assert load(settings).groups[0].teachers == ("tom", "tina")  # no teachers given: those written are kept
+
+
+@pytest.mark.parametrize(
+    ("roster", "args", "message"),
+    [
+        ("username\ntess\u0430\n", [], "r.csv:2: 'tessа' is not a user name: The user name 'tess\\u0430' has 'а'"),
+        ("carol\n", ["--teachers", "tina\u200b"], "--teachers: 'tina\\u200b' is not a user name"),
+    ],
+)
+def test_a_look_alike_name_in_a_roster_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], roster: str, args: list[str], message: str
+) -> None:
+    settings, path = tmp_path / "gpuslice.yaml", tmp_path / "r.csv"
+    path.write_text(roster)
+    assert main(["class", "add", "ml101", str(path), "--config", str(settings), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not settings.exists()

@@ -12,6 +12,7 @@ from traitlets import import_item
 from traitlets.config import Config, PyFileConfigLoader
 
 from spawner.images import SpawnImage
+from spawner.quotas import GroupRules
 
 REPO = Path(__file__).parents[2]
 ADMIN_PASSWORD = "correct horse battery staple"
@@ -39,7 +40,10 @@ def test_the_chart_values_become_hub_settings(tmp_path: Path, monkeypatch: pytes
     assert config.JupyterHub.spawner_class == "spawner.kube.KubeGpuSpawner"
     assert (spawner.gpu_backend, spawner.gpu_policy, spawner.namespace) == ("hami", "fgd", "jupyter")
     assert spawner.gpushare_memory_unit == "MiB"
-    assert spawner.gpu_groups == [{"name": "ml101", "max_slice": "4GiB", "servers_per_user": 1}]
+    assert spawner.gpu_backend_settings == {}  # hami: no settings in the values
+    assert spawner.gpu_groups == [
+        GroupRules(name="ml101", members=("alice",), max_slice="4GiB", servers_per_user=1, profiles=("t4",))
+    ]
     assert spawner.gpu_profile_groups == {"t4": ["ml101"]}
     assert spawner.gpu_models_volume == {"persistentVolumeClaim": {"claimName": "gpuslice-models", "readOnly": True}}
     assert config.JupyterHub.cleanup_servers is False  # a hub restart must not stop notebooks
@@ -73,6 +77,19 @@ def load_kube_config(values: dict[str, object], monkeypatch: pytest.MonkeyPatch,
     return PyFileConfigLoader("kube_config.py", path=str(REPO / "hub")).load_config()
 
 
+def test_the_chart_values_give_the_kai_backend_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {
+        "backend": "kai",
+        "backendSettings": {"defaultQueue": "lab", "queues": {"ml101": "teaching"}, "createQueues": True},
+        "notebookImage": "nb",
+        "proxyApiUrl": "http://gs-proxy-api:8001",
+        "dataDir": str(tmp_path),
+    }
+    spawner = load_kube_config(values, monkeypatch, tmp_path).KubeGpuSpawner
+    # The chart's own keys (createQueues) stay out; the backend's are its fields' names.
+    assert spawner.gpu_backend_settings == {"default_queue": "lab", "queues": {"ml101": "teaching"}}
+
+
 def test_a_fresh_install_migrates_the_market_so_the_first_spawn_lists_images(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,7 +121,7 @@ def test_a_stranger_cannot_claim_a_chart_class_member_who_joins_with_an_invite_m
 
     values = {
         "adminUsers": ["teacher"],
-        "groups": {"ml101": {"members": ["Alice", "bob"], "maxSlice": "4GiB"}},
+        "groups": {"ml101": {"members": ["Alice", "bob"], "teachers": ["tina"], "maxSlice": "4GiB"}},
         "openSignup": True,
         "notebookImage": "ghcr.io/gpuslice/notebook-base:1.0",
         "proxyApiUrl": "http://gs-proxy-api:8001",
@@ -113,20 +130,15 @@ def test_a_stranger_cannot_claim_a_chart_class_member_who_joins_with_an_invite_m
     config = load_kube_config(values, monkeypatch, tmp_path)  # sets $GPUSLICE_KUBE_VALUES, as the chart does
     authenticator = import_item(config.JupyterHub.authenticator_class)(config=config)
 
-    handler = login_page()
-    assert (
-        asyncio.run(authenticator.authenticate(handler, {"username": "alice", "password": "mallory-was-here"})) is None
-    )
-    assert "cannot be claimed" in handler.custom_login_error
+    for name in ("alice", "tina"):  # a member, and a teacher who is in no group's members
+        assert "cannot be claimed" in refusal(authenticator, name, "mallory-was-here")
     assert log_in(authenticator, "mallory", "mallorys-own") == "mallory"  # open sign-up: names nobody knows
 
     # kubectl exec deploy/gs-gpuslice-hub -- gpuslice user invite: the pod's environment names the values
     assert main(["user", "invite"]) == 0
     codes = dict(line.split(",") for line in capsys.readouterr().out.splitlines() if "," in line and " " not in line)
-    assert set(codes) == {"alice", "bob"}
-    handler = login_page()
-    assert asyncio.run(authenticator.authenticate(handler, {"username": "alice", "password": codes["alice"]})) is None
-    assert "/hub/join" in handler.custom_login_error  # a code is never a password
+    assert set(codes) == {"alice", "bob", "tina"}
+    assert "/hub/join" in refusal(authenticator, "alice", codes["alice"])  # a code is never a password
     redeem_invite(Path(authenticator.data_dir), "alice", codes["alice"], "alices-own-pw")  # what /hub/join does
     assert log_in(authenticator, "alice", "alices-own-pw") == "alice"
     assert log_in(authenticator, "alice", "mallory-was-here") is None
@@ -137,10 +149,22 @@ def test_a_stranger_cannot_claim_a_chart_class_member_who_joins_with_an_invite_m
 
 
 def login_page() -> SimpleNamespace:
-    """What the authenticator reads of JupyterHub's login handler."""
-    return SimpleNamespace(custom_login_error="", hub=SimpleNamespace(base_url="/hub/"))
+    """What the authenticator reads of JupyterHub's login handler: the hub's URL, the request's addresses."""
+    request = SimpleNamespace(
+        headers={"X-Forwarded-For": "10.0.0.1"},
+        remote_ip="10.0.0.1",
+        connection=SimpleNamespace(context=SimpleNamespace(address=("10.0.0.1", 50000))),
+    )
+    return SimpleNamespace(custom_login_error="", hub=SimpleNamespace(base_url="/hub/"), request=request)
 
 
 def log_in(authenticator: Any, user: str, password: str) -> str | None:
     result: str | None = asyncio.run(authenticator.authenticate(login_page(), {"username": user, "password": password}))
     return result
+
+
+def refusal(authenticator: Any, user: str, password: str) -> str:
+    """The message of a refused login (FirstUseAuthenticator's login page shows it)."""
+    handler = login_page()
+    assert asyncio.run(authenticator.authenticate(handler, {"username": user, "password": password})) is None
+    return str(handler.custom_login_error)

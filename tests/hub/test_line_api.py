@@ -4,6 +4,7 @@ tests/kube/test_kube_line.py."""
 import pytest
 
 from hub.line_api import Drop, Move, Reserve, parse_action, viewer_of
+from spawner.quotas import read_groups
 
 GiB = 2**30
 
@@ -34,7 +35,7 @@ def test_a_bad_body_says_what_a_good_one_is(body: object, why: str) -> None:
 
 
 def test_the_viewer_has_the_portals_scope_and_rights() -> None:
-    rules = [{"name": "ml101", "teachers": ["tina"]}, {"name": "cv202"}]
+    rules = read_groups([{"name": "ml101", "teachers": ["tina"]}, {"name": "cv202"}])
     groups = {"ml101": ["bo"], "cv202": ["cy"]}
     scope, manager = viewer_of("tina", False, rules, groups)
     assert scope.sees("bo") and not scope.sees("cy")

@@ -209,7 +209,7 @@ def test_a_failed_login_or_certificate_says_what_to_fix_and_sends_nothing(
     [
         ({"username": "gpuslice", "password_file": "/run/pw"}, "a login needs starttls: true"),
         ({"username": "gpuslice", "starttls": True}, "username and password_file go together"),
-        ({"password": "s3cret"}, "password: Extra inputs are not permitted"),
+        ({"password": "s3cret"}, "notice_mail: unknown key(s) password (did you mean password_file?)"),
     ],
 )
 def test_a_login_without_tls_or_a_password_in_the_settings_is_refused(extra: dict[str, Any], told: str) -> None:

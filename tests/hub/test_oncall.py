@@ -19,7 +19,8 @@ DAVE = Contact(name="dave", webhook_url="http://pager/dave")
 
 
 def test_turns_follow_the_rotation_from_its_start() -> None:
-    oncall = OnCall(rotation=(ALICE, BOB), rotation_days=7, rotation_start=date(2026, 1, 5))
+    mail = {"smtp_smarthost": "mail:25", "smtp_from": "alerts@example.org"}  # bob is mailed
+    oncall = OnCall(rotation=(ALICE, BOB), rotation_days=7, rotation_start=date(2026, 1, 5), **mail)
     turns = rotation_turns(oncall, today=date(2026, 1, 14), horizon_days=14)
     assert [(c.name, a, b) for c, a, b in turns] == [
         ("bob", date(2026, 1, 12), date(2026, 1, 18)),
@@ -50,13 +51,13 @@ def test_days_off_are_the_days_outside_the_business_range() -> None:
             {"rotation": [{"name": "eve", "webhook_url": "http://a", "webhook_url_file": "/run/eve"}]},
             "give webhook_url or webhook_url_file, not both",
         ),
-        ({"escalate_after": "soon"}, "escalate_after: Value error, must be a duration like 15m"),
-        ({"business_hours": "9-5"}, "business_hours: Value error, must be HH:MM-HH:MM"),
+        ({"escalate_after": "soon"}, "oncall.escalate_after must be a duration like 15m"),
+        ({"business_hours": "9-5"}, "oncall.business_hours must be HH:MM-HH:MM"),
         (
             {"second_line": {"name": "x", "webhook_url": "chat"}},
-            "second_line.webhook_url: Value error, must be an http",
+            "oncall.second_line.webhook_url must be an http",
         ),
-        ({"rotaton": []}, "rotaton: Extra inputs are not permitted"),
+        ({"rotaton": []}, "oncall: unknown key(s) rotaton (did you mean rotation?)"),
         ({"smtp_auth_username": "alerts"}, "smtp_auth_username and smtp_auth_password_file go together"),
     ],
 )
@@ -75,8 +76,8 @@ def test_oncall_settings_are_read_from_the_file() -> None:
         },
         "gpuslice.yaml",
     )
-    assert settings.monitoring["oncall"].rotation == (ALICE,)
-    assert not from_mapping({}, "x").monitoring["oncall"].enabled  # no rotation: one webhook per severity, as before
+    assert settings.monitoring.oncall.rotation == (ALICE,)
+    assert not from_mapping({}, "x").monitoring.oncall.enabled  # no rotation: one webhook per severity, as before
 
 
 def test_a_webhook_url_file_is_read_when_the_config_is_written(tmp_path: Path) -> None:
@@ -86,16 +87,16 @@ def test_a_webhook_url_file_is_read_when_the_config_is_written(tmp_path: Path) -
     settings = from_mapping({"monitoring": {"oncall": oncall}}, "gpuslice.yaml")
     hook.write_text("https://chat.example/hooks/alice-token\n")
     (tmp_path / "dm").write_text("https://deadman.example/ping")
-    config = alertmanager_config(None, settings.monitoring["oncall"], today=date(2026, 1, 14))
+    config = alertmanager_config(None, settings.monitoring.oncall, today=date(2026, 1, 14))
     receivers = {r["name"]: r for r in config["receivers"]}
     assert receivers["first-line-alice"]["webhook_configs"][0]["url"] == "https://chat.example/hooks/alice-token"
     assert receivers["deadman"]["webhook_configs"][0]["url"] == "https://deadman.example/ping"
     hook.write_text("https://chat.example/hooks/alice-new-token")  # rotated in the Secret: the next config has it
-    config = alertmanager_config(None, settings.monitoring["oncall"], today=date(2026, 1, 14))
+    config = alertmanager_config(None, settings.monitoring.oncall, today=date(2026, 1, 14))
     assert "alice-new-token" in yaml.safe_dump(config)
     hook.unlink()
     with pytest.raises(SecretFileError, match=r"on-call contact alice: cannot read webhook_url_file .*: on Kubernetes"):
-        alertmanager_config(None, settings.monitoring["oncall"])
+        alertmanager_config(None, settings.monitoring.oncall)
 
 
 def routes_by_receiver(config: dict[str, object]) -> dict[str, dict[str, object]]:

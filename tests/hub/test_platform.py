@@ -39,3 +39,22 @@ def test_up_without_the_proxy_says_how_to_install_it(tmp_path: Path, monkeypatch
     monkeypatch.setattr(platform, "PROXY", tmp_path / "missing")
     with pytest.raises(platform.PlatformError, match="run scripts/setup"):
         platform.prepare(settings(tmp_path), None)  # type: ignore[arg-type]
+
+
+def test_node_exporter_asks_for_the_monitoring_password_and_prometheus_gives_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    monkeypatch.setattr(
+        monitoring, "binaries", lambda: {name: f"/usr/bin/{b}" for name, b in monitoring.BINARIES.items()}
+    )
+    data = tmp_path / "data"
+    data.mkdir()
+    children = {c.name: c for c in platform.monitoring_children(settings(tmp_path), data, {})}  # type: ignore[arg-type]
+    web_config = data / "monitoring" / "web.yml"
+    assert f"--web.config.file={web_config}" in children["node_exporter"].command
+    assert "basic_auth_users" in yaml.safe_load(web_config.read_text())  # the same file Prometheus reads
+    scrapes = yaml.safe_load((data / "monitoring" / "prometheus.yml").read_text())["scrape_configs"]
+    node = next(job for job in scrapes if job["job_name"] == "node")
+    assert node["basic_auth"]["password_file"] == str(data / "monitoring" / "web-password")

@@ -2,7 +2,10 @@
 tests/e2e/test_waiting_line.py, and on Kubernetes in tests/kube/test_kube_line.py)."""
 
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -10,10 +13,20 @@ import pytest
 import requests
 
 from hub.exporter import Owner
-from hub.reclaimer import Reclaimer, gpu_evidence, gpu_keys_from_pods, holders_from_hub, process_utilization
+from hub.reclaimer import (
+    Hold,
+    Reclaimer,
+    gpu_evidence,
+    gpu_holds_from_pods,
+    holders_from_hub,
+    max_hold_options,
+    process_utilization,
+)
 from spawner.gpus import GpuSample, nvml_samples
-from spawner.ledger import Ledger
-from spawner.waitline import Holder, activity_report_interval, stop_at
+from spawner.ledger import Held, Ledger, reclaim_notice
+from spawner.placement import Demand
+from spawner.quotas import read_groups
+from spawner.waitline import HELD_TOO_LONG, Entry, Holder, activity_report_interval, stop_at
 from tests.hub.test_exporter import RecordedNvml
 
 GiB = 2**30
@@ -154,7 +167,91 @@ def test_on_kubernetes_the_servers_holding_a_gpu_are_the_pods_naming_a_sharing_b
         notebook_pod("cy", backend=None),  # CPU only: never reclaimed for the line
         notebook_pod("dee", deletionTimestamp="2026-11-23T07:00:00Z"),  # already going
     ]
-    assert gpu_keys_from_pods(pods) == {"ann/", "bo/lab"}
+    assert set(gpu_holds_from_pods(pods)) == {"ann/", "bo/lab"}
+
+
+def test_on_kubernetes_a_hold_starts_when_its_pod_was_made_and_is_charged_to_its_annotated_group() -> None:
+    pod = notebook_pod("ann", creationTimestamp="2026-11-23T07:00:00Z")
+    pod["metadata"]["annotations"]["gpuslice.io/group"] = "ml101"
+    assert gpu_holds_from_pods([pod, notebook_pod("bo")]) == {
+        "ann/": Hold(1795417200.0, "ml101"),
+        "bo/": Hold(None, None),  # no creation time known: never stopped for holding too long
+    }
+
+
+class HubDouble:
+    """JupyterHub's REST API as the reclaimer uses it: ``GET /users?state=active`` and ``DELETE`` a server."""
+
+    def __init__(self, users: list[dict[str, Any]]) -> None:
+        self.users, self.deleted = users, []
+
+    def get(self, url: str, **kwargs: Any) -> Any:
+        assert url.endswith("/users") and kwargs["params"] == {"state": "active"}
+        return SimpleNamespace(json=lambda: self.users, raise_for_status=lambda: None)
+
+    def delete(self, url: str, **kwargs: Any) -> Any:
+        self.deleted.append(url.split("/users/", 1)[1])
+        return SimpleNamespace(status_code=204)
+
+
+def holding_and_waiting(ledger: Ledger, holder: str, group: str | None, waiter: str, seen: float) -> None:
+    """``holder`` holds 4 GiB charged to ``group`` (placed now) and ``waiter`` waits in line."""
+    held = [Held(f"{holder}/", 0, holder, "", 4 * GiB, group=group)]
+    ledger.take_turn(f"{holder}/", lambda *_: (held, None))
+    entry = Entry(f"{waiter}/", waiter, Demand(slice_units=float(4 * GiB)), 4 * GiB, group, time.time(), seen=seen)
+    ledger.take_turn(f"{waiter}/", lambda *_: (None, entry))
+
+
+def forged_busy(now: float) -> list[dict[str, Any]]:
+    """ann's server says it was active a moment ago, every time it is asked (a script posting activity)."""
+    stamp = datetime.fromtimestamp(now - 1, UTC).isoformat()
+    return [{"name": "ann", "servers": {"": {"ready": True, "last_activity": stamp}}}]
+
+
+def test_a_server_that_looks_busy_is_warned_then_stopped_at_its_classs_max_hold_while_someone_waits(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite")
+    start = time.time()
+    holding_and_waiting(ledger, "ann", "ml101", "bo", seen=start + 10 * 3600)  # bo never leaves the line
+    reclaimer = Reclaimer("http://hub", "token", ledger, 900, 180, max_holds={"ml101": 3600})
+    hub = HubDouble([])
+    reclaimer.session = hub  # type: ignore[assignment]
+
+    def step(after_s: float) -> list[str]:
+        hub.users = forged_busy(start + after_s)
+        return reclaimer.step(start + after_s)
+
+    assert step(3000) == [] and ledger.history("ann/") == []  # within its hour: not even warned
+    assert step(3600 - 170) == []
+    warning = ledger.history("ann/")[-1]
+    assert warning.kind == "warned" and warning.message.startswith(HELD_TOO_LONG)
+    notice = reclaim_notice(warning, warning.created + 1, 180)
+    assert notice is not None and "as long as your class allows" in notice and "unless" not in notice
+    assert step(3600) == []  # the warning's three minutes are not over
+    assert step(3600 + 15) == ["ann/"]  # busy or not
+    assert hub.deleted == ["ann/server"]
+    stopping = ledger.history("ann/")[-1]
+    assert stopping.kind == "stopping" and HELD_TOO_LONG in stopping.message
+
+
+def test_without_a_max_hold_or_anyone_waiting_a_busy_server_keeps_its_slice(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite")
+    start = time.time()
+    holding_and_waiting(ledger, "ann", "ml101", "bo", seen=start + 10 * 3600)
+    hub = HubDouble([])
+    for max_holds in ({}, {"cv202": 60.0}):  # no cap, or a cap for another class
+        reclaimer = Reclaimer("http://hub", "token", ledger, 900, 180, max_holds=max_holds)
+        reclaimer.session = hub  # type: ignore[assignment]
+        for after_s in (3600.0, 5 * 3600.0):
+            hub.users = forged_busy(start + after_s)
+            assert reclaimer.step(start + after_s) == []
+    assert hub.deleted == [] and ledger.history("ann/") == []
+
+
+def test_the_reclaimer_is_given_each_classs_max_hold_in_seconds() -> None:
+    groups = read_groups({"ml101": {"max_hold": "2h"}, "cv202": {}, "lab": {"maxHold": 5400}})
+    assert max_hold_options(groups) == ["--max-hold=ml101=7200", "--max-hold=lab=5400"]
 
 
 class ReclaimingHub(requests.Session):
@@ -177,8 +274,6 @@ class ReclaimingHub(requests.Session):
 
 def test_the_warning_says_when_the_stop_comes_and_the_stop_comes_then(tmp_path: Path) -> None:
     """Announced at the warning; the reclaimer looks again at that moment (not up to an interval later)."""
-    from spawner.placement import Demand
-    from spawner.waitline import Entry
     from spawner.words import INSTANT, parse_instant
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
@@ -186,7 +281,7 @@ def test_the_warning_says_when_the_stop_comes_and_the_stop_comes_then(tmp_path: 
     ledger.take_turn("bo/", lambda holds, line, mine, reservations: (None, waiter))
     idle_since = 1795417200.0  # 2026-11-23T07:00:00Z
     hub = ReclaimingHub("2026-11-23T07:00:00Z")
-    reclaimer = Reclaimer("http://hub", "token", ledger, 900, 180, gpu_keys=lambda: {"ann/"})
+    reclaimer = Reclaimer("http://hub", "token", ledger, 900, 180, gpu_holds=lambda: {"ann/": Hold(None, None)})
     reclaimer.session = hub
     warned_at = idle_since + 900 - 180 + 3  # the first look after the warning is due
     assert reclaimer.step(warned_at) == []

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from hub.settings import DEFAULT_SIMULATE, Settings, SettingsError, from_mapping, load
+from spawner.quotas import GroupRules
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,7 @@ def test_the_example_file_loads() -> None:
         ("data_dir: 3\n", "data_dir must be a folder path"),
         ("- a\n- b\n", "the top level must be a mapping"),
         ("port: [\n", "not valid YAML"),
+        ("trusted_proxies: [nginx]\n", "trusted_proxies must be addresses or networks: 'nginx' is neither"),
     ],
 )
 def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -56,6 +58,7 @@ def test_bad_settings_name_the_file_and_key(tmp_path: Path, text: str, message: 
         ("market: {model_root: /m}\n", "market: unknown key(s) model_root (did you mean models_root?)"),
         ("groups: {ml101: {max_slices: 4GiB}}\n", "groups.ml101: unknown key(s) max_slices (did you mean max_slice?)"),
         ("colour: red\n", "unknown key(s) colour; use"),  # nothing close: no guess
+        ("simulate: 1x16GiB\n", "unknown key(s) simulate; use"),  # a field the reader sets, not a key
     ],
 )
 def test_unknown_keys_are_refused_with_a_suggestion(tmp_path: Path, text: str, message: str) -> None:
@@ -78,20 +81,15 @@ def test_groups_images_and_platform_options(tmp_path: Path) -> None:
     path.write_text(
         "groups:\n  ml101: {members: [a, b], max_slice: 4GiB, budget: 40GiB, servers_per_user: 1, images: [torch]}\n"
         "images:\n  torch: {path: /opt/envs/torch, description: PyTorch}\n"
-        "isolation: none\nidle_timeout: 600\nopen_signup: false\nhub_port: 9081\n"
+        "isolation: none\nidle_timeout: 600\ngpu_idle_timeout: 300\nopen_signup: false\nhub_port: 9081\n"
     )
     settings = load(path)
     assert settings.groups == (
-        {
-            "name": "ml101",
-            "members": ["a", "b"],
-            "max_slice": "4GiB",
-            "budget": "40GiB",
-            "servers_per_user": 1,
-            "images": ["torch"],
-        },
+        GroupRules(
+            name="ml101", members=("a", "b"), max_slice="4GiB", budget="40GiB", servers_per_user=1, images=("torch",)
+        ),
     )
-    assert settings.images == {"torch": {"path": "/opt/envs/torch", "description": "PyTorch"}}
+    assert settings.images["torch"].model_dump() == {"path": "/opt/envs/torch", "description": "PyTorch"}
     assert (settings.idle_timeout, settings.open_signup, settings.hub_port) == (600, False, 9081)
     assert settings.smallest_slice == "256MiB"
 
@@ -128,8 +126,8 @@ def test_market_settings_and_their_defaults(tmp_path: Path) -> None:
     settings = load(path)
     assert market_url(settings) == f"sqlite:///{tmp_path / 'data' / 'market.sqlite'}"
     assert models_root(settings) == tmp_path / "data" / "models"
-    assert settings.market["proposals_per_hour"] == 5
-    assert settings.market["images_catalog"].endswith("images/catalog.yaml")
+    assert settings.market.proposals_per_hour == 5
+    assert settings.market.images_catalog.endswith("images/catalog.yaml")
     path.write_text("market: {url: 'postgresql://db/market', models_root: /srv/models}\n")
     assert market_url(load(path)) == "postgresql://db/market" and models_root(load(path)) == Path("/srv/models")
 
@@ -164,3 +162,49 @@ def test_isolation_defaults_to_an_account_per_user_as_root(monkeypatch: pytest.M
 def test_user_env_must_be_absolute() -> None:
     with pytest.raises(SettingsError, match="user_env must be an absolute folder path"):
         from_mapping({"user_env": "venvs/user"}, "test")
+
+
+def test_a_gpu_idle_timeout_the_culler_would_beat_is_refused_on_one_machine_too(tmp_path: Path) -> None:
+    """The rule the chart had alone: the culler would stop the idle server before the line could have it."""
+    with pytest.raises(SettingsError, match=r"gpu_idle_timeout \(900 s\) must be below idle_timeout \(600 s\)"):
+        from_mapping({"idle_timeout": 600}, "s.yaml")
+    with pytest.raises(SettingsError, match="lower gpu_idle_timeout or raise idle_timeout"):
+        from_mapping({"gpu_idle_timeout": 3600}, "s.yaml")
+    assert from_mapping({"idle_timeout": 600, "gpu_idle_timeout": 599}, "s.yaml").gpu_idle_timeout == 599
+
+
+@pytest.mark.parametrize(
+    ("raw", "signup"),
+    [
+        ({}, True),  # nobody configured: anyone may sign up, as before
+        ({"groups": {"ml101": {"members": ["ann"]}}}, False),  # a class: closed unless asked for
+        ({"groups": {"ml101": {"members": ["ann"]}}, "open_signup": True}, True),  # an explicit choice wins
+        ({"groups": {"ml101": {"members": ["ann"]}}, "open_signup": None}, False),  # null is unset
+        ({"open_signup": False}, False),
+        ({"groups": {"default": {"max_slice": "2GiB"}}}, True),  # the default rules are no class
+    ],
+)
+def test_a_platform_with_a_class_defaults_to_closed_signup(raw: dict[str, object], signup: bool) -> None:
+    settings = from_mapping(raw, "s.yaml")
+    assert settings.open_signup is signup
+    assert ("open_signup: true" in settings.signup_words()) is signup
+
+
+def test_the_banner_says_why_signup_is_closed() -> None:
+    closed = from_mapping({"groups": {"ml101": {"members": ["ann"]}}}, "s.yaml").signup_words()
+    assert "nobody else can sign up" in closed and "the default with a class" in closed
+    assert "default with a class" not in from_mapping({"open_signup": False}, "s.yaml").signup_words()
+
+
+def test_the_default_rules_may_be_changed_by_a_group_named_default() -> None:
+    settings = from_mapping({"groups": {"default": {"max_slice": "2GiB", "servers_per_user": 2}}}, "s.yaml")
+    (rules,) = settings.groups
+    assert (rules.name, rules.max_slice, rules.servers_per_user, rules.max_gpus, rules.budget) == (
+        "default",
+        "2GiB",
+        2,
+        0,  # what the file leaves out keeps the built-in default
+        "16GiB",
+    )
+    with pytest.raises(SettingsError, match=r"groups\.default\.members must be empty"):
+        from_mapping({"groups": {"default": {"members": ["kim"]}}}, "s.yaml")

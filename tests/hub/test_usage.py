@@ -10,6 +10,7 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 
 from hub.cli import write_notices
+from spawner.quotas import read_groups
 from spawner.usage import (
     Sample,
     UsageRow,
@@ -96,7 +97,7 @@ def test_csv_has_a_header_and_one_line_per_row() -> None:
 def test_iso_weeks_and_class_membership() -> None:
     assert iso_week(datetime(2026, 1, 1, tzinfo=UTC).timestamp()) == "2026-W01"
     assert iso_week(datetime(2027, 1, 1, tzinfo=UTC).timestamp()) == "2026-W53"
-    groups = [{"name": "cs101", "members": ["ann", "bob"]}, {"name": "ml", "members": ["bob"]}]
+    groups = read_groups([{"name": "cs101", "members": ["ann", "bob"]}, {"name": "ml", "members": ["bob"]}])
     assert group_members(groups) == {"ann": "cs101", "bob": "cs101"}
 
 

@@ -10,12 +10,13 @@ import pytest
 
 from tests.e2e.platform import process_alive
 
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
+
 # A stand-in for the hub: starts the service (with its own pid for {hub_pid}), says the
 # service's pid, then waits to be killed.
 _HUB = """
 import os, subprocess, sys, time
 
-pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 p = subprocess.Popen([a.replace("{hub_pid}", str(os.getpid())) for a in sys.argv[1:]])
 print(p.pid, flush=True)
 time.sleep(300)

@@ -83,8 +83,8 @@ def copied(dockerfile: Path) -> set[str]:
 
 @pytest.mark.parametrize("name", ["hub", "portal"])
 def test_platform_images_copy_every_package_they_import(name: str) -> None:
-    # spawner imports market (the image market, its migrations): an image without it cannot start.
-    assert {"spawner", "market", "hub", "portal"} <= copied(IMAGES / name / "Dockerfile")
+    # spawner imports market (the image market, its migrations), both import sizes: without one it cannot start.
+    assert {"sizes", "spawner", "market", "hub", "portal"} <= copied(IMAGES / name / "Dockerfile")
 
 
 @pytest.mark.process

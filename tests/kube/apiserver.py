@@ -59,6 +59,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.kube.apiserver_groups import GroupsMixin
 from tests.kube.kubelet import ContainerFailedError, PodmanKubelet
 
 Obj = dict[str, Any]
@@ -227,7 +228,7 @@ class Store:
         return [o for (r, ns, _), o in self.objects.items() if r == resource and (namespace is None or ns == namespace)]
 
 
-class ApiServer:
+class ApiServer(GroupsMixin):
     def __init__(
         self,
         nodes: list[Obj],
@@ -270,6 +271,7 @@ class ApiServer:
         app.router.add_post("/api/v1/namespaces/{namespace}/{resource}", self.create)
         app.router.add_get("/api/v1/namespaces/{namespace}/{resource}/{name}", self.read)
         app.router.add_delete("/api/v1/namespaces/{namespace}/{resource}/{name}", self.remove)
+        self.add_group_routes(app)  # resource.k8s.io and KAI's scheduling.run.ai (tests/kube/apiserver_groups.py)
         app.router.add_post("/_test/faults", self.add_fault)
         app.router.add_get("/_test/faults", self.list_faults)
         app.router.add_post("/_test/evict/{namespace}/{name}", self.evict)
@@ -465,6 +467,7 @@ class ApiServer:
             return status(404, "NotFound", f'{resource} "{name}" not found')
         if resource == "pods":
             self._kill(namespace, name)
+            await self.forget_claims(obj)
         await self.store.delete(resource, namespace, name)
         return web.json_response(obj)
 
@@ -488,6 +491,8 @@ class ApiServer:
             return  # no scheduler of that name runs: the pod waits, and nothing says why
         asked = {k: v for k, v in _limits(pod).items() if "/" in k}  # extended resources decide here
         nodes = self.store.items("nodes", None)
+        if await self.schedule_in_groups(pod, nodes):  # DRA claims, KAI's pods
+            return
         interested = not self.managed or any(r in self.managed for r in asked)
         if self.extender and pod["spec"].get("schedulerName") == self.scheduler_name and interested:
             checked = {r: a for r, a in asked.items() if not self.managed.get(r)}

@@ -41,9 +41,14 @@ c.JupyterHub.load_roles = [
 
 c.JupyterHub.spawner_class = "spawner.kube.KubeGpuSpawner"
 c.KubeGpuSpawner.namespace = "gpuslice"
-c.KubeGpuSpawner.gpu_backend = "gpushare"
+c.KubeGpuSpawner.gpu_backend = os.environ.get("GPUSLICE_TEST_BACKEND", "gpushare")  # dra, kai: test_dra_kai.py
 c.KubeGpuSpawner.gpu_inventory_ttl = 1.0
-c.KubeGpuSpawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB", "teachers": ["tina"]}]
+c.KubeGpuSpawner.gpu_groups = [
+    {"name": "ml101", "max_slice": "4GiB", "teachers": ["tina"]},
+    # Users in no class here are the line's and the spawner's subjects, not the default rules':
+    # no limits for them (an explicit choice; the built-in default rules are finite).
+    {"name": "default", "max_slice": None, "max_gpus": None, "budget": None, "servers_per_user": None},
+]
 c.KubeGpuSpawner.gpu_images = {"default": {"container": "ghcr.io/gpuslice/notebook-base:1.0", "description": "base"}}
 c.KubeGpuSpawner.image = "ghcr.io/gpuslice/notebook-base:1.0"
 c.KubeGpuSpawner.cmd = ["jupyterhub-singleuser"]

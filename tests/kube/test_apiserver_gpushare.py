@@ -1,6 +1,6 @@
 """The API double's gpushare extender counts and annotates as gpushare's own code does.
 
-The pods and nodes are the fixtures read from gpushare's sources (tests/spawner/fixtures).
+The pods and nodes are the fixtures read from gpushare's sources (tests/spawner/sharing/fixtures).
 """
 
 import asyncio
@@ -9,11 +9,11 @@ from typing import Any
 
 import yaml
 
-from spawner.backends import Backend
-from spawner.inventory import build_kube
+from spawner.sharing import build_kube
+from spawner.sharing.gpushare import Gpushare
 from tests.kube.apiserver import ApiServer
 
-FIXTURES = Path(__file__).parents[1] / "spawner" / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "spawner" / "sharing" / "fixtures"
 
 
 def items(name: str) -> list[dict[str, Any]]:
@@ -52,5 +52,5 @@ def test_annotations_are_the_extenders_and_the_inventory_reads_them() -> None:
     pod["spec"]["nodeName"] = "t4-gib"
     ApiServer._gpushare_assign(pod)
     assert annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "true"
-    inventory = build_kube([node], [pod], Backend.GPUSHARE)
+    inventory = build_kube([node], [pod], Gpushare())
     assert [len(g.allocations) for g in inventory.gpus()] == [0, 1]

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import random
+from enum import StrEnum
 from typing import Any
 
 import aiohttp
@@ -12,15 +13,20 @@ from aiohttp.test_utils import TestServer
 
 from bench.placement import TraceNode, TraceTask, arrivals, read_nodes, read_tasks
 from hub.extender import RestKubeClient, make_app
-from spawner.backends import Backend
 from spawner.extender import pod_demand
-from spawner.inventory import build_kube
 from spawner.placement import ClusterState, Demand, Workload, make_policy
+from spawner.sharing import backend as sharing
+from spawner.sharing import build_kube
 from tests.kube.apiserver import ApiServer
 from tests.shared import shared_file
 
 GiB, MiB = 2**30, 2**20
 NOW_NS = 1_700_000_000_123_456_789
+
+
+class Backend(StrEnum):
+    GPUSHARE = "gpushare"
+    HAMI = "hami"
 
 
 def node(name: str, backend: Backend, cards: int, gib: int, model: str, cpu: str = "16") -> dict[str, Any]:
@@ -79,12 +85,12 @@ def direct(
     backend: Backend, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
 ) -> list[tuple[str, tuple[int, ...]]]:
     """The policy called directly: the same arrivals, the seen-so-far workload, commits in memory."""
-    inventory = build_kube(nodes, [], backend)
+    inventory = build_kube(nodes, [], sharing(backend))
     state = ClusterState.from_inventory(inventory)
     held: list[Demand] = []
     decisions: list[tuple[str, tuple[int, ...]]] = []
     for p in pods:
-        demand = pod_demand(p, backend)
+        demand = pod_demand(p, sharing(backend))
         held.append(demand)
         choice = make_policy("default", Workload.from_demands(held)).choose(state, demand)
         if choice is None:
@@ -119,7 +125,7 @@ async def through_the_extender(
     api_server = TestServer(api.app(), host="127.0.0.1")
     await api_server.start_server()
     client = RestKubeClient(str(api_server.make_url("")))
-    ext_server = TestServer(make_app(client, backend, "default", clock=lambda: NOW_NS), host="127.0.0.1")
+    ext_server = TestServer(make_app(client, sharing(backend), "default", clock=lambda: NOW_NS), host="127.0.0.1")
     await ext_server.start_server()
     api.extender = str(ext_server.make_url("")).rstrip("/")
     results = []
@@ -228,14 +234,14 @@ def test_filter_says_why_each_node_is_out() -> None:
 
     nodes = cluster(Backend.HAMI)
     args = {"Pod": pod("big", Backend.HAMI, gib=24), "Nodes": None, "NodeNames": ["a", "b", "c", "gone"]}
-    answer = filter_nodes(args, nodes, [], Backend.HAMI)
+    answer = filter_nodes(args, nodes, [], sharing(Backend.HAMI))
     assert answer["NodeNames"] == ["b", "c"] and answer["Nodes"] is None
     assert set(answer["FailedNodes"]) == {"a", "gone"}
     assert "The largest free slice is 16 GiB on a GPU" in answer["FailedNodes"]["a"]
     listed = {"Pod": args["Pod"], "Nodes": {"items": nodes}, "NodeNames": None}
-    by_nodes = filter_nodes(listed, nodes, [], Backend.HAMI)
+    by_nodes = filter_nodes(listed, nodes, [], sharing(Backend.HAMI))
     assert [n["metadata"]["name"] for n in by_nodes["Nodes"]["items"]] == ["b", "c"] and by_nodes["NodeNames"] is None
-    scores = prioritize({**args, "NodeNames": ["b", "c"]}, nodes, [], Backend.HAMI, "default")
+    scores = prioritize({**args, "NodeNames": ["b", "c"]}, nodes, [], sharing(Backend.HAMI), "default")
     assert sorted(s["Score"] for s in scores) == [0, 10]
 
 
@@ -251,7 +257,7 @@ def test_the_charts_scheduler_asks_the_extender_as_the_double_does(tmp_path: Any
     config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler"))
     scheduler = yaml.safe_load(config["data"]["config.yaml"])
     (ext,) = scheduler["extenders"]
-    routes = {r.resource.canonical for r in make_app(RestKubeClient("http://x"), Backend.HAMI).router.routes()}
+    routes = {r.resource.canonical for r in make_app(RestKubeClient("http://x"), sharing(Backend.HAMI)).router.routes()}
     assert {f"/{ext[v]}" for v in ("filterVerb", "prioritizeVerb", "bindVerb")} <= routes
     assert ext["nodeCacheCapable"] is True
     assert {r["name"]: r["ignoredByScheduler"] for r in ext["managedResources"]} == MANAGED

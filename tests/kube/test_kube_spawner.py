@@ -10,10 +10,11 @@ import pytest
 from jupyterhub.objects import Hub
 from kubernetes_asyncio.client import ApiClient
 
-from spawner.inventory import build_kube
 from spawner.kube import KubeGpuSpawner, scheduling_message, usage_from_pods
 from spawner.request import GpuRefused
 from spawner.shares import parse_request
+from spawner.sharing import build_kube
+from spawner.sharing.gpushare import Gpushare
 from tests.kube.conftest import gpushare_node
 
 GiB = 2**30
@@ -176,12 +177,7 @@ def test_scheduling_explanations() -> None:
     nodes = [gpushare_node("gpu-a", 1, 15)]
 
     async def cluster(pods: list[dict[str, Any]]) -> Any:
-        return build_kube(nodes, pods, spawner_backend()), pods
-
-    def spawner_backend() -> Any:
-        from spawner.backends import Backend
-
-        return Backend.GPUSHARE
+        return build_kube(nodes, pods, Gpushare()), pods
 
     spawner.cluster = lambda: cluster([full])  # type: ignore[method-assign]
     text = LOOP.run_until_complete(
@@ -256,3 +252,30 @@ def test_a_spawn_adds_to_the_pod_and_leaves_kubespawners_traits_as_configured() 
     assert pod["spec"]["containers"][0]["image"] == "img:2"
     assert pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] == "4"
     assert {name: getattr(spawner, name) for name in configured} == configured  # get_pod_manifest added them
+
+
+def test_a_dra_pod_claims_its_gpu_from_the_template_named_after_it() -> None:
+    spawner = make("dra")
+    pod = manifest(spawner, "4GiB")
+    kubernetes_validate.validate(pod, "1.34", strict=True)  # resourceClaimTemplateName: Kubernetes 1.31 and later
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "jupyter-ann-gpu"}]
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["claims"] == [{"name": "gpu"}]
+    assert not any("nvidia.com" in r for r in container["resources"].get("limits") or {})
+    assert spawner._gpu_claim is not None
+    request = spawner._gpu_claim["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["capacity"] == {"requests": {"memory": "4096Mi"}}
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"}}
+    kubernetes_validate.validate({**template, "spec": spawner._gpu_claim}, "1.34", strict=True)
+    assert "resourceClaims" not in manifest(spawner, "0")["spec"]  # a CPU-only server claims nothing
+
+
+def test_a_kai_pod_names_kai_its_queue_and_its_fraction() -> None:
+    spawner = make("kai")
+    spawner.scheduler_name = "jhub-user-scheduler"
+    pod = manifest(spawner, "4GiB")
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    assert pod["spec"]["schedulerName"] == "kai-scheduler"
+    assert pod["metadata"]["labels"]["kai.scheduler/queue"] == "ml101"
+    assert pod["metadata"]["annotations"]["gpu-memory"] == "4096"
+    assert manifest(spawner, "0")["spec"]["schedulerName"] == "jhub-user-scheduler"  # CPU only: not KAI's

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.kube.z2jh import HAMI, hub_env, in_hub_paths, lay_out, render_z2jh
+from tests.kube.z2jh import DRA, HAMI, KAI, hub_env, in_hub_paths, lay_out, render_z2jh
 
 REPO = Path(__file__).parents[2]
 RENDER_POD = """
@@ -64,8 +64,10 @@ def pod_from_z2jh_config(tmp_path: Path, *values: Path) -> dict[str, Any]:
     [
         ((), "default-scheduler", {"aliyun.com/gpu-mem": "4"}, ["block-cloud-metadata"]),
         ((HAMI,), "hami-scheduler", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}, []),
+        ((DRA,), "default-scheduler", {}, ["block-cloud-metadata"]),  # the GPU is the pod's claim
+        ((KAI,), "kai-scheduler", {}, ["block-cloud-metadata"]),  # the slice is KAI's gpu-memory annotation
     ],
-    ids=["gpushare", "hami"],
+    ids=["gpushare", "hami", "dra", "kai"],
 )
 def test_z2jhs_config_gives_kube_gpu_spawner_a_pod_its_backend_admits(
     tmp_path: Path, values: tuple[Path, ...], scheduler: str, limits: dict[str, str], init: list[str]

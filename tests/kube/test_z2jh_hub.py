@@ -150,7 +150,7 @@ def test_z2jhs_own_config_spawns_a_gpu_server_through_kube_gpu_spawner(tmp_path:
         assert "Loading pass-through config section hub.config.KubeGpuSpawner" in log
         # The overlay's extraConfig adds the GPU line's hub side: the reclaimer runs, and the
         # warnings' page is there and asks who is looking (a login redirect, not a 404).
-        assert "Loading extra config: gpuslice-line" in log
+        assert "Loading extra config: gpuslice" in log
         assert logged(tmp_path / "hub.log", "Starting service 'gpu-reclaimer'"), "the gpu-reclaimer did not start"
         assert "--gpu-idle-timeout=300" in (tmp_path / "hub.log").read_text()  # custom.gpuslice.gpuIdleTimeout
         anonymous = requests.get(f"{public}/hub/gpuslice/notice", allow_redirects=False, timeout=30)

@@ -23,6 +23,8 @@ from tests.shared import shared_file
 REPO = Path(__file__).parents[2]
 OVERLAY = REPO / "helm" / "z2jh-values.yaml"
 HAMI = REPO / "helm" / "z2jh-hami.yaml"
+DRA = REPO / "helm" / "z2jh-dra.yaml"
+KAI = REPO / "helm" / "z2jh-kai.yaml"
 COMPANION = REPO / "helm" / "gpuslice"
 HUB_ETC = "/usr/local/etc/jupyterhub"
 Obj = dict[str, Any]

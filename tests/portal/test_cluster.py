@@ -12,6 +12,7 @@ from portal.data.access import Scope
 from portal.data.hub import ServerRow
 from spawner import line_admin
 from spawner.ledger import Ledger
+from spawner.quotas import read_groups
 
 
 @pytest.fixture
@@ -158,7 +159,7 @@ def test_a_teacher_manages_only_their_class_in_the_line(tmp_path: Path) -> None:
     for user, group, arrived in (("ann", "ml101", 1.0), ("bo", "cv202", 2.0)):
         entry = Entry(f"{user}/", user, Demand(slice_units=float(4 * 2**30)), 4 * 2**30, group, arrived, seen=arrived)
         ledger.take_turn(entry.key, lambda holds, line, mine, reservations, e=entry: (None, e))
-    rules = [{"name": "ml101", "teachers": ["tom"]}, {"name": "cv202", "teachers": ["vic"]}]
+    rules = read_groups([{"name": "ml101", "teachers": ["tom"]}, {"name": "cv202", "teachers": ["vic"]}])
     tom = line_admin.line_manager("tom", False, rules)
     with pytest.raises(PermissionError, match="tom teaches ml101, not cv202"):
         line_admin.put_first(path, tom, "bo", "")
@@ -176,7 +177,7 @@ def test_a_teacher_manages_only_their_class_in_the_line(tmp_path: Path) -> None:
 def test_reservations_from_the_portal_are_authorized_and_never_over_commit(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite"
     Ledger(path)
-    rules = [{"name": "ml101", "teachers": ["tom"]}]
+    rules = read_groups([{"name": "ml101", "teachers": ["tom"]}])
     tom, root = line_admin.line_manager("tom", False, rules), line_admin.line_manager("root", True, rules)
     GiB = 2**30  # noqa: N806
     with pytest.raises(PermissionError):
@@ -203,7 +204,7 @@ def test_wait_times_are_per_class_and_day_in_the_viewers_scope(tmp_path: Path) -
         entry = Entry(f"{user}/", user, Demand(slice_units=float(4 * 2**30)), 4 * 2**30, group, now - 300, seen=now)
         ledger.take_turn(entry.key, lambda holds, line, mine, reservations, e=entry: (None, e))
         ledger.leave_line(entry.key)
-    rules = [{"name": "ml101", "teachers": ["tom"]}]
+    rules = read_groups([{"name": "ml101", "teachers": ["tom"]}])
 
     def classes(viewer: str, admin: bool = False) -> list[tuple[str | None, int]]:
         found = line_admin.wait_times(path, line_admin.line_manager(viewer, admin, rules), now - 3600)

@@ -13,6 +13,7 @@ from portal.data import access, errors, hub, prometheus
 from portal.data.access import Scope
 from portal.data.alertmanager import Alertmanager
 from portal.identity import Identity
+from spawner.quotas import read_groups
 
 ALICE = {
     "kind": "user",
@@ -115,10 +116,14 @@ def test_server_counts_are_the_clusters_without_names() -> None:
 
 def test_a_teacher_lists_their_class_members_servers() -> None:
     teacher = access.scope_of(
-        Identity("tina"), [{"name": "ml101", "teachers": ["tina"], "members": ["ghost"]}], {"ml101": ["alice", "bob"]}
+        Identity("tina"),
+        read_groups([{"name": "ml101", "teachers": ["tina"], "members": ["ghost"]}]),
+        {"ml101": ["alice", "bob"]},
     )
     assert {r.user for r in hub.servers_in_scope(hub.every_user(FakeHub()), teacher)} == {"alice"}
-    student = access.scope_of(Identity("bob"), [{"name": "ml101", "teachers": ["tina"]}], {"ml101": ["alice", "bob"]})
+    student = access.scope_of(
+        Identity("bob"), read_groups([{"name": "ml101", "teachers": ["tina"]}]), {"ml101": ["alice", "bob"]}
+    )
     assert not student.sees("alice") and student.sees("bob") and not student.teaches
 
 

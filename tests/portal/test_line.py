@@ -130,7 +130,7 @@ def test_a_refusal_says_the_hubs_words(on_kube: dict[str, LineHub]) -> None:
 
 def test_a_hub_without_the_api_or_not_answering_is_said_so(on_kube: dict[str, LineHub]) -> None:
     on_kube["portal"] = LineHub(status=404, refusal="Not Found")
-    with pytest.raises(SourceUnavailableError, match=r"the hub serves no GPU line API .*add_gpu_line"):
+    with pytest.raises(SourceUnavailableError, match=r"the hub serves no GPU line API .*configure_hub"):
         line.waiting_line(TEACHER)
     on_kube["tina-token"] = LineHub(status=503)
     with pytest.raises(SourceUnavailableError, match="JupyterHub answered HTTP 503"):

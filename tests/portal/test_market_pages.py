@@ -13,6 +13,7 @@ from portal.data import markets
 from portal.identity import Identity
 from portal.sources import classes, clients, servers
 from portal.sources import markets as market_data
+from spawner.quotas import read_groups
 from tests.portal.test_pages import fakes, run  # noqa: F401  (fixture)
 
 REPO = Path(__file__).parents[2]
@@ -54,7 +55,9 @@ def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, obj
     # goes through the reader's own client (issue 13).
     monkeypatch.setattr(clients, "hub_client", lambda: RecordingHub(403, "the portal service may not start servers"))
     monkeypatch.setattr(clients, "acting_client", lambda identity: hub)
-    monkeypatch.setattr(classes, "group_rules", lambda: ({"name": "ml101", "max_slice": "4GiB", "members": ["ann"]},))
+    monkeypatch.setattr(
+        classes, "group_rules", lambda: read_groups([{"name": "ml101", "max_slice": "4GiB", "members": ["ann"]}])
+    )
     monkeypatch.setattr(classes, "teaches", lambda identity: identity.admin)
     monkeypatch.setattr(classes, "my_groups", lambda identity: {"ml101"} if identity.name == "ann" else set())
     store.hub = hub  # type: ignore[attr-defined]

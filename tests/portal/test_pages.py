@@ -542,6 +542,7 @@ def test_an_unwritable_incident_store_is_a_message_not_a_traceback(
     monkeypatch.undo()  # the real incident_store, on a data directory that cannot hold a database
     (tmp_path / "data").write_text("a file where a folder should be")
     monkeypatch.setenv("GPUSLICE_DATA_DIR", str(tmp_path / "data"))
+    clients.deployment.clear()  # the settings, with the data folder, are read once per process
     alerts.incident_store.clear()
     with pytest.raises(MetricsUnavailableError, match="give the portal a writable GPUSLICE_DATA_DIR"):
         alerts.incident_store()

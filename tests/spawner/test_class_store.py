@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from spawner.class_store import ClassStore
-from spawner.quotas import GroupRulesError, group_quota
+from spawner.quotas import GroupRulesError
 
 GiB = 2**30
 ML101 = {"name": "ml101", "members": ["ann", "bo"], "teachers": ["tina"], "max_slice": "4GiB", "budget": "2 slices"}
@@ -17,7 +17,7 @@ def test_a_class_changed_live_is_read_at_once_and_checked_first(tmp_path: Path) 
     reader = ClassStore(tmp_path / "classes.sqlite")  # another process: the hub's spawners, the CLI
     store.change("ml101", lambda rules: {**(rules or {}), "members": ["ann", "bo", "cy"]})
     assert reader.get("ml101") == {**ML101, "members": ["ann", "bo", "cy"]}
-    assert group_quota(reader.classes()[0]).budget_bytes == 8 * GiB  # "2 slices" of its 4 GiB
+    assert reader.groups()[0].quota.budget_bytes == 8 * GiB  # "2 slices" of its 4 GiB
     with pytest.raises(GroupRulesError, match="budget"):
         store.change("ml101", lambda rules: {**(rules or {}), "budget": "lots"})
     assert reader.get("ml101") == {**ML101, "members": ["ann", "bo", "cy"]}  # nothing written

@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spawner.lifecycle import HOOK_DIR
+
+pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
 FAKES = Path(__file__).parent / "fake_frameworks"
 GiB = 2**30
@@ -16,7 +20,6 @@ import json, os, sys
 import gpuslice_limits
 import torch, tensorflow, cupy
 
-pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 torch.cuda.init()
 print(json.dumps({
     "torch": torch.calls, "tensorflow": tensorflow.calls, "cupy": cupy.calls,

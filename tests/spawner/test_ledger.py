@@ -1,4 +1,5 @@
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spawner.ledger import Held, Ledger, LedgerError, server_key
+from spawner.ledger import SCHEMA_STEPS, Held, Ledger, LedgerError, ServerProcess, server_key
+from spawner.sqlite_schema import migrate
 
 GiB = 2**30
 CARD = 16 * GiB
@@ -34,6 +36,19 @@ def test_allocate_release_and_read_back(tmp_path: Path) -> None:
     assert ledger.release("a/") == 1
     assert ledger.release("a/") == 0
     assert ledger.holdings() == []
+
+
+def test_server_processes_are_recorded_by_pid_and_start_time(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.allocate("a/", first_fit("a/", "a", 4 * GiB))
+    first = ServerProcess("a/", 1234, 100.5, "http://127.0.0.1:5000")
+    reused = ServerProcess("b/", 1234, 900.25, "http://127.0.0.1:6000", unit="gpuslice-b")  # the pid, later
+    ledger.add_process(first)
+    ledger.add_process(reused)
+    assert ledger.processes() == [first, reused]
+    assert ledger.holdings() == [Held("a/", 0, "a", "", 4 * GiB, pid=1234)]  # the hold names its process
+    ledger.forget_process(first)
+    assert ledger.processes() == [reused]
 
 
 def test_a_refusal_writes_nothing_and_an_exception_rolls_back(tmp_path: Path) -> None:
@@ -166,3 +181,17 @@ def test_server_events_keep_the_latest_few_and_the_latest_per_server(tmp_path: P
 def test_an_unknown_event_kind_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown server event kind 'exploded'"):
         Ledger(tmp_path / "ledger.sqlite").record("ann/", "exploded", 0, "")
+
+
+def test_a_ledger_from_before_server_processes_were_recorded_gains_their_table(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    migrate(db, SCHEMA_STEPS[:1], "old")  # as the release before this one left it
+    db.execute(
+        "INSERT INTO allocation (key, gpu_index, user, server, memory_bytes, created) VALUES ('a/', 0, 'a', '', 1, 0)"
+    )
+    db.close()
+    ledger = Ledger(path)
+    assert [h.key for h in ledger.holdings()] == ["a/"] and ledger.processes() == []
+    ledger.add_process(ServerProcess("a/", 7, 1.0, "http://127.0.0.1:1"))
+    assert ledger.processes() == [ServerProcess("a/", 7, 1.0, "http://127.0.0.1:1")]

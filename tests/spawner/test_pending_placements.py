@@ -1,10 +1,11 @@
 """Placements the hub decided whose pods the cluster's listing does not count yet (spawner.inventory.Pending)."""
 
-from spawner.backends import Backend
-from spawner.inventory import Allocation, Pending, add_pending, build_kube
+from spawner.inventory import Allocation, Pending, add_pending
 from spawner.kube import usage_from_pods
 from spawner.shares import GiB
-from tests.spawner.test_inventory import node, pod
+from spawner.sharing import build_kube
+from spawner.sharing.gpushare import Gpushare
+from tests.spawner.sharing.objects import node, pod
 
 CARDS = [node("n1", {"aliyun.com/gpu-count": "2", "aliyun.com/gpu-mem": "16"})]
 
@@ -14,13 +15,13 @@ def placed(name: str, card: int, gib: int, user: str = "ann", group: str | None 
 
 
 def test_a_pending_placement_takes_its_room_until_the_listing_counts_its_pod() -> None:
-    inventory = build_kube(CARDS, [], Backend.GPUSHARE)
+    inventory = build_kube(CARDS, [], Gpushare())
     assert add_pending(inventory, [placed("jupyter-ann", 1, 4)]) == []
     assert [g.free_bytes for g in inventory.nodes[0].gpus] == [8 * GiB, 4 * GiB]
 
     # Listed but not bound yet: the listing holds nothing for it, the placement still does.
     unbound = pod("jupyter-ann", "", {"aliyun.com/gpu-mem": "4"}, phase="Pending", user="ann")
-    inventory = build_kube(CARDS, [unbound], Backend.GPUSHARE)
+    inventory = build_kube(CARDS, [unbound], Gpushare())
     assert add_pending(inventory, [placed("jupyter-ann", 1, 4)]) == []
     assert inventory.nodes[0].gpus[1].free_bytes == 4 * GiB
 
@@ -32,13 +33,13 @@ def test_a_pending_placement_takes_its_room_until_the_listing_counts_its_pod() -
         {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "4"},
         user="ann",
     )
-    inventory = build_kube(CARDS, [bound], Backend.GPUSHARE)
+    inventory = build_kube(CARDS, [bound], Gpushare())
     assert add_pending(inventory, [placed("jupyter-ann", 1, 4)]) == ["jupyter-ann"]
     assert [g.free_bytes for g in inventory.nodes[0].gpus] == [4 * GiB, 8 * GiB]
 
 
 def test_a_placement_on_a_node_that_is_gone_holds_nothing() -> None:
-    inventory = build_kube(CARDS, [], Backend.GPUSHARE)
+    inventory = build_kube(CARDS, [], Gpushare())
     gone = Pending("jupyter-bob", "n9", (0,), Allocation("bob", "", 4 * GiB, "jupyter-bob"))
     assert add_pending(inventory, [gone]) == []
     assert inventory.allocated_bytes == 0

@@ -3,7 +3,19 @@ from dataclasses import replace
 
 import pytest
 
-from spawner.quotas import GroupQuota, GroupRulesError, Usage, check, group_quota, group_rules, largest_slice, remaining
+from spawner.quotas import (
+    DEFAULT_RULES,
+    GroupQuota,
+    GroupRulesError,
+    Usage,
+    budgets,
+    check,
+    largest_slice,
+    read_group,
+    read_groups,
+    remaining,
+    rules_for,
+)
 from spawner.shares import CPU_ONLY, GiB, GpuRequest
 
 FOUR = GpuRequest(memory_bytes=4 * GiB)
@@ -69,9 +81,37 @@ def test_any_group_of_the_user_may_grant_and_refusals_list_every_group() -> None
     assert len(refused.reasons) == 2 and refused.rule == "gpus"
 
 
-def test_users_in_no_group_are_unlimited_and_cpu_only_needs_no_budget() -> None:
-    assert check(GpuRequest(gpus=8), 640 * GiB, None, [], Usage()).allowed
+def test_users_in_no_group_get_the_finite_default_rules() -> None:
+    """A second account made outside a class gets no whole card and no big slice (nothing unlimited)."""
+    whole = check(GpuRequest(gpus=1), 16 * GiB, None, [], Usage())
+    assert not whole.allowed and whole.rule == "gpus" and "Group 'default' allows no whole GPUs" in str(whole)
+    big = check(GpuRequest(memory_bytes=8 * GiB), 8 * GiB, None, [], Usage())
+    assert not big.allowed and "Group 'default' allows slices up to 4 GiB" in str(big)
+    assert check(FOUR, 4 * GiB, None, [], Usage()).group == "default"
+    assert check(FOUR, 4 * GiB, None, [], Usage(user_servers=1)).rule == "servers"
+    spent = check(FOUR, 4 * GiB, None, [], Usage(group_bytes={"default": 14 * GiB}))
+    assert spent.rule == "budget" and "GPU budget is 16 GiB" in str(spent)
+    assert largest_slice([], Usage(), 80 * GiB) == 4 * GiB
+    quota = DEFAULT_RULES.quota
+    assert None not in (quota.max_slice_bytes, quota.max_gpus, quota.budget_bytes, quota.servers_per_user)
+
+
+def test_cpu_only_needs_no_budget() -> None:
     assert check(CPU_ONLY, 0, "pytorch", [CLASS], Usage(group_bytes={"ml101": 40 * GiB})).allowed
+
+
+def test_the_settings_may_change_the_default_rules_and_keep_the_rest() -> None:
+    groups = read_groups({"ml101": {"members": ["ann"], "max_slice": "8GiB"}, "default": {"max_slice": "2GiB"}})
+    kim = rules_for(["staff"], groups)  # a JupyterHub group with no rules counts as none
+    assert [r.name for r in kim] == ["default"]
+    assert kim[0].quota == GroupQuota(
+        "default", max_slice_bytes=2 * GiB, max_gpus=0, budget_bytes=16 * GiB, servers_per_user=1
+    )
+    assert [r.name for r in rules_for(["ml101", "staff"], groups)] == ["ml101"]
+    assert [r.name for r in rules_for([], ())] == ["default"] and rules_for([], ())[0] == DEFAULT_RULES
+    assert budgets(groups) == {"ml101": None, "default": 16 * GiB}
+    with pytest.raises(GroupRulesError, match=r"groups.default.members must be empty"):
+        read_group("default", {"members": ["kim"]})
 
 
 def test_remaining_and_largest_slice_for_the_form() -> None:
@@ -84,14 +124,13 @@ def test_remaining_and_largest_slice_for_the_form() -> None:
 
 
 def test_group_rules_are_read_the_same_from_settings_and_from_the_chart() -> None:
-    settings = {"name": "ml101", "max_slice": "4GiB", "max_gpus": 0, "budget": "40GiB", "servers_per_user": 1}
-    chart = {"name": "ml101", "maxSlice": "4GiB", "maxGpus": 0, "budget": "40GiB", "serversPerUser": 1}
-    assert group_quota(settings) == group_quota(chart) == replace(CLASS, allowed_images=None)
-    assert group_rules("ml101", {"maxSlice": "4GiB", "profiles": ["t4"]}) == {
-        "max_slice": "4GiB",
-        "profiles": ["t4"],
-        "members": [],
-    }
+    settings = {"max_slice": "4GiB", "max_gpus": 0, "budget": "40GiB", "servers_per_user": 1}
+    chart = {"maxSlice": "4GiB", "maxGpus": 0, "budget": "40GiB", "serversPerUser": 1}
+    z2jh = [{"name": "ml101", **settings}]  # KubeGpuSpawner.gpu_groups: a list of rules with a name
+    assert read_group("ml101", settings) == read_group("ml101", chart) == read_groups(z2jh)[0]
+    assert read_group("ml101", chart).quota == replace(CLASS, allowed_images=None)
+    rules = read_group("ml101", {"maxSlice": "4GiB", "profiles": ["t4"]})
+    assert (rules.max_slice, rules.profiles, rules.members, rules.budget) == ("4GiB", ("t4",), (), None)
 
 
 @pytest.mark.parametrize(
@@ -102,8 +141,28 @@ def test_group_rules_are_read_the_same_from_settings_and_from_the_chart() -> Non
         ({"members": "alice"}, "groups.g.members must be a list of user names"),
         ({"budjet": "4GiB"}, "groups.g: unknown key(s) budjet (did you mean budget?)"),
         (["max_slice"], "groups.g must be a mapping of rules"),
+        ({"max_gpus": "two"}, "groups.g.max_gpus must be a whole number"),
+        ({"images": "torch"}, "groups.g.images must be a list of names"),
+        ({"maxHold": "2 days"}, "groups.g.max_hold must be a duration such as 2h, 90min or 3600 (seconds)"),
+        ({"max_hold": 0}, "groups.g.max_hold must be a duration"),
+        ({"max_hold": True}, "groups.g.max_hold must be a duration"),
     ],
 )
 def test_bad_group_rules_say_which(rules: object, message: str) -> None:
     with pytest.raises(GroupRulesError, match=re.escape(message)):
-        group_rules("g", rules)  # type: ignore[arg-type]
+        read_group("g", rules)
+
+
+@pytest.mark.parametrize(("written", "seconds"), [("2h", 7200.0), ("90min", 5400.0), ("45 s", 45.0), (3600, 3600.0)])
+def test_a_classs_max_hold_is_read_in_hours_minutes_or_seconds(written: object, seconds: float) -> None:
+    assert read_group("ml101", {"maxHold": written}).quota.max_hold_s == seconds
+    assert read_group("ml101", {}).quota.max_hold_s is None  # no cap unless the class sets one
+
+
+def test_a_budget_may_be_written_in_slices_and_says_of_what_size() -> None:
+    assert read_group("ml101", {"max_slice": "4GiB", "budget": "2 slices"}).quota.budget_bytes == 8 * GiB
+    assert read_group("ml101", {"budget": "3 slices of 2 GiB"}).quota.budget_bytes == 6 * GiB
+    with pytest.raises(GroupRulesError, match=r"says how many slices but not of what size.*or set max_slice"):
+        read_group("ml101", {"budget": "2 slices"})
+    with pytest.raises(GroupRulesError, match=r"groups.ml101.budget"):
+        read_group("ml101", {"budget": "2 slices of lots"})

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from spawner.ledger import Ledger
+from spawner.ledger import Held, Ledger, ServerProcess
 from spawner.local import LocalGpuSpawner
+from spawner.processes import identify
 from tests.e2e.platform import free_port
 
 pytestmark = pytest.mark.process  # starts processes: not in the fast tier
@@ -94,3 +95,32 @@ def test_a_server_this_hub_started_is_not_checked_again(tmp_path: Path) -> None:
         assert asyncio.run(asyncio.wait_for(spawner.poll(), timeout=2)) is None
     finally:
         hung.send_signal(signal.SIGKILL)
+
+
+def test_a_server_whose_start_the_hub_never_recorded_is_adopted_from_the_ledger(tmp_path: Path) -> None:
+    """The hub was killed after the process started and before start() returned: its database has
+    no pid and a port chosen before the server's. The ledger has both, and the slice."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)], stderr=subprocess.DEVNULL
+    )
+    _reaped(server)
+    try:
+        spawner = _loaded(tmp_path, 0, free_port())
+        spawner.server.base_url = "/user/ann/"
+        ledger = Ledger(spawner.gpu_ledger_path)
+        ledger.restore([Held("ann/", 1, "ann", "", 2**30)])
+        found = identify(server.pid)
+        assert found is not None
+        ledger.add_process(ServerProcess("ann/", found.pid, found.started, f"http://127.0.0.1:{port}"))
+        assert asyncio.run(asyncio.wait_for(spawner.poll(), timeout=20)) is None  # adopted, and it answers
+        assert spawner.pid == server.pid
+        assert asyncio.run(spawner.get_url()) == f"http://127.0.0.1:{port}/user/ann/"  # JupyterHub corrects its URL
+        assert spawner._gpu_holds == [Held("ann/", 1, "ann", "", 2**30, pid=server.pid)]
+    finally:
+        server.kill()
+
+
+def test_without_a_record_a_server_the_hub_never_recorded_is_not_running(tmp_path: Path) -> None:
+    spawner = _loaded(tmp_path, 0, free_port())
+    assert asyncio.run(asyncio.wait_for(spawner.poll(), timeout=5)) == 0

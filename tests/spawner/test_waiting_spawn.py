@@ -14,6 +14,9 @@ from spawner.request import GpuRefused
 from spawner.waitline import Reservation
 
 GiB = 2**30
+# The line is what these tests are about: users in no class here get rules without limits (an
+# explicit choice a settings file may make; the built-in default rules are finite).
+NO_LIMITS = {"name": "default", "max_slice": None, "max_gpus": None, "budget": None, "servers_per_user": None}
 
 
 class _HubSpawner:
@@ -30,7 +33,9 @@ class _HubSpawner:
 
 class Spawner(LedgerGpuMixin, _HubSpawner):
     def __init__(self, ledger: Path, user: str, **options: Any) -> None:
-        super().__init__(gpu_simulate="2x16GiB:T4", gpu_ledger_path=str(ledger), gpu_line_poll=0.05)
+        super().__init__(
+            gpu_simulate="2x16GiB:T4", gpu_ledger_path=str(ledger), gpu_line_poll=0.05, gpu_groups=[NO_LIMITS]
+        )
         self.user = SimpleNamespace(name=user, groups=[], admin=False)
         self.name = ""
         self.user_options = options
@@ -177,7 +182,7 @@ def classmate(ledger: Path, user: str, **options: Any) -> Spawner:
     """A member of class ml101, whose GPU budget is two 4 GiB slices."""
     spawner = Spawner(ledger, user, **options)
     spawner.user.groups = [SimpleNamespace(name="ml101")]
-    spawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB", "budget": "8GiB"}]
+    spawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB", "budget": "8GiB"}, NO_LIMITS]
     return spawner
 
 

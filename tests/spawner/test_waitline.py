@@ -342,3 +342,20 @@ def test_a_class_over_its_budget_is_named_and_a_class_within_it_is_not() -> None
     assert budget_holding_back(entry("amy/", 1, group="a"), {"a": 8 * GiB}, {"a": 4 * GiB}) is None
     assert budget_holding_back(entry("bob/", 1), {"a": 8 * GiB}, {"a": 8 * GiB}) is None  # no class
     assert budget_holding_back(entry("cy/", 1, group="c"), {"a": 8 * GiB}, {}) is None  # no budget
+
+
+def test_while_others_wait_a_slice_held_past_its_classs_max_hold_is_warned_then_stopped_however_busy() -> None:
+    from spawner.waitline import over_hold
+
+    busy = None  # a kernel busy now: idleness would never free these
+    holders = [
+        Holder("ann/", True, busy, busy, held_since=0.0, max_hold_s=3600),  # 400 s past her class's hour
+        Holder("bo/", True, busy, busy, held_since=3200.0, max_hold_s=900),  # 100 s to go: warned
+        Holder("cy/", True, busy, busy, held_since=3500.0, max_hold_s=3600),  # far from it
+        Holder("di/", True, busy, busy, held_since=0.0, max_hold_s=None),  # a class without a cap
+        Holder("ed/", False, busy, busy, held_since=0.0, max_hold_s=60),  # no GPU: nothing to give the line
+        Holder("fy/", True, busy, busy, held_since=None, max_hold_s=60),  # placement not known: not guessed
+    ]
+    assert over_hold(holders, waiting=5, now=4000.0, warn_before=180) == (["bo/"], ["ann/"])
+    assert over_hold(holders, waiting=1, now=4000.0, warn_before=180) == ([], ["ann/"])  # longest past first
+    assert over_hold(holders, waiting=0, now=4000.0, warn_before=180) == ([], [])  # nobody waits

@@ -128,3 +128,13 @@ never from a value. Renders nothing; fails with what to do.
 - name: oncall  # the webhook URLs: files readable by the pod's group only, never environment variables
   secret: {secretName: {{ .Values.monitoring.oncall.existingSecret | quote }}, defaultMode: 288}  # 0440
 {{- end -}}
+
+{{/*
+A memory size in GiB from "40GiB", "40Gi", "512MiB", "1TiB" (binary units, as group budgets are written):
+  {{ include "gpuslice.gib" "40GiB" }} -> 40
+*/}}
+{{- define "gpuslice.gib" -}}
+{{- $n := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 -}}
+{{- $unit := regexFind "[A-Za-z]+$" . | trimSuffix "B" -}}
+{{- if eq $unit "Mi" }}{{ divf $n 1024 }}{{ else if eq $unit "Ti" }}{{ mulf $n 1024 }}{{ else }}{{ $n }}{{ end -}}
+{{- end }}

@@ -1,9 +1,10 @@
 """The inventory reads HAMi's annotations as HAMi's own scheduler counts them.
 
-Fixtures hold the literal strings HAMi writes (tests/spawner/fixtures/hami_*.yaml name the
+Fixtures hold the literal strings HAMi writes (tests/spawner/sharing/fixtures/hami_*.yaml name the
 source files and commit they were read from).
 """
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,16 @@ from typing import Any
 import pytest
 import yaml
 
-from spawner.backends import Backend
-from spawner.inventory import Gpu, Inventory, build_kube, hami_pod_usage, parse_hami_pod_devices, parse_hami_register
-from spawner.shares import MiB
+from spawner.inventory import Allocation, Gpu, Inventory
+from spawner.shares import GiB, GpuRequest, MiB, ShareError
+from spawner.sharing import build_kube
+from spawner.sharing.base import Isolation, Target
+from spawner.sharing.hami import Hami, parse_pod_devices, parse_register, pod_usage
+from tests.spawner.sharing.objects import node, pod
 
 FIXTURES = Path(__file__).parent / "fixtures"
+FOUR_GIB = GpuRequest(memory_bytes=4 * GiB)
+QUARTER = GpuRequest(fraction=0.25)
 CARD_A, CARD_B, CARD_C, CARD_D = (
     "GPU-5f2b0a6e-9b51-4d1c-8d27-6a1f0c7f1a01",
     "GPU-8c1d3e44-2f6a-4b7e-9a10-3d5e7c9b2b02",
@@ -35,7 +41,7 @@ def hami_pod(name: str) -> dict[str, Any]:
 
 
 def build(*pod_names: str, **kwargs: Any) -> Inventory:
-    return build_kube([hami_node()], [hami_pod(n) for n in pod_names], Backend.HAMI, **kwargs)
+    return build_kube([hami_node()], [hami_pod(n) for n in pod_names], Hami(), **kwargs)
 
 
 def card(inventory: Inventory, uuid: str) -> Gpu:
@@ -108,7 +114,7 @@ def test_malformed_pod_annotation_skips_that_pod_only() -> None:
 def test_malformed_register_leaves_the_node_without_cards_and_says_so() -> None:
     node = hami_node()
     node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = '[{"id": "GPU-x", "devmem": 1'
-    inventory = build_kube([node], [hami_pod("jupyter-alice")], Backend.HAMI)
+    inventory = build_kube([node], [hami_pod("jupyter-alice")], Hami())
     assert list(inventory.gpus()) == []
     assert any("gpu-a" in w and "hami.io/node-nvidia-register" in w for w in inventory.warnings)
 
@@ -116,38 +122,119 @@ def test_malformed_register_leaves_the_node_without_cards_and_says_so() -> None:
 def test_expired_handshake_on_a_node_without_gpus_takes_its_cards_away() -> None:
     node = hami_node()
     late = datetime(2026, 11, 23, 5, 1, 1, tzinfo=UTC)  # 61 s after "Requesting_2026-11-23 05:00:00"
-    assert len(list(build_kube([node], [], Backend.HAMI, now=late).gpus())) == 4  # allocatable still has GPUs
+    assert len(list(build_kube([node], [], Hami(), now=late).gpus())) == 4  # allocatable still has GPUs
     node["status"]["allocatable"]["nvidia.com/gpu"] = "0"
     soon = datetime(2026, 11, 23, 5, 0, 59, tzinfo=UTC)
-    assert len(list(build_kube([node], [], Backend.HAMI, now=soon).gpus())) == 4
-    gone = build_kube([node], [], Backend.HAMI, now=late)
+    assert len(list(build_kube([node], [], Hami(), now=soon).gpus())) == 4
+    gone = build_kube([node], [], Hami(), now=late)
     assert list(gone.gpus()) == [] and any("handshake" in w for w in gone.warnings)
 
 
 def test_allocated_annotation_decodes_per_container_as_hami() -> None:
-    assert parse_hami_pod_devices(f"{CARD_A},NVIDIA,20000,0:;") == [[(CARD_A, 20000)], []]
-    assert parse_hami_pod_devices(";;") == [[], [], []]
+    assert parse_pod_devices(f"{CARD_A},NVIDIA,20000,0:;") == [[(CARD_A, 20000)], []]
+    assert parse_pod_devices(";;") == [[], [], []]
     # An entry without a comma is skipped, as HAMi's DecodeContainerDevices does.
-    assert parse_hami_pod_devices(f"junk:{CARD_A},NVIDIA,1,0:;") == [[(CARD_A, 1)], []]
+    assert parse_pod_devices(f"junk:{CARD_A},NVIDIA,1,0:;") == [[(CARD_A, 1)], []]
     with pytest.raises(ValueError, match="uuid,type,memory,cores"):
-        parse_hami_pod_devices(f"{CARD_A},NVIDIA,3000:;")  # 3 fields: HAMi refuses it
+        parse_pod_devices(f"{CARD_A},NVIDIA,3000:;")  # 3 fields: HAMi refuses it
     with pytest.raises(ValueError, match=r"bad hami\.io/vgpu-devices-allocated entry"):
-        parse_hami_pod_devices(f"{CARD_A},NVIDIA,3000,most:;")
+        parse_pod_devices(f"{CARD_A},NVIDIA,3000,most:;")
 
 
 def test_usage_without_an_allocation_is_empty() -> None:
-    assert hami_pod_usage(hami_pod("jupyter-judy")) == {}
+    assert pod_usage(hami_pod("jupyter-judy")) == {}
 
 
 def test_legacy_register_format_is_read_strictly() -> None:
     legacy = (
         f"{CARD_A},10,32768,100,NVIDIA-Tesla V100,0,true,0,hami-core:{CARD_B},10,32768,100,NVIDIA-Tesla V100,0,False:"
     )
-    assert [(d["id"], d["health"], d["index"]) for d in parse_hami_register(legacy)] == [
+    assert [(d["id"], d["health"], d["index"]) for d in parse_register(legacy)] == [
         (CARD_A, True, 0),
-        (CARD_B, False, 0),
+        (CARD_B, False, 1),  # seven fields: no index, so its place in the list
     ]
     with pytest.raises(ValueError, match="7 or 9 fields"):
-        parse_hami_register(f"{CARD_A},10,32768,100,NVIDIA-Tesla V100:")
+        parse_register(f"{CARD_A},10,32768,100,NVIDIA-Tesla V100:")
     with pytest.raises(ValueError, match="not a boolean"):
-        parse_hami_register(f"{CARD_A},10,32768,100,NVIDIA-Tesla V100,0,yes:")
+        parse_register(f"{CARD_A},10,32768,100,NVIDIA-Tesla V100,0,yes:")
+
+
+def test_hami_uses_mib_and_optional_cores() -> None:
+    spec = Hami(cores_percent=30).render(GpuRequest(memory_bytes=4 * GiB + 1))
+    assert spec.limits == {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4097", "nvidia.com/gpucores": "30"}
+    assert spec.isolation is Isolation.SOFTWARE
+    assert spec.warnings == ()
+
+
+def test_hami_share_uses_the_memory_percentage() -> None:
+    spec = Hami().render(QUARTER, Target(card_bytes=16 * GiB))
+    assert spec.limits == {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25"}
+    assert spec.env["GPUSLICE_GPU_MEMORY_BYTES"] == str(4 * GiB)
+
+
+def test_hami_refuses_impossible_core_share() -> None:
+    with pytest.raises(ShareError, match="1 to 100"):
+        Hami(cores_percent=150).render(FOUR_GIB)
+
+
+HAMI_JSON = json.dumps(
+    [
+        {"id": "GPU-aaa", "count": 10, "devmem": 32768, "devcore": 100, "type": "NVIDIA-Tesla V100", "health": True},
+        {"id": "GPU-bbb", "count": 10, "devmem": 32768, "devcore": 100, "type": "NVIDIA-Tesla V100", "health": False},
+    ]
+)
+
+
+HAMI_OLD = "GPU-aaa,10,32768,100,NVIDIA-Tesla V100,0,true:GPU-bbb,10,32768,100,NVIDIA-Tesla V100,0,false:"
+
+
+@pytest.mark.parametrize("register", [HAMI_JSON, HAMI_OLD])
+def test_hami_register_in_both_formats(register: str) -> None:
+    devices = parse_register(register)
+    assert [(d["id"], d["devmem"], d["health"]) for d in devices] == [
+        ("GPU-aaa", 32768, True),
+        ("GPU-bbb", 32768, False),
+    ]
+
+
+def test_hami_allocations_by_uuid() -> None:
+    assert parse_pod_devices("GPU-aaa,NVIDIA,3000,30:;") == [[("GPU-aaa", 3000)], []]
+    assert parse_pod_devices("GPU-aaa,NVIDIA,1000,0:GPU-bbb,NVIDIA,2000,0:;GPU-aaa,NVIDIA,500,0:;") == [
+        [("GPU-aaa", 1000), ("GPU-bbb", 2000)],
+        [("GPU-aaa", 500)],
+        [],
+    ]
+    nodes = [node("n1", {"nvidia.com/gpu": "20"}, annotations={"hami.io/node-nvidia-register": HAMI_JSON})]
+    pods = [
+        pod(
+            "a",
+            "n1",
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"},
+            {"hami.io/vgpu-devices-allocated": "GPU-aaa,NVIDIA,3000,30:;", "hami.io/vgpu-node": "n1"},
+        )
+    ]
+    inv = build_kube(nodes, pods, Hami())
+    first, second = inv.nodes[0].gpus
+    assert first.uuid == "GPU-aaa" and first.memory_bytes == 32 * GiB
+    assert first.allocations == [Allocation("alice", "", 3000 * MiB, "a")]
+    assert not second.healthy and not second.allocations
+
+
+def test_hami_bad_annotation_is_reported() -> None:
+    with pytest.raises(ValueError, match=r"bad hami\.io/vgpu-devices-allocated entry"):
+        parse_pod_devices("GPU-aaa,NVIDIA:;")
+
+
+def test_seven_field_register_entries_take_the_card_index_from_their_place() -> None:
+    """HAMi before v2.5 wrote no index: a two-card node is two cards, the pod's card the second."""
+    objects = yaml.safe_load((FIXTURES / "hami_node_v2.4.yaml").read_text())["items"]
+    nodes = [o for o in objects if o["kind"] == "Node"]
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    inventory = build_kube(nodes, pods, Hami())
+    assert [(g.index, g.uuid[:12], g.memory_bytes) for g in inventory.gpus()] == [
+        (0, "GPU-00552014", 32768 * MiB),
+        (1, "GPU-0fc3eda5", 32768 * MiB),
+    ]
+    second = inventory.nodes[0].gpus[1]
+    assert second.allocations == [Allocation("olga", "", 8000 * MiB, "jupyter-olga")]
+    assert inventory.warnings == []

@@ -1,0 +1,70 @@
+"""How much disk each user's home folder takes, for the HomeOverSize alert.
+
+The machine's filesystems offer no per-user quota here (ext4 mounted without ``usrquota``,
+no quota tools), so a home's size is watched instead of capped: a thread of the hub adds
+up each home every few minutes (the blocks its files take, as ``du`` does, not following
+links), and /hub/metrics serves the sizes beside each user's ``limits.home``
+(hub/metrics.py ``HomeCollector``); Prometheus warns when a home stays over it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+SYSTEM_PREFIX = "jupyter-"  # spawner/local.py's accounts under isolation unix-users
+
+
+def folder_bytes(folder: Path) -> int:
+    """Disk blocks taken by everything under ``folder`` (links not followed, unreadable parts skipped)."""
+    total, todo = 0, [folder]
+    while todo:
+        with contextlib.suppress(OSError), os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(Path(entry.path))
+    return total
+
+
+def homes(isolation: str, home_root: Path) -> dict[str, Path]:
+    """user -> home folder: ``home_root/USER`` under isolation none, each account's home under unix-users."""
+    if isolation == "unix-users":
+        return {
+            a.pw_name.removeprefix(SYSTEM_PREFIX): Path(a.pw_dir)
+            for a in pwd.getpwall()
+            if a.pw_name.startswith(SYSTEM_PREFIX) and Path(a.pw_dir).is_dir()
+        }
+    with contextlib.suppress(OSError):
+        return {p.name: p for p in home_root.iterdir() if p.is_dir()}
+    return {}
+
+
+class HomeSizes:
+    """The latest size of every home, added up again every ``interval_s`` by a daemon thread."""
+
+    def __init__(self, find: Callable[[], dict[str, Path]], interval_s: float = 300.0) -> None:
+        self.find, self.interval_s = find, interval_s
+        self.sizes: dict[str, int] = {}
+        self._stop = threading.Event()
+
+    def refresh(self) -> dict[str, int]:
+        self.sizes = {user: folder_bytes(path) for user, path in self.find().items()}
+        return self.sizes
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="home-sizes", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self.refresh()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
