@@ -28,7 +28,7 @@ from spawner.sqlite_schema import SchemaError, migrate
 Rules = dict[str, Any]  # one class's rules in settings spelling, with its "name"
 
 # The store's schema, step by step (spawner/sqlite_schema.py): a later release adds steps.
-SCHEMA = (
+SCHEMA_STEPS = (
     """CREATE TABLE IF NOT EXISTS class (
     name TEXT PRIMARY KEY,
     rules TEXT NOT NULL,
@@ -67,7 +67,7 @@ class ClassStore:
         self.path = Path(path).absolute()
         if self.path not in _MADE:
             with self._connect() as db:
-                migrate(db, SCHEMA, str(self.path))
+                migrate(db, SCHEMA_STEPS, str(self.path))
             _MADE.add(self.path)
 
     @contextmanager
