@@ -46,6 +46,19 @@ SUBTLE = {"hot_card": 180, "slow_leak": 240, "correctable_errors": 360, "utiliza
 SLACK_MIN = 30  # a finding this soon after a fault ends still belongs to it
 HISTORY_MIN = 2 * 1440
 MODEL_FAULTS = {*SUBTLE, "thermal_runaway", "leaking_notebook", "idle_slice_held"}
+# One shape of each rule fault beside the subtle ones: the anomaly replay's week has room for them.
+RULE_SHAPES = frozenset(
+    {
+        ("xid_storm", "hardware_xid"),
+        ("ecc_double_bit", "single_dbe"),
+        ("thermal_runaway", "cooling_failure"),
+        ("hung_gpu", "collective_hang"),
+        ("leaking_notebook", "uncapped_leak"),
+        ("idle_slice_held", "idle"),
+        ("exporter_down", "process_down"),
+        ("node_down", "down"),
+    }
+)
 MODELS = ("hot for its load", "memory growing", "correctable errors rising", "utilization collapsed")
 SBE = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"  # dcgm-exporter's volatile single-bit (correctable) ECC count
 
@@ -256,8 +269,71 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+PAGE_METRICS = (  # what the Anomalies page asks Prometheus for (portal/sources.py CARD_QUERIES)
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "gpuslice_process_gpu_memory_bytes",
+    SBE,
+    "gpuslice_gpu_memory_allocated_bytes",
+)
+
+
+def page_findings(replay: Replay) -> list[CardFinding]:
+    """What the Anomalies page finds in the replay: its history backfilled into a real Prometheus
+    (bench/backfill.py) and read through the page's own data layer (portal/sources.py), as "the last
+    three days" ending now. Each finding's time mapped back to the replay's minute."""
+    import logging
+    import os
+    from datetime import UTC, datetime
+
+    from bench.backfill import prometheus_with
+    from portal.identity import Identity
+    from portal.sources import metrics
+    from spawner import environ
+
+    logging.getLogger("streamlit").setLevel(logging.ERROR)  # its cache's "no runtime" notes: no page runs here
+    end_s = int(datetime.now(UTC).timestamp()) // 60 * 60 - 60
+    first_s = end_s - (replay.minutes - 1) * 60
+    with prometheus_with(replay, end_s, PAGE_METRICS) as url:
+        os.environ[environ.PROMETHEUS_URL.name] = url
+        metrics.card_history.clear()
+        try:
+            seen = metrics.anomalies(Identity("bench", admin=True))
+        finally:
+            del os.environ[environ.PROMETHEUS_URL.name]
+            metrics.card_history.clear()
+    found = []
+    for (node, gpu), finding, when in seen:
+        minute = round((when.timestamp() - first_s) / 60)
+        shift = minute - finding.found
+        moved = replace(finding, start=finding.start + shift, found=minute)
+        found.append(CardFinding(node, int(gpu), moved))
+    return found
+
+
+def false_positives(replay: Replay, found: Sequence[CardFinding]) -> list[CardFinding]:
+    return [c for c in found if not any(_explains(f, c.node, c.gpu, c.finding.found) for f in replay.faults)]
+
+
+def run_page(seeds: Sequence[int], days: float, per_kind: int) -> str:
+    """The page's path on each seed; the false-positive rate per card-week over all of them."""
+    lines, false, card_weeks = [], 0, 0.0
+    for seed in seeds:
+        replay = inject_subtle(generate(seed, days, 0, RULE_SHAPES), random.Random(seed), per_kind)
+        found = page_findings(replay)
+        lines.append(f"seed {seed}, {days:g} days through the Anomalies page's data layer and a real Prometheus:")
+        lines.append(report(replay, found, None))
+        false += len(false_positives(replay, found))
+        card_weeks += len(NODES) * GPUS_PER_NODE * days / 7
+    lines.append(
+        f"false positives: {false} in {card_weeks:.1f} card-weeks ({false / card_weeks:.3f} per card-week), "
+        f"seeds {', '.join(map(str, seeds))}"
+    )
+    return "\n".join(lines)
+
+
 def run(seed: int, days: float, per_kind: int, with_rules: bool) -> str:
-    replay = inject_subtle(generate(seed, days, per_kind), random.Random(seed), per_kind)
+    replay = inject_subtle(generate(seed, days, per_kind, RULE_SHAPES), random.Random(seed), per_kind)
     rule_episodes = episodes(run_promtool(replay, RULE_FILES)) if with_rules else None
     return report(replay, findings(replay), rule_episodes)
 
@@ -268,7 +344,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--faults-per-kind", type=int, default=2)
     parser.add_argument("--rules", action="store_true", help="also run the real rules through promtool (slower)")
+    parser.add_argument(
+        "--page",
+        action="store_true",
+        help="through the Anomalies page's data layer on a real Prometheus (backfilled), three days per seed",
+    )
     args = parser.parse_args(argv)
+    if args.page:
+        print(run_page(args.seeds, 3.0, args.faults_per_kind))
+        return 0
     for seed in args.seeds:
         print(f"seed {seed}, {args.days:g} days, 16 GPUs:")
         print(run(seed, args.days, args.faults_per_kind, args.rules))

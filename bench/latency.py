@@ -1,35 +1,84 @@
 """Decision latency of fgd and default on the full cluster, in one run so that load cancels.
 
-    flock /tmp/gpuslice-heavy.lock nice -n 19 .venv/bin/python -m bench.latency \\
-        --data ../shared/data/alibaba-gpu-v2023 --list default --seed 0 [--variant default-lookahead]
+    flock /tmp/gpuslice-heavy.lock .venv/bin/python -m bench.latency \\
+        --data ../shared/data/alibaba-gpu-v2023 --list default --seed 0 --busy 2 [--variant NAME]
 
 Every policy replays the same arrivals on its own copy of the full node list (1,213 nodes,
 6,212 GPUs); for each arrival the policies decide one after the other (the order rotates),
-so a burst of load from other processes falls on all of them. Printed: p50, p99 and max of
-``choose()`` per policy and the ratios to ``fgd-fresh`` (FGD scoring every candidate state
-afresh, as before node states were remembered) and to ``fgd``.
+so a burst of load from other processes falls on all of them. Each knows what it would know
+live (the arrivals so far, ``spawner.placement.knowledge``; ``--oracle``: the whole list), and
+a decision's time includes working that out. ``--busy N`` keeps N other processes spinning on
+the CPU for the whole run: the machine busy with other work, the same for every policy
+(``--busy-nice 19``: work that yields to the decisions, as a scheduler given its CPU share would
+see it).
+Printed: p50, p99 and max of a decision's wall time per policy, the ratios to ``fgd-fresh``
+(FGD scoring every candidate state afresh, as before node states were remembered) and to
+``fgd``, the p50 and p99 of its CPU time (what the decision costs, whatever else runs), and
+how many decisions each remembering policy made as its afresh twin did.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
-from bench.placement import arrivals, cluster, read_nodes, read_tasks
+from bench.placement import Knowledge, arrivals, cluster, oracle_workload, read_nodes, read_tasks
 from bench.report import make
 from bench.stats import percentile
-from spawner.placement import DefaultPolicy, FragmentationGradientDescent, Policy, Workload
+from spawner.placement import (
+    DefaultPolicy,
+    Demand,
+    FragmentationGradientDescent,
+    Informed,
+    Policy,
+    Workload,
+    known_workload,
+)
+
+# Each remembering policy and the twin that scores every state afresh: they must decide alike.
+TWINS = {"fgd": "fgd-fresh", "default": "default-fresh"}
 
 
 def policies(workload: Workload) -> dict[str, Policy]:
     return {
         "fgd-fresh": FragmentationGradientDescent(workload, name="fgd-fresh", remember_states=False),
         "fgd": FragmentationGradientDescent(workload),
+        "default-fresh": DefaultPolicy(workload, name="default-fresh", remember_states=False),
         "default": DefaultPolicy(workload),
     }
+
+
+def _spin(stop: Event, niceness: int) -> None:
+    os.nice(niceness)
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+@contextmanager
+def busy(workers: int, niceness: int = 0) -> Iterator[None]:
+    """``workers`` processes spinning on the CPU until the block ends (stopped and joined even on
+    error), at ``niceness`` (0: the same priority as the decisions; 19: work that yields)."""
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=_spin, args=(stop, niceness), daemon=True) for _ in range(workers)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join(timeout=10)
+            if spinner.is_alive():
+                spinner.kill()
+                spinner.join()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,40 +86,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="folder with the openb node and pod lists")
     parser.add_argument("--list", default="default", help="visible pod list (default: default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--oracle", action="store_true", help="hand every policy the whole list's popularity")
+    parser.add_argument("--busy", type=int, default=0, help="other processes kept spinning meanwhile (default 0)")
+    parser.add_argument(
+        "--busy-nice", type=int, default=0, help="their niceness (default 0: as the decisions; 19: background work)"
+    )
+    parser.add_argument("--limit", type=int, help="decide only the first N arrivals")
     parser.add_argument("--variant", action="append", default=[], help="also time this bench.report variant")
     args = parser.parse_args(argv)
+    knowledge = Knowledge.ORACLE if args.oracle else Knowledge.LIVE
     nodes = read_nodes(args.data / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(args.data / f"openb_pod_list_{args.list}.csv")
-    workload = Workload.from_demands((t.demand() for t in tasks), max_types=None)
+    arrived = arrivals(tasks, float(sum(n.gpus for n in nodes)), args.seed)[: args.limit]
+    workload = oracle_workload(tasks) if args.oracle else known_workload({}, arrived[0].demand())
     chosen = policies(workload)
     for name in args.variant:
         chosen[name] = make(name, workload, args.seed)
     names = list(chosen)
     states = {n: cluster(nodes) for n in names}
     timings: dict[str, list[float]] = {n: [] for n in names}
-    same = 0
-    arrived = arrivals(tasks, float(sum(n.gpus for n in nodes)), args.seed)
-    for i, task in enumerate(arrived):
-        demand = task.demand()
-        order = names[i % len(names) :] + names[: i % len(names)]
-        picks = {}
-        for name in order:
-            start = time.perf_counter_ns()
-            pick = chosen[name].choose(states[name], demand)
-            timings[name].append((time.perf_counter_ns() - start) / 1000)
-            picks[name] = pick
-            if pick is not None:
-                states[name].commit(pick, demand)
-        same += picks["fgd"] == picks["fgd-fresh"]
-    print(f"{args.list}, seed {args.seed}: {len(arrived)} decisions on {sum(n.gpus for n in nodes)} GPUs")
-    print(f"fgd decided as fgd-fresh on {same} of {len(arrived)}")
-    print("| policy | p50 µs | p99 µs | max µs | p99 / fgd-fresh | p99 / fgd |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    cpu_times: dict[str, list[float]] = {n: [] for n in names}  # the thread's CPU time: what the decision costs
+    same = Counter[str]()
+    seen: Counter[Demand] = Counter()
+    load = os.getloadavg()[0]
+    with busy(args.busy, args.busy_nice):
+        for i, task in enumerate(arrived):
+            demand = task.demand()
+            order = names[i % len(names) :] + names[: i % len(names)]
+            picks = {}
+            for name in order:
+                policy = chosen[name]
+                start, cpu_start = time.perf_counter_ns(), time.thread_time_ns()
+                if knowledge is Knowledge.LIVE and isinstance(policy, Informed):
+                    policy.know(known_workload(seen, demand))
+                pick = policy.choose(states[name], demand)
+                timings[name].append((time.perf_counter_ns() - start) / 1000)
+                cpu_times[name].append((time.thread_time_ns() - cpu_start) / 1000)
+                picks[name] = pick
+                if pick is not None:
+                    states[name].commit(pick, demand)
+            seen[demand] += 1
+            for mine, twin in TWINS.items():
+                same[mine] += picks[mine] == picks[twin]
+    gpus = sum(n.gpus for n in nodes)
+    print(
+        f"{args.list}, seed {args.seed}, {knowledge} knowledge: {len(arrived)} decisions on {gpus} GPUs;"
+        f" {args.busy} other processes spinning (nice {args.busy_nice}); load average {load:.1f} at the start,"
+        f" {os.getloadavg()[0]:.1f} at the end"
+    )
+    for mine, twin in TWINS.items():
+        print(f"{mine} decided as {twin} on {same[mine]} of {len(arrived)}")
+    print("| policy | p50 µs | p99 µs | max µs | p99 / fgd-fresh | p99 / fgd | CPU p50 µs | CPU p99 µs |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     p99 = {n: percentile(timings[n], 99) for n in names}
     for n in names:
         print(
             f"| {n} | {percentile(timings[n], 50):.0f} | {p99[n]:.0f} | {max(timings[n]):.0f}"
-            f" | {p99[n] / p99['fgd-fresh']:.2f} | {p99[n] / p99['fgd']:.2f} |"
+            f" | {p99[n] / p99['fgd-fresh']:.2f} | {p99[n] / p99['fgd']:.2f}"
+            f" | {percentile(cpu_times[n], 50):.0f} | {percentile(cpu_times[n], 99):.0f} |"
         )
     return 0
 

@@ -6,7 +6,8 @@
 
 For each mix and policy: unallocated GPUs per seed and the GPU demand of the tasks that
 failed, by kind (sharing, one card, several cards) and by whether they were bound to a
-GPU model. This is the analysis behind "what the losses are" in docs/placement.md.
+GPU model. This is the analysis behind "what the losses are" in docs/placement.md, made
+in oracle mode: each policy is told the whole mix's popularity before the first arrival.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ with replacement from the pod list (seeded) arrive one by one and are never remo
 each is placed or fails; arrivals stop once the GPU demand that arrived reaches the
 cluster's GPU capacity. GPU amounts are thousandths of a card, as in the trace.
 
+What a policy knows (``Knowledge``): by default what it would know live, the arrivals so
+far (``spawner.placement.knowledge``, the code the scheduler extender and the hub use);
+``ORACLE`` hands it the whole pod list's popularity before the first arrival, as the FGD
+paper assumes.
+
 The CSV readers are the only I/O here; the replay itself is pure.
 """
 
@@ -15,12 +20,14 @@ import csv
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from bench.stats import percentile
-from spawner.placement import ClusterState, Demand, Policy, Workload, make_policy
+from spawner.placement import ClusterState, Demand, Informed, Policy, Workload, known_workload, make_policy
 from spawner.shares import MiB
 
 MILLI = 1000.0
@@ -183,27 +190,50 @@ def arrivals(tasks: Sequence[TraceTask], capacity_gpus: float, seed: int) -> lis
 PolicyFactory = Callable[[str, Workload | None, int], Policy]
 
 
+class Knowledge(StrEnum):
+    """What a policy knows of the workload when it decides."""
+
+    LIVE = "live"  # the arrivals so far: what the scheduler extender and the hub know
+    ORACLE = "oracle"  # the whole pod list's popularity, before the first arrival (the FGD paper's)
+
+
+def oracle_workload(tasks: Sequence[TraceTask]) -> Workload:
+    """The pod list itself: the popularity of each task shape (every shape; each policy keeps as
+    many of them as it scores)."""
+    return Workload.from_demands((t.demand() for t in tasks), max_types=None)
+
+
 def replay(
     nodes: Sequence[TraceNode],
     tasks: Sequence[TraceTask],
     policy_name: str,
     seed: int,
     make: PolicyFactory = make_policy,
+    knowledge: Knowledge = Knowledge.LIVE,
 ) -> ReplayResult:
-    """One replay; ``make`` builds the policy (the report passes variants not in POLICIES)."""
+    """One replay; ``make`` builds the policy (the report passes variants not in POLICIES).
+
+    Live, before each decision the policy is handed ``known_workload`` of the arrivals so far
+    (placed or failed: a pod that found no place stays pending, and the extender sees it) and
+    the one arriving; that is timed with the decision, as a live decision must compute it too.
+    """
     state = cluster(nodes)
     capacity = float(sum(n.gpus for n in nodes))
-    # The target workload is the pod list itself: the popularity of each task shape (every
-    # shape; each policy keeps as many of them as it scores).
-    workload = Workload.from_demands((t.demand() for t in tasks), max_types=None)
-    policy = make(policy_name, workload, seed)
-    allocated, failed, timings = 0.0, 0, []
     arrived = arrivals(tasks, capacity, seed)
+    live = knowledge is Knowledge.LIVE
+    first = known_workload({}, arrived[0].demand()) if live else oracle_workload(tasks)
+    policy = make(policy_name, first, seed)
+    learner = policy if live and isinstance(policy, Informed) else None
+    seen: Counter[Demand] = Counter()
+    allocated, failed, timings = 0.0, 0, []
     for task in arrived:
         demand = task.demand()
         start = time.perf_counter_ns()
+        if learner is not None:
+            learner.know(known_workload(seen, demand))
         choice = policy.choose(state, demand)
         timings.append((time.perf_counter_ns() - start) / 1000)
+        seen[demand] += 1
         if choice is None:
             failed += 1
             continue
@@ -223,10 +253,18 @@ def summarize(results: Sequence[ReplayResult]) -> dict[str, float | int]:
 
 
 def bench(
-    nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policies: Sequence[str], seeds: int
+    nodes: Sequence[TraceNode],
+    tasks: Sequence[TraceTask],
+    policies: Sequence[str],
+    seeds: int,
+    knowledge: Knowledge = Knowledge.LIVE,
 ) -> dict[str, object]:
     capacity = float(sum(n.gpus for n in nodes))
     return {
         "capacity_gpus": capacity,
-        "policies": {name: summarize([replay(nodes, tasks, name, seed) for seed in range(seeds)]) for name in policies},
+        "knowledge": str(knowledge),
+        "policies": {
+            name: summarize([replay(nodes, tasks, name, seed, knowledge=knowledge) for seed in range(seeds)])
+            for name in policies
+        },
     }

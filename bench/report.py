@@ -1,13 +1,18 @@
 """The placement report of docs/placement.md: visible pod lists, generated mixes, leave-one-out.
 
     nice -n 19 .venv/bin/python -m bench.report --data ../shared/data/alibaba-gpu-v2023 \\
-        --mixes 20 --seeds 3 --json /tmp/report.json
+        --mixes 20 --seeds 3 --bound --json /tmp/report.json
 
 For every visible pod list (on the full node list) and every generated mix (bench.mixes):
 unallocated GPUs and GPU allocation ratio per policy (mean and spread over seeds), each
 candidate's wins/ties/losses against FGD, its change against best-fit, and decision latency
 p50/p99 on the full cluster. Leave-one-out: for each visible list, the candidate that did
 best against FGD on the *other* visible lists is chosen and judged on the held-out one.
+
+Each policy knows what it would know live (the arrivals so far); ``--oracle`` hands every
+policy the whole list's popularity instead. ``--bound`` adds the limit of each replay
+(bench.bound): the relaxation no placement beats, the best packing found in hindsight, and
+each policy's unallocated GPUs against both.
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scipy import stats
 
+from bench.bound import Bounds, bounds
 from bench.mixes import make_mix
-from bench.placement import ReplayResult, TraceNode, TraceTask, read_nodes, read_tasks, replay
+from bench.placement import Knowledge, ReplayResult, TraceNode, TraceTask, arrivals, read_nodes, read_tasks, replay
 from bench.stats import percentile
 from spawner.placement import POLICIES, DefaultPolicy, Policy, Workload, make_policy
 
@@ -43,52 +50,47 @@ def _needs(workload: Workload | None) -> Workload:
     return workload
 
 
-# Policies the report can run that are not in POLICIES: each of `default`'s two changes alone,
-# so that leave-one-out can choose among them on the lists it does not judge.
+# Policies the report can run that are not in POLICIES: earlier forms of `default` and each of
+# its changes alone, so that leave-one-out can choose among them on the lists it does not judge.
+# All but the last two keep the 64 most popular types (change 4 off), as they were measured.
+def _earlier(workload: Workload | None, name: str, **changes: Any) -> Policy:
+    """A variant of `default` as docs/placement.md measured it: the 64 most popular types (no
+    change 4), with ``changes``."""
+    return DefaultPolicy(_needs(workload), name=name, **{"keep_every_shape": False, **changes})
+
+
 VARIANTS: dict[str, Callable[[Workload | None, int], Policy]] = {
     # `default` before change 3: changes 1 and 2. The variants below it are that policy with one
     # change, as docs/placement.md measured them.
-    "default-no-overflow": lambda w, _: DefaultPolicy(_needs(w), name="default-no-overflow", overflow="off"),
+    "default-no-overflow": lambda w, _: _earlier(w, "default-no-overflow", overflow="off"),
     # Change 1 alone: CPU-only types fragment only where they do not fit; exact ties as FGD.
-    "default-exact-ties": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-exact-ties", tie_tolerance=1e-9, overflow="off"
-    ),
+    "default-exact-ties": lambda w, _: _earlier(w, "default-exact-ties", tie_tolerance=1e-9, overflow="off"),
     # Change 2 alone: the paper's fragmentation; near-ties (1% of a card) to best-fit.
-    "default-paper-frag": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-paper-frag", cpu_tasks_fragment=True, overflow="off"
-    ),
+    "default-paper-frag": lambda w, _: _earlier(w, "default-paper-frag", cpu_tasks_fragment=True, overflow="off"),
     # Every task type in the target workload, not only the 64 most popular.
-    "default-all-types": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-all-types", max_types=1_000_000, overflow="off"
-    ),
+    "default-all-types": lambda w, _: _earlier(w, "default-all-types", max_types=1_000_000, overflow="off"),
     # Every GPU shape (cards or slice, allowed models) kept with its whole weight.
-    "default-grouped": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-grouped", keep_every_shape=True, overflow="off"
-    ),
+    "default-grouped": lambda w, _: _earlier(w, "default-grouped", keep_every_shape=True, overflow="off"),
     # Near-ties to the GPU model least needed by model-bound types per free card.
-    "default-spare-models": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-spare-models", spare_bound_models=True, overflow="off"
-    ),
+    "default-spare-models": lambda w, _: _earlier(w, "default-spare-models", spare_bound_models=True, overflow="off"),
     # Near-ties within 1% of a card of the rarest type's weight, not of the whole sum.
-    "default-rare-ties": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-rare-ties", tolerance_per_type=True, overflow="off"
-    ),
+    "default-rare-ties": lambda w, _: _earlier(w, "default-rare-ties", tolerance_per_type=True, overflow="off"),
     # Near-ties to the candidate after which the arrivals still to come leave the least GPU demand unplaced.
-    "default-lookahead": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-lookahead", lookahead=True, overflow="off"
-    ),
+    "default-lookahead": lambda w, _: _earlier(w, "default-lookahead", lookahead=True, overflow="off"),
     # A type's fragment: the free GPU its tasks leave unused once the node is filled with them.
-    "default-filled": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-filled", filled_fragment=True, overflow="off"
-    ),
+    "default-filled": lambda w, _: _earlier(w, "default-filled", filled_fragment=True, overflow="off"),
     # The same, with the GPU alone bounding how many tasks the node takes (no CPU or memory).
-    "default-filled-gpu": lambda w, _: DefaultPolicy(
-        _needs(w), name="default-filled-gpu", filled_fragment=True, filled_host=False, overflow="off"
+    "default-filled-gpu": lambda w, _: _earlier(
+        w, "default-filled-gpu", filled_fragment=True, filled_host=False, overflow="off"
     ),
-    # Change 3 as designed (now `default`), and its other form: the expected failed demand added
-    # to the fragmentation growth rather than ranked before it.
-    "default-overflow-first": lambda w, _: DefaultPolicy(_needs(w), name="default-overflow-first", overflow="first"),
-    "default-overflow-sum": lambda w, _: DefaultPolicy(_needs(w), name="default-overflow-sum", overflow="sum"),
+    # Change 3 as designed, and its other form: the expected failed demand added to the
+    # fragmentation growth rather than ranked before it.
+    "default-overflow-first": lambda w, _: _earlier(w, "default-overflow-first", overflow="first"),
+    "default-overflow-sum": lambda w, _: _earlier(w, "default-overflow-sum", overflow="sum"),
+    # `default` before change 4 (changes 1-3: the 64 most popular types), the same as the above.
+    "default-top-types": lambda w, _: _earlier(w, "default-top-types"),
+    # Change 4 as designed (now `default`), under the name it was designed and judged with.
+    "default-every-shape": lambda w, _: DefaultPolicy(_needs(w), name="default-every-shape"),
 }
 
 
@@ -104,6 +106,25 @@ class Case:
     label: str
     capacity: float
     results: dict[str, list[ReplayResult]]
+    limits: list[Bounds] = field(default_factory=list)  # per seed, with --bound
+
+    def lowest(self) -> float:
+        """Mean over seeds of the unallocated GPUs no placement goes below (the relaxation)."""
+        return statistics.fmean(b.lowest_unallocated for b in self.limits)
+
+    def hindsight(self) -> float:
+        """Mean over seeds of the unallocated GPUs of the best packing found in hindsight."""
+        return statistics.fmean(b.hindsight_unallocated for b in self.limits)
+
+    def above_hindsight(self, policy: str) -> float:
+        """How many more GPUs ``policy`` leaves unallocated than the hindsight packing, relatively."""
+        best = self.hindsight()
+        return (self.unallocated(policy) - best) / best if best else math.inf
+
+    def gap_ratio(self, policy: str, against: str = BASELINE) -> float:
+        """``policy``'s gap to the hindsight packing over ``against``'s (GPUs over GPUs)."""
+        gap = self.unallocated(against) - self.hindsight()
+        return (self.unallocated(policy) - self.hindsight()) / gap if gap > 0 else math.inf
 
     def unallocated(self, policy: str) -> float:
         return statistics.fmean(r.unallocated_gpus for r in self.results[policy])
@@ -159,12 +180,21 @@ class Paired:
 
 
 def run_case(
-    name: str, label: str, nodes: Sequence[TraceNode], tasks: Sequence[TraceTask], policies: Sequence[str], seeds: int
+    name: str,
+    label: str,
+    nodes: Sequence[TraceNode],
+    tasks: Sequence[TraceTask],
+    policies: Sequence[str],
+    seeds: int,
+    knowledge: Knowledge = Knowledge.LIVE,
+    bound: bool = False,
 ) -> Case:
     start = time.monotonic()
-    results = {p: [replay(nodes, tasks, p, s, make) for s in range(seeds)] for p in policies}
+    results = {p: [replay(nodes, tasks, p, s, make, knowledge) for s in range(seeds)] for p in policies}
+    capacity = float(sum(n.gpus for n in nodes))
+    limits = [bounds(nodes, arrivals(tasks, capacity, s)) for s in range(seeds)] if bound else []
     print(f"  {name}: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
-    return Case(name, label, float(sum(n.gpus for n in nodes)), results)
+    return Case(name, label, capacity, results, limits)
 
 
 def spread(values: Sequence[float]) -> float:
@@ -265,6 +295,8 @@ def render(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[st
                     f" | {t['mean_vs_fgd']:+.2%} | {t['worst_vs_fgd']:+.2%}"
                     f" | {t['shown_worse']:.0f} | {t['shown_better']:.0f} |"
                 )
+    if any(c.limits for c in [*visible, *mixes]):
+        out += render_limits(visible, mixes, policies, ours)
     if len(visible) > 1 and ours:
         out += ["", "## Leave-one-out over the visible lists", "", "| held out | chosen on the others | vs fgd |"]
         out.append("| --- | --- | ---: |")
@@ -279,14 +311,67 @@ def render(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[st
     return "\n".join(out) + "\n"
 
 
+def render_limits(
+    visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[str], ours: Sequence[str]
+) -> list[str]:
+    """Each case's limit (means over seeds) and each policy against it; then per policy, over the cases."""
+    out = ["", "## Against the limit: unallocated GPUs (means over seeds)", ""]
+    out.append(
+        "| case | GPUs | relaxation (none lower) | hindsight (found) | "
+        + " | ".join(f"{p} | {p} vs hindsight" for p in policies)
+        + " | "
+        + " | ".join(f"{p} gap / fgd gap" for p in ours)
+        + " | hindsight packing (seed 0) |"
+    )
+    out.append("| --- | ---: | ---: | ---: |" + " ---: |" * (2 * len(policies) + len(ours)) + " --- |")
+    for case in [*visible, *mixes]:
+        if not case.limits:
+            continue
+        cells = " | ".join(f"{case.unallocated(p):.1f} | {case.above_hindsight(p):+.1%}" for p in policies)
+        ratios = " | ".join(f"{case.gap_ratio(p):.2f}" for p in ours)
+        out.append(
+            f"| {case.name} | {case.capacity:.0f} | {case.lowest():.1f} | {case.hindsight():.1f} | {cells}"
+            f" | {ratios} | {case.limits[0].hindsight.packer} |"
+        )
+    out += [
+        "",
+        "| policy | cases | mean vs hindsight | mean vs relaxation | gap to hindsight, GPUs (sum) | gap / fgd's (sums)"
+        " | cases with gap at most half fgd's |",
+    ]
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for p in policies:
+        for what, cases in (("visible lists", visible), ("mixes", mixes)):
+            cases = [c for c in cases if c.limits]
+            if not cases:
+                continue
+            above = statistics.fmean(c.above_hindsight(p) for c in cases)
+            over_lp = statistics.fmean((c.unallocated(p) - c.lowest()) / c.lowest() for c in cases)
+            gap = sum(c.unallocated(p) - c.hindsight() for c in cases)
+            fgd_gap = sum(c.unallocated(BASELINE) - c.hindsight() for c in cases) if BASELINE in policies else 0.0
+            ratio = f"{gap / fgd_gap:.2f}" if fgd_gap > 0 else ""
+            half = f"{sum(c.gap_ratio(p) <= 0.5 for c in cases)} of {len(cases)}" if p in ours else ""
+            out.append(f"| {p} | {what} | {above:+.1%} | {over_lp:+.1%} | {gap:.1f} | {ratio} | {half} |")
+    return out
+
+
 def as_json(visible: Sequence[Case], mixes: Sequence[Case], policies: Sequence[str]) -> dict[str, object]:
     def case_json(c: Case) -> dict[str, object]:
-        return {
+        figures: dict[str, object] = {
             "label": c.label,
             "capacity_gpus": c.capacity,
             "policies": {p: policy_figures(c, p) for p in policies},
             "unallocated_gpus_per_seed": {p: [r.unallocated_gpus for r in c.results[p]] for p in policies},
         }
+        if c.limits:
+            figures["limit_per_seed"] = [
+                {
+                    "relaxation_unallocated_gpus": b.lowest_unallocated,
+                    "hindsight_unallocated_gpus": b.hindsight_unallocated,
+                    "hindsight_packing": b.hindsight.packer,
+                }
+                for b in c.limits
+            ]
+        return figures
 
     return {"visible": {c.name: case_json(c) for c in visible}, "mixes": {c.name: case_json(c) for c in mixes}}
 
@@ -302,7 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", action="append", help=f"policies (default: {', '.join(POLICIES)})")
     parser.add_argument("--ours", action="append", help="policies judged against fgd (default: default)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    parser.add_argument("--oracle", action="store_true", help="hand every policy the whole list's popularity")
+    parser.add_argument("--bound", action="store_true", help="also the limit of each replay (bench.bound)")
     args = parser.parse_args(argv)
+    knowledge = Knowledge.ORACLE if args.oracle else Knowledge.LIVE
     ours = args.ours or ["default"]
     policies = list(dict.fromkeys([*(args.policy or POLICIES), *ours, BASELINE]))
     nodes = read_nodes(args.data / "openb_node_list_gpu_node.csv")
@@ -310,11 +398,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     visible = []
     for name in [n for n in args.lists.split(",") if n]:
         tasks = read_tasks(args.data / f"openb_pod_list_{name}.csv")
-        visible.append(run_case(name, "full cluster", nodes, tasks, policies, args.seeds))
+        visible.append(run_case(name, "full cluster", nodes, tasks, policies, args.seeds, knowledge, args.bound))
     mixes = []
     for index in args.mix or range(args.first_mix, args.first_mix + args.mixes):
         mix = make_mix(index, nodes, base)
-        mixes.append(run_case(mix.name, mix.spec.label(), mix.nodes, mix.tasks, policies, args.seeds))
+        mixes.append(
+            run_case(mix.name, mix.spec.label(), mix.nodes, mix.tasks, policies, args.seeds, knowledge, args.bound)
+        )
+    print(f"Knowledge: {knowledge} (what each policy is told of the workload).\n")
     print(render(visible, mixes, policies, ours))
     if args.json:
         args.json.write_text(json.dumps(as_json(visible, mixes, policies), indent=2))

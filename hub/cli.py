@@ -112,6 +112,14 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="the on-call Secret's keys as files (default: where the chart mounts them, /etc/gpuslice-oncall)",
     )
+    oncall.add_argument("--recorder-url", help="the incident recorder's webhook (every alert is recorded there)")
+    oncall.add_argument("--recorder-token-file", type=Path, help="its bearer token (with --recorder-url)")
+    oncall.add_argument(
+        "--write-secret",
+        metavar="NAMESPACE/NAME",
+        help="write the config into this Secret (the chart's daily CronJob) instead of printing it",
+    )
+    oncall.add_argument("--key", default="alertmanager.yaml", help="the Secret's key (default alertmanager.yaml)")
 
     ext = commands.add_parser("scheduler-extender", help="kube-scheduler extender (filter, prioritize, bind)")
     ext.add_argument("--port", type=int, default=8888, help="port (default 8888)")
@@ -333,7 +341,7 @@ def _oncall_config(args: argparse.Namespace) -> int:
     import yaml
 
     from hub.kube_values import KubeValuesError, load_kube_values, secrets_read_from
-    from hub.monitoring import alertmanager_config
+    from hub.monitoring import Recorder, alertmanager_config
 
     try:
         values = load_kube_values(args.kube_values)
@@ -341,12 +349,37 @@ def _oncall_config(args: argparse.Namespace) -> int:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
     oncall = secrets_read_from(values.oncall, args.secret_dir) if args.secret_dir else values.oncall
+    recorder = None
+    if args.recorder_url:
+        if not args.recorder_token_file:
+            print("gpuslice: --recorder-url needs --recorder-token-file (its webhook is never open)", file=sys.stderr)
+            return 2
+        # The cluster's Alertmanager cannot read our files: the token goes into its config Secret itself.
+        token = args.recorder_token_file.read_text().strip()
+        recorder = Recorder(args.recorder_url, credentials=token)
     try:
-        config = alertmanager_config(args.webhook_url, oncall)
+        config = alertmanager_config(args.webhook_url, oncall, recorder=recorder)
     except settings_mod.SettingsError as exc:  # a webhook URL's file (the on-call Secret's key) missing or empty
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
-    print(yaml.safe_dump(config, sort_keys=False), end="")
+    text = yaml.safe_dump(config, sort_keys=False)
+    if not args.write_secret:
+        print(text, end="")
+        return 0
+    from hub.alertmanager_secret import Kube, SecretWriteError, write_config
+
+    namespace, _, name = args.write_secret.partition("/")
+    if not (namespace and name):
+        print("gpuslice: --write-secret takes NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    try:
+        changed = write_config(Kube.in_cluster(), namespace, name, args.key, text)
+    except SecretWriteError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"gpuslice: the Alertmanager config in {namespace}/{name} ({args.key}) {'renewed' if changed else 'unchanged'}"
+    )
     return 0
 
 

@@ -2,6 +2,11 @@
 
 kube-scheduler POSTs JSON to ``{urlPrefix}/filter``, ``/prioritize`` and ``/bind``
 (the verbs in its KubeSchedulerConfiguration); the decisions are spawner/extender.py's.
+As kube-scheduler reads the answers (pkg/scheduler/extender.go): anything but HTTP 200 is an
+error of the extender, so a request the extender cannot serve is answered 200 with the
+result's ``Error`` (filter, bind); a body that is no JSON is a 400, as the extender in
+kube-scheduler's own integration test answers it; a prioritize that fails is a 500 (its
+result has no Error field, and kube-scheduler goes on without its scores).
 Every request reads the cluster afresh through the ``KubeClient`` it is given, so the
 extender keeps no state of its own: the pods' device annotations are the state. Bind
 writes the device annotations first and then binds, as gpushare's and HAMi's own
@@ -24,6 +29,8 @@ from spawner import environ, extender
 from spawner.sharing import SharingBackend
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# What a request the extender cannot serve raises on its way (the message goes back as the Error).
+REFUSALS = (extender.ExtenderError, KeyError, ValueError, TypeError, AttributeError)
 
 
 class KubeClient(Protocol):
@@ -93,22 +100,28 @@ def make_app(
     lock = asyncio.Lock()
 
     async def filter_(request: web.Request) -> web.Response:
-        args = await request.json()
+        args = await arguments(request)
         async with lock:
             try:
                 answer = extender.filter_nodes(args, await client.nodes(), await client.pods(), backend)
-            except (extender.ExtenderError, KeyError, ValueError) as exc:
+            except REFUSALS as exc:
                 answer = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "Error": str(exc)}
         return web.json_response(answer)
 
     async def prioritize(request: web.Request) -> web.Response:
-        args = await request.json()
+        args = await arguments(request)
         async with lock:
-            scores = extender.prioritize(args, await client.nodes(), await client.pods(), backend, policy)
+            try:
+                scores = extender.prioritize(args, await client.nodes(), await client.pods(), backend, policy)
+            except REFUSALS as exc:
+                return web.json_response({"Error": str(exc)}, status=500)
         return web.json_response(scores)
 
     async def bind(request: web.Request) -> web.Response:
-        args = await request.json()
+        try:
+            args = extender.decode(await arguments(request), extender.BINDING_FIELDS)
+        except extender.ExtenderError as exc:
+            return web.json_response({"Error": str(exc)})
         namespace, name, node = args["PodNamespace"], args["PodName"], args["Node"]
         async with lock:
             try:
@@ -122,9 +135,15 @@ def make_app(
                 await client.bind_pod(namespace, extender.binding(name, str(args.get("PodUID", "")), node))
             except StopIteration:
                 return web.json_response({"Error": f"pod {namespace}/{name} not found"})
-            except extender.ExtenderError as exc:
+            except REFUSALS as exc:
                 return web.json_response({"Error": str(exc)})
         return web.json_response({"Error": ""})
+
+    async def arguments(request: web.Request) -> Any:
+        try:
+            return await request.json()
+        except json.JSONDecodeError as exc:
+            raise web.HTTPBadRequest(text=f"Decode error: {exc}") from exc
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")

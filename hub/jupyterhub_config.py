@@ -11,12 +11,12 @@ import os
 import sys
 from pathlib import Path
 
-from hub import homes, metrics, userenv
+from hub import homes, metrics, renewals, userenv
 from hub.accounts import known_names, service_token
 from hub.classes import CLI_SERVICE
 from hub.settings import from_environment
 from hub.top_cli import TOP_SERVICE
-from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub
+from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub, incident_recorder, renewals_service
 from spawner import environ
 from spawner.cgroups import limits_for
 from spawner.gpus import machine
@@ -114,8 +114,23 @@ configure_hub(
             },
         },
         metrics_token=metrics_token,
+        managed=tuple(
+            filter(
+                None,
+                (
+                    # Every alert Alertmanager sends, recorded as it arrives (portal/recorder.py), whether or
+                    # not anyone has the portal open; gpuslice up made its webhook token and told Alertmanager.
+                    incident_recorder(settings, data_dir, with_hub, env.get(environ.MONITORING_PASSWORD_FILE)),
+                    # What has a horizon renews itself (hub/renewals.py): the Alertmanager config (the
+                    # rotation's 26 weeks) daily, the idle-holder notices weekly when notice_mail.weekly is on.
+                    renewals_service(env.get(environ.SETTINGS), data_dir, with_hub),
+                ),
+            )
+        ),
     ),
 )
+# Each renewal's last success, served at /hub/metrics for the RenewalOverdue alert.
+renewals.register(renewals.state_path(data_dir))
 
 # Capacity and allocations, read from the ledger at each scrape of /hub/metrics.
 _machine = machine(settings.simulate)

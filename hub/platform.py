@@ -213,9 +213,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
             password_file=password_file,
         )
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-        (folder / "alertmanager.yml").write_text(
-            yaml.safe_dump(monitoring.alertmanager_config(options.webhook_url, options.oncall), sort_keys=False)
-        )
+        monitoring.write_alertmanager_config(options, folder)
         commands["alertmanager"] = [
             str(found["alertmanager"]),
             f"--config.file={folder / 'alertmanager.yml'}",

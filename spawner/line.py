@@ -114,6 +114,7 @@ class WaitingLineMixin(GpuShareMixin):
     def _refused(self, refusal: GpuRefused) -> None:
         metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
         if refusal.waitable:  # only the REST API without "wait": the form always waits
+            metrics.SPAWN_OFFERED_LINE.labels(reason=refusal.refusal).inc()
             refusal.jupyterhub_message += " " + self._choices_text(self.largest_fit_now())
         if self._from_form():
             refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-REFUSAL_REASONS = ("invalid", "quota", "capacity")
+REFUSAL_REASONS = ("invalid", "quota", "capacity", "line")
 
 SPAWN_REFUSED = Counter(
     "gpuslice_spawn_refused_total",
     "Spawns refused before anything was allocated, by reason: invalid (bad options), "
-    "quota (a group rule), capacity (no GPU can hold the slice now).",
+    "quota (a group rule), capacity (no GPU can hold the slice now), line (others wait before it, "
+    "or it waited longer than the line allows).",
+    ["reason"],
+)
+# The refusals whose answer offers the GPU line (no room now, a class budget spent, others
+# waiting): a class's normal day, not a failure of the platform; SpawnFailureRateHigh counts
+# neither these nor any refusal (hub/monitoring/alerts.yml).
+SPAWN_OFFERED_LINE = Counter(
+    "gpuslice_spawn_offered_line_total",
+    "Refused spawns whose answer offered to wait in the GPU line, by the refusal's reason.",
     ["reason"],
 )
 for _reason in REFUSAL_REASONS:
     SPAWN_REFUSED.labels(reason=_reason)
+    SPAWN_OFFERED_LINE.labels(reason=_reason)

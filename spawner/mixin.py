@@ -22,7 +22,7 @@ from spawner.gpus import DEFAULT_SIMULATE, Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
 from spawner.ledger import Held, server_key
-from spawner.placement import Choice, ClusterState, Demand, Workload, explain, make_policy
+from spawner.placement import Choice, ClusterState, Demand, arrived_counts, explain, known_workload, make_policy
 from spawner.quotas import (
     DEFAULT_GROUP,
     GroupQuota,
@@ -170,7 +170,8 @@ class GpuShareMixin(ImagesMixin):
             return decision.group, None
         demand = Demand.from_request(request)
         state = ClusterState.from_inventory(inventory)
-        choice = make_policy(self.gpu_policy, Workload.from_demands([demand, *held])).choose(state, demand)
+        workload = known_workload(arrived_counts(held), demand)
+        choice = make_policy(self.gpu_policy, workload, once=True).choose(state, demand)
         if choice is None:
             refused = GpuRefused(409, str(explain(demand, inventory, request.describe())), "capacity")
             refused.waitable = True

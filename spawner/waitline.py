@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 
 from spawner.inventory import Inventory
-from spawner.placement import Choice, ClusterState, Demand, Workload, held_demands, make_policy
+from spawner.placement import Choice, ClusterState, Demand, arrived_counts, held_demands, known_workload, make_policy
 from spawner.shares import format_bytes
 
 AWAY_AFTER_S = 60.0
@@ -107,18 +108,20 @@ def admit(
     passed over; entries of the reserved class behind it still go).
     """
     state = ClusterState.from_inventory(inventory)
-    held = held_demands(inventory)
+    line = fair_order(entries, held_by_user)
+    # What the policy knows (the arrivals so far): what the servers hold and everyone in line.
+    arrived = arrived_counts([*held_demands(inventory), *(e.demand for e in line)])
     used = dict(group_bytes)
     blocked_groups: set[str | None] = set()
     admitted: list[Admission] = []
-    for entry in fair_order(entries, held_by_user):
+    for entry in line:
         if entry.away(now, away_after_s) or (entry.group is not None and entry.group in blocked_groups):
             continue
         if not _within_budget(entry, budgets, used):
             blocked_groups.add(entry.group)
             continue
-        demands = [entry.demand, *held, *(a.entry.demand for a in admitted)]
-        choice = make_policy(policy, Workload.from_demands(demands)).choose(state, entry.demand)
+        others = arrived - Counter({entry.demand: 1})  # known_workload adds the one being placed
+        choice = make_policy(policy, known_workload(others, entry.demand), once=True).choose(state, entry.demand)
         if choice is None:
             break  # strict: nobody behind the first that does not fit goes ahead of it
         kept = kept_for_others(reservations, entry.group, used, now)
@@ -160,7 +163,7 @@ def never_fits(entry: Entry, inventory: Inventory, budgets: Mapping[str, int | N
         )
     empty = ClusterState.from_inventory(inventory)
     empty.free = empty.cap.copy()
-    if make_policy("default", Workload.from_demands([entry.demand])).choose(empty, entry.demand) is None:
+    if make_policy("default", known_workload({}, entry.demand)).choose(empty, entry.demand) is None:
         return "no machine here could hold it even with every GPU free"
     return None
 

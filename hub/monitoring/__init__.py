@@ -7,6 +7,8 @@ for recording and alert rules (the Helm chart renders the same files).
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -14,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
+import yaml
 
 from hub.monitoring.oncall import (
+    HEARTBEAT,
     heartbeat_route,
     oncall_receivers,
     oncall_routes,
@@ -24,7 +28,7 @@ from hub.monitoring.oncall import (
     time_intervals,
 )
 from hub.secret_files import first_line
-from hub.settings import MONITORING_USER, Contact, OnCall, SettingsError
+from hub.settings import MONITORING_USER, Contact, Monitoring, OnCall, SettingsError
 
 RULES_DIR = Path(__file__).parent
 RULE_FILES = (RULES_DIR / "recording.yml", RULES_DIR / "alerts.yml")
@@ -175,14 +179,91 @@ def with_urls_read(oncall: OnCall) -> OnCall:
     )
 
 
+RECORDER_RECEIVER = "incident-recorder"  # portal/incidents.py reads notifications to it as records, not pages
+RECORDER_PATH = "/api/alertmanager"  # portal/recorder.py's webhook
+
+
+def recorder_token_path(monitoring_dir: Path) -> Path:
+    """The bearer token of the recorder's webhook on one machine (0600, made by gpuslice up)."""
+    return monitoring_dir / "recorder-token"
+
+
+def local_recorder(monitoring_dir: Path, port: int) -> Recorder:
+    """The incident recorder the hub runs on one machine, and its webhook token, made once (0600)."""
+    token = recorder_token_path(monitoring_dir)
+    if not token.exists():
+        token.touch(mode=0o600)
+        token.write_text(secrets.token_urlsafe(32))
+    return Recorder(f"http://127.0.0.1:{port}{RECORDER_PATH}", credentials_file=token)
+
+
+def write_alertmanager_config(options: Monitoring, monitoring_dir: Path, today: date | None = None) -> Path:
+    """``alertmanager.yml`` for the platform's settings (``monitoring``) as of ``today``: written at each
+    ``gpuslice up`` and renewed daily (hub/renewals.py), so the rotation's 26 weeks never run out."""
+    config = alertmanager_config(
+        options.webhook_url,
+        options.oncall,
+        today,
+        recorder=local_recorder(monitoring_dir, options.recorder_port),
+    )
+    path = monitoring_dir / "alertmanager.yml"
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.replace(temporary, path)  # Alertmanager never reads half a file
+    return path
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """Where the incident recorder listens, and the bearer token Alertmanager presents to it.
+
+    ``credentials_file`` on one machine (Alertmanager reads the 0600 file); on Kubernetes the
+    token itself (``credentials``), since the config lands in a Secret of the cluster's
+    Alertmanager, which cannot read the recorder's files.
+    """
+
+    url: str
+    credentials_file: Path | None = None
+    credentials: str | None = None
+
+    def webhook(self) -> dict[str, Any]:
+        auth: dict[str, Any] = {"type": "Bearer"}
+        if self.credentials_file is not None:
+            auth["credentials_file"] = str(self.credentials_file)
+        elif self.credentials:
+            auth["credentials"] = self.credentials
+        else:
+            raise SettingsError("the incident recorder needs a token: its webhook is never unauthenticated")
+        return {"url": self.url, "send_resolved": True, "http_config": {"authorization": auth}}
+
+
+def with_recorder(routes: list[dict[str, Any]], receivers: list[dict[str, Any]], recorder: Recorder) -> None:
+    """Every alert but the heartbeat to the recorder (a route that lets the others match too), and the
+    recorder told of each notification a person's receiver sends, under that receiver's name."""
+    routes.insert(
+        0,
+        {
+            "matchers": [f'alertname!="{HEARTBEAT}"'],
+            "receiver": RECORDER_RECEIVER,
+            "group_wait": "0s",
+            "continue": True,
+        },
+    )
+    for person in receivers:
+        if person.get("webhook_configs") or person.get("email_configs"):
+            person.setdefault("webhook_configs", []).append(recorder.webhook())
+    receivers.append({"name": RECORDER_RECEIVER, "webhook_configs": [recorder.webhook()]})
+
+
 def alertmanager_config(
-    webhook_url: str | None, oncall: OnCall | None = None, today: date | None = None
+    webhook_url: str | None, oncall: OnCall | None = None, today: date | None = None, recorder: Recorder | None = None
 ) -> dict[str, Any]:
     """Alerts grouped by node (one incident per machine), the Watchdog kept apart, inhibitions by cause.
 
     Without an on-call rotation: critical and warning to the webhook (resolved too), info
     kept in Alertmanager. With one: hub/monitoring/oncall.py's routes and escalation, the
     webhook URLs read from their files (SecretFileError when one is missing or empty).
+    With ``recorder``: every alert and every notification also to the incident recorder.
     """
     default = Contact(name="default", webhook_url=webhook_url) if webhook_url else None
     if oncall and oncall.enabled:
@@ -199,6 +280,11 @@ def alertmanager_config(
         receivers = [receiver(name, default) for name in ("default", "critical", "warning")]
         receivers.append(receiver("deadman", None))
         intervals = []
+    if recorder is not None:
+        heartbeat = [r for r in receivers if r["name"] == "deadman"]
+        others = [r for r in receivers if r["name"] != "deadman"]
+        with_recorder(routes, others, recorder)
+        receivers = [*others, *heartbeat]
     config: dict[str, Any] = {
         "route": {
             "receiver": "default",

@@ -1,8 +1,9 @@
-"""Alertmanager's API v2: the Alerts page's rows, and for incidents the alerts with their
-inhibitions, silences, acknowledging.
+"""Alertmanager (the one module for it): its API v2 and its webhook's body.
 
-Takes its HTTP session (requests) so that tests hand it the real Alertmanager; the platform
-passes its monitoring credentials (basic auth) in ``auth``.
+The Alerts page's rows; for the incident recorder the alerts with their inhibitions and
+silences, the silences, and a webhook notification read into alerts; acknowledging (a
+silence). Takes its HTTP session (requests) so that tests hand it the real Alertmanager;
+the platform passes its monitoring credentials (basic auth) in ``auth``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import requests
 
 from portal.data.errors import why
 from portal.data.prometheus import MetricsUnavailableError
-from portal.incidents import Alert, Incident, Silence
+from portal.incidents import HEARTBEAT, Alert, Incident, Notification, Silence
 
-HEARTBEAT = "Watchdog"  # the always-firing heartbeat of the alerting pipeline: never listed
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
@@ -35,19 +35,28 @@ class AlertRow:
 
 
 def _time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """A time as Alertmanager writes it, to the millisecond: its API writes milliseconds, its webhook
+    every digit it has, and the two must name the same alert episode."""
+    at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
 def alert_from_api(raw: dict[str, Any]) -> Alert:
-    status, annotations = raw.get("status") or {}, raw.get("annotations") or {}
+    """An alert as the API v2 lists it (``status`` an object) or a webhook carries it (``status``
+    "firing" or "resolved"; a resolved one ends at its ``endsAt``)."""
+    status = raw.get("status")
+    details = status if isinstance(status, dict) else {}
+    annotations = raw.get("annotations") or {}
+    ends = raw.get("endsAt")
     return Alert(
         fingerprint=str(raw.get("fingerprint", "")),
         labels={str(k): str(v) for k, v in (raw.get("labels") or {}).items()},
         started=_time(raw["startsAt"]),
         summary=str(annotations.get("summary", "")),
         runbook=str(annotations.get("runbook", "")),
-        inhibited_by=tuple(status.get("inhibitedBy") or ()),
-        silenced_by=tuple(status.get("silencedBy") or ()),
+        inhibited_by=tuple(details.get("inhibitedBy") or ()),
+        silenced_by=tuple(details.get("silencedBy") or ()),
+        ended=_time(ends) if status == "resolved" and ends else None,
     )
 
 
@@ -79,6 +88,23 @@ def silence_from_api(raw: dict[str, Any]) -> Silence:
         ends=_time(raw["endsAt"]) if raw.get("endsAt") else None,
         state=str((raw.get("status") or {}).get("state", "")),
     )
+
+
+class PayloadError(ValueError):
+    """A webhook body that is not Alertmanager's (version 4): refused, nothing written."""
+
+
+def notification_from_webhook(body: Any, at: datetime) -> tuple[Notification, list[Alert]]:
+    """Alertmanager's webhook body (version 4) as one notification, arrived ``at``, and its alerts."""
+    if not isinstance(body, dict) or body.get("version") != "4" or not isinstance(body.get("alerts"), list):
+        raise PayloadError("not an Alertmanager webhook notification (version 4 with alerts)")
+    try:
+        alerts = [alert_from_api(raw) for raw in body["alerts"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PayloadError(f"an alert without labels or a valid startsAt ({exc})") from None
+    firing = tuple(a.key for a in alerts if a.ended is None)
+    resolved = tuple(a.key for a in alerts if a.ended is not None)
+    return Notification(str(body.get("receiver", "")), at, firing, resolved), alerts
 
 
 @dataclass

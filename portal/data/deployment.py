@@ -4,7 +4,7 @@ Everything the two deployments do differently for the portal is a method of ``De
 where the GPUs and what holds them are read (this machine's GPUs and the ledger, or the
 Kubernetes API), where a server's history is kept, how the note of who stops a server is
 left, and which of the settings (gpuslice.yaml, or the chart's values) name Prometheus,
-Alertmanager, the markets and the on-call rotation. The rest of the portal talks to the
+Alertmanager and the markets. The rest of the portal talks to the
 hub's REST APIs, the same on both (``portal/data/hub.py``): the GPU line and the classes are
 read and changed only there (the classes live in the running hub: not in either file).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hub.kube_values import KubeValues, load_kube_values
-from hub.settings import OnCall, Settings, market_url
+from hub.settings import Settings, market_url
 from hub.settings import from_environment as settings_from_environment
 from hub.settings import models_root as settings_models_root
 from market.store import MarketError
@@ -44,8 +44,6 @@ class Deployment(Protocol):
     def prometheus_url(self) -> str: ...
 
     def alertmanager_url(self) -> str: ...
-
-    def oncall(self) -> OnCall: ...
 
     def market_url(self) -> str: ...
 
@@ -91,9 +89,6 @@ class OneMachine:
         self._monitoring_on()
         port = self.settings.monitoring.alertmanager_port
         return self.env.get(environ.ALERTMANAGER_URL) or f"http://127.0.0.1:{port}"
-
-    def oncall(self) -> OnCall:
-        return self.settings.monitoring.oncall
 
     def market_url(self) -> str:
         return market_url(self.settings)  # the settings have what `gpuslice up` handed down
@@ -149,9 +144,6 @@ class Kubernetes:
 
     def alertmanager_url(self) -> str:
         return _chart_url(self.values.alertmanager_url, "monitoring.alertmanagerUrl", "Alertmanager")
-
-    def oncall(self) -> OnCall:
-        return self.values.oncall
 
     def market_url(self) -> str:
         url = self.values.market_url(self.env)

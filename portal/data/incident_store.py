@@ -1,27 +1,31 @@
-"""The incidents the portal has seen, with admins' notes and summaries, in one SQLite file.
+"""What the incident recorder kept, in one SQLite file: alerts, notifications, silences, notes, summaries.
 
-Alertmanager forgets an alert once it is resolved; the store keeps each incident's alerts,
-when it opened and ended, and what admins wrote about it, so the Incidents page can show
-past incidents and their post-incident summaries after a restart.
+The recorder (portal/recorder.py) writes every notification Alertmanager sends it as it
+arrives, and what Alertmanager's API says (inhibitions, silences, alerts no notification
+carries) every few seconds; the Incidents page only reads this file (and writes admins'
+notes and summaries). Alertmanager forgets an alert once it is resolved; this file keeps it.
+SQLite in WAL mode: the recorder writes while the portal reads.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from portal.incidents import Alert, Incident
+from portal.incidents import Alert, Incident, Notification, Silence, from_micros, group, micros
 from spawner.sqlite_schema import migrate
 
 MAX_TEXT = 5000  # characters in a note or summary: a few paragraphs, not a log dump
+RECENT_ALERTS = 5000  # alert episodes read to build the incident list: weeks of a busy platform
 
-SCHEMA = """
+# The first version: one row per incident the portal saw when an admin opened the page.
+FIRST_VERSION = """
 CREATE TABLE IF NOT EXISTS incidents (
     id TEXT PRIMARY KEY,
     title TEXT NOT NULL,
@@ -40,7 +44,61 @@ CREATE TABLE IF NOT EXISTS incident_notes (
     text TEXT NOT NULL
 );
 """
-SCHEMA_STEPS = (SCHEMA,)  # a change to the tables is a new step (spawner/sqlite_schema.py)
+# The recorder's: each alert episode with Alertmanager's times, each notification, the silences;
+# the first version's alerts and summaries brought along (its ends were when the portal looked).
+RECORDED = """
+CREATE TABLE alerts (
+    fingerprint TEXT NOT NULL,
+    started INTEGER NOT NULL,  -- Alertmanager's startsAt in microseconds: with the fingerprint, one episode
+    labels TEXT NOT NULL,
+    summary TEXT NOT NULL DEFAULT '',
+    runbook TEXT NOT NULL DEFAULT '',
+    inhibited_by TEXT NOT NULL DEFAULT '[]',
+    silenced_by TEXT NOT NULL DEFAULT '[]',
+    ended REAL,
+    end_exact INTEGER NOT NULL DEFAULT 1,
+    last_seen REAL NOT NULL,
+    PRIMARY KEY (fingerprint, started)
+);
+CREATE INDEX alerts_open ON alerts (ended);
+CREATE TABLE notifications (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    receiver TEXT NOT NULL,
+    at REAL NOT NULL,
+    firing TEXT NOT NULL,
+    resolved TEXT NOT NULL
+);
+CREATE TABLE silences (
+    id TEXT PRIMARY KEY,
+    created_by TEXT NOT NULL,
+    comment TEXT NOT NULL,
+    starts REAL NOT NULL,
+    ends REAL,
+    matchers TEXT NOT NULL,
+    state TEXT NOT NULL
+);
+CREATE TABLE incident_summaries (
+    incident_id TEXT PRIMARY KEY,
+    summary TEXT NOT NULL,
+    summary_by TEXT NOT NULL
+);
+INSERT OR IGNORE INTO alerts
+    (fingerprint, started, labels, summary, runbook, inhibited_by, ended, end_exact, last_seen)
+SELECT
+    json_extract(a.value, '$.fingerprint'),
+    CAST(ROUND(json_extract(a.value, '$.started') * 1000000) AS INTEGER),
+    json_extract(a.value, '$.labels'),
+    COALESCE(json_extract(a.value, '$.summary'), ''),
+    COALESCE(json_extract(a.value, '$.runbook'), ''),
+    COALESCE(json_extract(a.value, '$.inhibited_by'), '[]'),
+    i.resolved_at,
+    0,
+    COALESCE(i.resolved_at, json_extract(a.value, '$.started'))
+FROM incidents AS i, json_each(i.alerts) AS a;
+INSERT OR IGNORE INTO incident_summaries (incident_id, summary, summary_by)
+SELECT id, summary, summary_by FROM incidents WHERE summary != '';
+"""
+SCHEMA_STEPS = (FIRST_VERSION, RECORDED)  # a change to the tables is a new step (spawner/sqlite_schema.py)
 
 
 @dataclass(frozen=True)
@@ -52,34 +110,39 @@ class Note:
 
 @dataclass(frozen=True)
 class Recorded:
-    """An incident as stored: its alerts (rebuilt), when it ended, and the summary."""
+    """An incident as recorded: its alerts, the notifications that carried them, and the summary."""
 
     incident: Incident
-    resolved_at: datetime | None
+    notifications: tuple[Notification, ...]
     summary: str
     summary_by: str
 
-
-def _alert_json(alert: Alert) -> dict[str, object]:
-    return {
-        "fingerprint": alert.fingerprint,
-        "labels": alert.labels,
-        "started": alert.started.timestamp(),
-        "summary": alert.summary,
-        "runbook": alert.runbook,
-        "inhibited_by": list(alert.inhibited_by),
-    }
+    @property
+    def resolved_at(self) -> datetime | None:
+        return self.incident.resolved_at
 
 
-def _alert(raw: dict[str, Any]) -> Alert:
+def _ts(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _alert_row(row: sqlite3.Row | tuple[Any, ...]) -> Alert:
+    fingerprint, started, labels, summary, runbook, inhibited, silenced, ended, exact = row
     return Alert(
-        fingerprint=str(raw["fingerprint"]),
-        labels=dict(raw["labels"]),
-        started=datetime.fromtimestamp(float(raw["started"]), UTC),
-        summary=str(raw.get("summary", "")),
-        runbook=str(raw.get("runbook", "")),
-        inhibited_by=tuple(raw.get("inhibited_by") or ()),
+        fingerprint=fingerprint,
+        labels=json.loads(labels),
+        started=from_micros(started),
+        summary=summary,
+        runbook=runbook,
+        inhibited_by=tuple(json.loads(inhibited)),
+        silenced_by=tuple(json.loads(silenced)),
+        ended=_ts(ended),
+        end_exact=bool(exact),
     )
+
+
+def _keys(raw: str) -> tuple[tuple[str, int], ...]:
+    return tuple((str(f), int(s)) for f, s in json.loads(raw))
 
 
 def _text(text: str, what: str) -> str:
@@ -91,12 +154,16 @@ def _text(text: str, what: str) -> str:
     return text
 
 
+ALERT_COLUMNS = "fingerprint, started, labels, summary, runbook, inhibited_by, silenced_by, ended, end_exact"
+
+
 class IncidentStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=10)
         try:
+            db.execute("PRAGMA journal_mode=WAL")  # the recorder writes while the portal reads
             migrate(db, SCHEMA_STEPS, f"the incident store {path}")
         finally:
             db.close()
@@ -110,56 +177,153 @@ class IncidentStore:
         finally:
             db.close()
 
-    def record(self, firing: Iterable[Incident], now: datetime) -> None:
-        """Store the incidents firing now; those open in the store but no longer firing have ended now."""
-        current = list(firing)
+    # What the recorder writes.
+
+    def record_notification(self, notification: Notification, alerts: Sequence[Alert]) -> None:
+        """A webhook call as it arrived: its alerts (a resolved one with Alertmanager's endsAt) and the call."""
         with self._db() as db:
-            for incident in current:
+            for alert in alerts:
+                _upsert(db, alert, notification.at.timestamp(), from_webhook=True)
+            db.execute(
+                "INSERT INTO notifications (receiver, at, firing, resolved) VALUES (?, ?, ?, ?)",
+                (
+                    notification.receiver,
+                    notification.at.timestamp(),
+                    json.dumps(notification.firing),
+                    json.dumps(notification.resolved),
+                ),
+            )
+
+    def sync(self, firing: Sequence[Alert], silences: Sequence[Silence], asked_at: datetime) -> list[Alert]:
+        """What Alertmanager's API listed when asked at ``asked_at``: the alerts firing (with their
+        inhibitions and silences) and every silence. An alert open here that the API no longer lists,
+        and that nothing has shown firing since, ended without Alertmanager telling us when (it sends
+        no notification for a silenced, inhibited or muted alert): it ended at ``asked_at`` at the
+        latest. Returns the alerts so ended."""
+        now = asked_at.timestamp()
+        listed = {a.key for a in firing}
+        with self._db() as db:
+            for alert in firing:
+                _upsert(db, alert, now, from_webhook=False)
+            gone = [
+                a
+                for a in map(_alert_row, db.execute(f"SELECT {ALERT_COLUMNS} FROM alerts WHERE ended IS NULL"))
+                if a.key not in listed
+            ]
+            ended = []
+            for alert in gone:
+                (last_seen,) = db.execute(
+                    "SELECT last_seen FROM alerts WHERE fingerprint = ? AND started = ?", alert.key
+                ).fetchone()
+                if last_seen < now:  # a notification newer than the question would know better
+                    db.execute(
+                        "UPDATE alerts SET ended = ?, end_exact = 0 WHERE fingerprint = ? AND started = ?",
+                        (now, *alert.key),
+                    )
+                    ended.append(alert)
+            _record_silences(db, silences)
+        return ended
+
+    def record_history(self, episodes: Sequence[Alert]) -> list[Alert]:
+        """Episodes read back from Prometheus's history after the recorder was down: those the store
+        does not hold yet (no alert with the same labels overlapping them), kept with their ends marked
+        as not Alertmanager's. Returns the ones added."""
+        known = self.alerts()
+        added = []
+        with self._db() as db:
+            for episode in episodes:
+                if any(_same_alert(episode, a) and episode.overlaps(a) for a in known):
+                    continue
+                assert episode.ended is not None
                 db.execute(
-                    "INSERT INTO incidents (id, title, severity, opened_at, alerts) VALUES (?, ?, ?, ?, ?) "
-                    "ON CONFLICT(id) DO UPDATE SET alerts = excluded.alerts, severity = excluded.severity, "
-                    "resolved_at = NULL",
+                    "INSERT OR IGNORE INTO alerts (fingerprint, started, labels, summary, ended, end_exact, last_seen) "
+                    "VALUES (?, ?, ?, ?, ?, 0, ?)",
                     (
-                        incident.id,
-                        incident.title,
-                        incident.severity,
-                        incident.started.timestamp(),
-                        json.dumps([_alert_json(a) for a in incident.alerts]),
+                        episode.fingerprint,
+                        micros(episode.started),
+                        json.dumps(episode.labels, sort_keys=True),
+                        episode.summary,
+                        episode.ended.timestamp(),
+                        episode.ended.timestamp(),
                     ),
                 )
-            ids = [i.id for i in current]
-            marks = ",".join("?" * len(ids))
-            db.execute(
-                f"UPDATE incidents SET resolved_at = ? WHERE resolved_at IS NULL AND id NOT IN ({marks})",
-                (now.timestamp(), *ids),
-            )
+                added.append(episode)
+        return added
 
-    def incidents(self, limit: int = 50) -> list[Recorded]:
-        """Open incidents first, then the most recent ended ones."""
+    def last_seen(self) -> datetime | None:
+        """The latest moment anything was recorded: where a catch-up starts."""
+        with self._db() as db:
+            (seen,) = db.execute("SELECT MAX(last_seen) FROM alerts").fetchone()
+        return _ts(seen)
+
+    def record_silences(self, silences: Sequence[Silence]) -> None:
+        """Silences as Alertmanager lists them (an acknowledgement just made shows at once)."""
+        with self._db() as db:
+            _record_silences(db, silences)
+
+    # What the Incidents page reads.
+
+    def alerts(self, limit: int = RECENT_ALERTS) -> list[Alert]:
+        """Every open alert and the most recent ended ones."""
         with self._db() as db:
             rows = db.execute(
-                "SELECT alerts, resolved_at, summary, summary_by FROM incidents "
-                "ORDER BY resolved_at IS NOT NULL, opened_at DESC LIMIT ?",
-                (limit,),
+                f"SELECT {ALERT_COLUMNS} FROM alerts ORDER BY ended IS NOT NULL, started DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [_alert_row(r) for r in rows]
+
+    def notifications(self, since: datetime) -> list[Notification]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT receiver, at, firing, resolved FROM notifications WHERE at >= ? ORDER BY at, id",
+                (since.timestamp(),),
+            ).fetchall()
+        return [Notification(r, datetime.fromtimestamp(at, UTC), _keys(f), _keys(x)) for r, at, f, x in rows]
+
+    def silences(self) -> list[Silence]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT id, created_by, comment, starts, ends, matchers, state FROM silences ORDER BY starts"
             ).fetchall()
         return [
-            Recorded(
-                Incident(tuple(_alert(a) for a in json.loads(alerts))),
-                datetime.fromtimestamp(ended, UTC) if ended is not None else None,
-                summary,
-                summary_by,
-            )
-            for alerts, ended, summary, summary_by in rows
+            Silence(i, by, comment, datetime.fromtimestamp(starts, UTC), json.loads(m), _ts(ends), state)
+            for i, by, comment, starts, ends, m, state in rows
         ]
 
-    def _known(self, db: sqlite3.Connection, incident_id: str) -> None:
-        if not db.execute("SELECT 1 FROM incidents WHERE id = ?", (incident_id,)).fetchone():
+    def incidents(self, limit: int = 50) -> list[Recorded]:
+        """Open incidents first, then the most recent ended ones, each with its notifications and summary."""
+        found = group(self.alerts())
+        found = [i for i in found if i.resolved_at is None] + sorted(
+            (i for i in found if i.resolved_at is not None), key=lambda i: i.started, reverse=True
+        )
+        found = found[:limit]
+        if not found:
+            return []
+        notes = self.notifications(min(i.started for i in found))
+        with self._db() as db:
+            summaries = dict(
+                (
+                    (i, (s, by))
+                    for i, s, by in db.execute("SELECT incident_id, summary, summary_by FROM incident_summaries")
+                )
+            )
+        out = []
+        for incident in found:
+            keys = {a.key for a in incident.alerts}
+            mine = tuple(n for n in notes if keys.intersection(n.firing) or keys.intersection(n.resolved))
+            summary, by = summaries.get(incident.id, ("", ""))
+            out.append(Recorded(incident, mine, summary, by))
+        return out
+
+    # What admins write.
+
+    def _known(self, incident_id: str) -> None:
+        if incident_id not in {i.id for i in group(self.alerts())}:
             raise ValueError(f"no incident {incident_id!r}: reload the page, it may have been replaced")
 
     def add_note(self, incident_id: str, author: str, text: str, now: datetime) -> None:
         text = _text(text, "note")
+        self._known(incident_id)
         with self._db() as db:
-            self._known(db, incident_id)
             db.execute(
                 "INSERT INTO incident_notes (incident_id, author, at, text) VALUES (?, ?, ?, ?)",
                 (incident_id, author, now.timestamp(), text),
@@ -174,6 +338,68 @@ class IncidentStore:
 
     def set_summary(self, incident_id: str, author: str, text: str) -> None:
         text = _text(text, "summary")
+        self._known(incident_id)
         with self._db() as db:
-            self._known(db, incident_id)
-            db.execute("UPDATE incidents SET summary = ?, summary_by = ? WHERE id = ?", (text, author, incident_id))
+            db.execute(
+                "INSERT INTO incident_summaries (incident_id, summary, summary_by) VALUES (?, ?, ?) "
+                "ON CONFLICT(incident_id) DO UPDATE SET summary = excluded.summary, summary_by = excluded.summary_by",
+                (incident_id, text, author),
+            )
+
+
+def _upsert(db: sqlite3.Connection, alert: Alert, seen: float, *, from_webhook: bool) -> None:
+    """Insert or update one episode. A webhook's resolved alert ends it at Alertmanager's endsAt
+    (exact, even over an earlier guess); an API listing updates inhibitions and silences only."""
+    exact_end = alert.ended.timestamp() if alert.ended is not None else None
+    db.execute(
+        "INSERT INTO alerts (fingerprint, started, labels, summary, runbook, inhibited_by, silenced_by, ended, "
+        "end_exact, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?) "
+        "ON CONFLICT(fingerprint, started) DO UPDATE SET labels = excluded.labels, summary = excluded.summary, "
+        "runbook = excluded.runbook, last_seen = MAX(last_seen, excluded.last_seen)",
+        (
+            alert.fingerprint,
+            micros(alert.started),
+            json.dumps(alert.labels, sort_keys=True),
+            alert.summary,
+            alert.runbook,
+            json.dumps(list(alert.inhibited_by)),
+            json.dumps(list(alert.silenced_by)),
+            exact_end,
+            seen,
+        ),
+    )
+    key = alert.key
+    if from_webhook and exact_end is not None:
+        db.execute(
+            "UPDATE alerts SET ended = ?, end_exact = 1 WHERE fingerprint = ? AND started = ?", (exact_end, *key)
+        )
+    elif from_webhook:  # firing again after a guess at its end (a poll raced the notification): open
+        db.execute("UPDATE alerts SET ended = NULL WHERE fingerprint = ? AND started = ? AND end_exact = 0", key)
+    else:
+        db.execute(
+            "UPDATE alerts SET inhibited_by = ?, silenced_by = ? WHERE fingerprint = ? AND started = ?",
+            (json.dumps(list(alert.inhibited_by)), json.dumps(list(alert.silenced_by)), *key),
+        )
+
+
+def _same_alert(history: Alert, kept: Alert) -> bool:
+    """Prometheus's ALERTS series lack the external labels Prometheus adds when it sends an alert."""
+    return all(kept.labels.get(k) == v for k, v in history.labels.items())
+
+
+def _record_silences(db: sqlite3.Connection, silences: Sequence[Silence]) -> None:
+    for silence in silences:
+        db.execute(
+            "INSERT INTO silences (id, created_by, comment, starts, ends, matchers, state) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET ends = excluded.ends, "
+            "state = excluded.state, comment = excluded.comment",
+            (
+                silence.id,
+                silence.created_by,
+                silence.comment,
+                silence.starts.timestamp(),
+                silence.ends.timestamp() if silence.ends else None,
+                json.dumps(silence.matchers),
+                silence.state,
+            ),
+        )

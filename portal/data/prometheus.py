@@ -144,3 +144,16 @@ def card_series(
         labels = series["metric"]
         cards[(labels.get("Hostname", labels.get("node", "?")), labels.get("gpu", "?"))] = values
     return cards
+
+
+def firing_alerts(
+    prom: PrometheusConnect, start: datetime, end: datetime, step_s: int
+) -> list[tuple[dict[str, str], list[float]]]:
+    """Prometheus's own record of its alerts: each firing series of ``ALERTS`` and its sample times."""
+    try:
+        result = prom.custom_query_range(
+            'ALERTS{alertstate="firing"}', start_time=start, end_time=end, step=f"{step_s}s"
+        )
+    except Exception as exc:  # connection refused, timeout, PromQL error
+        raise MetricsUnavailableError(f"Prometheus did not answer ({why(exc)})") from exc
+    return [(dict(r["metric"]), [float(t) for t, _ in r["values"]]) for r in result]

@@ -6,6 +6,9 @@ from portal.sources import alerts
 
 identity = st.session_state["identity"]
 st.title("Alerts")
+if not identity.admin:  # the page is not listed for others; this stops a direct visit too
+    st.error("Alerts are about the platform and go to its admins.")
+    st.stop()
 try:
     firing = alerts.active_alerts(identity)
 except MetricsUnavailableError as exc:

@@ -1,4 +1,7 @@
-"""Incidents (admins): alerts grouped by cause, their timeline, runbooks, acknowledging, notes, summary."""
+"""Incidents (admins): alerts grouped by cause, their recorded timeline, runbooks, acknowledging, notes, summary.
+
+Everything shown comes from the incident store, which the recorder (portal/recorder.py) writes
+as Alertmanager sends; only acknowledging asks Alertmanager (it makes a silence)."""
 
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -14,12 +17,12 @@ from portal.sources import alerts
 identity = st.session_state["identity"]
 st.title("Incidents")
 if not identity.admin:  # the page is not listed for others; this stops a direct visit too
-    st.error("Incidents are for admins. The Alerts page lists what fires.")
+    st.error("Incidents are about the platform and go to its admins.")
     st.stop()
 try:
     recorded, silences = alerts.incidents(identity)
-except MetricsUnavailableError as exc:
-    st.warning(f"Alertmanager is unavailable: {exc}.")
+except MetricsUnavailableError as exc:  # the store cannot be opened
+    st.warning(f"The incident store is unavailable: {exc}.")
     st.stop()
 ICONS = {"critical": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 
@@ -39,13 +42,13 @@ def _save(write: Callable[[], object]) -> None:
 
 
 def show(record: Recorded, silences: list[Silence]) -> None:
-    incident, now = record.incident, datetime.now(UTC)
+    incident = record.incident
     acks = acknowledgements(incident, silences)
     state = "resolved" if record.resolved_at else ("acknowledged" if acks else "open, not acknowledged")
     st.markdown(f"{ICONS.get(incident.severity, '')} **{views.plain(incident.title)}** · {incident.severity} · {state}")
     st.caption(f"Incident {incident.id}")
     st.markdown("**Timeline**")
-    for event in timeline(incident, silences, alerts.escalation(), now, record.resolved_at):
+    for event in timeline(incident, record.notifications, silences):
         st.markdown(f"- {when(event.at)} · *{event.what}* · {views.plain(event.text)}")
     st.markdown(f"**Alerts in this incident** ({len(incident.alerts)})")
     for alert in incident.alerts:
@@ -58,8 +61,12 @@ def show(record: Recorded, silences: list[Silence]) -> None:
             comment = st.text_input("Acknowledge: what you are doing", key=f"ack-text-{incident.id}")
             hours = st.number_input("Silence for hours", 0.5, 72.0, 2.0, 0.5, key=f"ack-hours-{incident.id}")
             if st.form_submit_button("Acknowledge", type="primary"):
-                alerts.acknowledge(identity, incident, comment, hours)
-                st.rerun()
+                try:
+                    alerts.acknowledge(identity, incident, comment, hours)
+                except MetricsUnavailableError as exc:
+                    st.error(f"Alertmanager is unavailable, so nothing was acknowledged: {exc}.")
+                else:
+                    st.rerun()  # the store has Alertmanager's silences already: the timeline shows it
     notes = alerts.incident_notes(identity, incident.id)
     st.markdown(f"**Notes** ({len(notes)})")
     for note in notes:
@@ -77,7 +84,7 @@ def show(record: Recorded, silences: list[Silence]) -> None:
 
 
 if not recorded:
-    st.success("No incidents: nothing has fired since the portal started keeping them.")
+    st.success("No incidents: nothing has fired since the incident recorder started keeping them.")
 for record in recorded:
     with st.container(border=True):
         show(record, silences)

@@ -7,12 +7,11 @@ from datetime import UTC, datetime
 
 import streamlit as st
 
-from hub.settings import duration_s
 from portal.data.alertmanager import Alertmanager, AlertRow
 from portal.data.incident_store import IncidentStore, Note, Recorded
 from portal.data.prometheus import MetricsUnavailableError
 from portal.identity import Identity
-from portal.incidents import Escalation, Incident, Silence, group
+from portal.incidents import Incident, Silence
 from portal.sources import clients
 from portal.sources.metrics import monitoring_auth
 from spawner import environ
@@ -49,34 +48,26 @@ def incident_store() -> IncidentStore:
         ) from exc
 
 
-def escalation() -> Escalation:
-    """The on-call tiers' waits (monitoring.oncall), for the timeline's "escalated" entries."""
-    oncall = clients.deployment().oncall()
-    return Escalation(
-        second_line=oncall.second_line.name if oncall.second_line else "",
-        escalate_after_s=duration_s(oncall.escalate_after),
-        owner=oncall.owner.name if oncall.owner else "",
-        owner_after_s=duration_s(oncall.owner_after),
-    )
-
-
 def _admin(identity: Identity, what: str) -> None:
     if not identity.admin:
-        raise PermissionError(f"{identity.name} may not {what}: incidents are for admins")
+        raise PermissionError(f"{identity.name} may not {what}: alerts and incidents are for admins")
 
 
 def incidents(identity: Identity) -> tuple[list[Recorded], list[Silence]]:
-    """The incidents firing now (recorded as seen) and past ones from the store, with Alertmanager's silences."""
+    """The incidents the recorder kept (portal/recorder.py writes them as Alertmanager sends them), with
+    the silences it read: the page asks Alertmanager nothing."""
     _admin(identity, "read incidents")
-    manager = alertmanager_client()
     store = incident_store()
-    store.record(group(manager.alerts()), datetime.now(UTC))
-    return store.incidents(), manager.silences()
+    return store.incidents(), store.silences()
 
 
 def acknowledge(identity: Identity, incident: Incident, comment: str, hours: float) -> str:
+    """A silence in Alertmanager under the admin's name; the store takes Alertmanager's silences at once."""
     _admin(identity, "acknowledge incidents")
-    return alertmanager_client().acknowledge(incident, identity.name, comment, hours, datetime.now(UTC))
+    manager = alertmanager_client()
+    made = manager.acknowledge(incident, identity.name, comment, hours, datetime.now(UTC))
+    incident_store().record_silences(manager.silences())
+    return made
 
 
 def add_incident_note(identity: Identity, incident_id: str, text: str) -> None:

@@ -2,6 +2,7 @@
 
 * ``state``: the cluster as arrays (``ClusterState``), ``Demand`` and ``Choice``.
 * ``fragmentation``: FGD's fragmentation model against a target ``Workload``.
+* ``knowledge``: what a policy knows when it decides (``known_workload``): the arrivals so far.
 * ``policies``: the policies by name (``make_policy``, ``POLICIES``).
 * ``explain``: why nothing fits now, in words, and what would start now.
 """
@@ -14,7 +15,9 @@ from spawner.placement.fragmentation import (
     expected_overflow,
     fragmentation,
     type_capacity,
+    type_fragment,
 )
+from spawner.placement.knowledge import Informed, arrived_counts, known_workload
 from spawner.placement.policies import (
     POLICIES,
     BestFit,
@@ -37,16 +40,20 @@ __all__ = [
     "DotProduct",
     "Explanation",
     "FragmentationGradientDescent",
+    "Informed",
     "Policy",
     "RandomFit",
     "Spread",
     "Workload",
     "WorkloadArrays",
+    "arrived_counts",
     "bound_demand_per_free_card",
     "expected_overflow",
     "explain",
     "fragmentation",
     "held_demands",
+    "known_workload",
     "make_policy",
     "type_capacity",
+    "type_fragment",
 ]

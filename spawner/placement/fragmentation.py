@@ -7,8 +7,8 @@ use, weighted by how popular each type is. Pure code over ``ClusterState`` array
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,12 +21,18 @@ class Workload:
 
     demands: tuple[Demand, ...]
     weights: tuple[float, ...]
+    # Already most popular first (as ``from_counts`` makes it), so ``top`` need not sort.
+    ranked: bool = field(default=False, compare=False)
 
     @classmethod
     def from_demands(cls, demands: Iterable[Demand], coverage: float = 1.0, max_types: int | None = 64) -> Workload:
         """Types by frequency, the most popular first, until ``coverage`` of tasks are covered
         (and at most ``max_types`` of them; None keeps every type)."""
-        counts = Counter(demands)
+        return cls.from_counts(Counter(demands), coverage, max_types)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[Demand, int], coverage: float = 1.0, max_types: int | None = 64) -> Workload:
+        """As ``from_demands``, from how many times each demand was seen."""
         total = sum(counts.values())
         if total == 0:
             raise ValueError("a workload needs at least one demand")
@@ -34,23 +40,24 @@ class Workload:
         covered = 0
         # Most popular first; equal counts in a fixed order, so that the same demands in any
         # arrival order make the same workload (and the same floating-point sums).
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], repr(item[0])))
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], rank_key(item[0])))
         for demand, count in ranked[:max_types]:
             kept.append((demand, count))
             covered += count
             if covered >= coverage * total:
                 break
         weight_sum = sum(c for _, c in kept)
-        return cls(tuple(d for d, _ in kept), tuple(c / weight_sum for _, c in kept))
+        return cls(tuple(d for d, _ in kept), tuple(c / weight_sum for _, c in kept), ranked=True)
 
     def top(self, max_types: int) -> Workload:
         """The ``max_types`` most popular types, their weights scaled to sum to 1 again."""
         if len(self.demands) <= max_types:
             return self
-        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], repr(wd[1])))
+        pairs = zip(self.weights, self.demands, strict=True)
+        ranked = list(pairs) if self.ranked else sorted(pairs, key=lambda wd: (-wd[0], rank_key(wd[1])))
         kept = ranked[:max_types]
         weight_sum = sum(w for w, _ in kept)
-        return Workload(tuple(d for _, d in kept), tuple(w / weight_sum for w, _ in kept))
+        return Workload(tuple(d for _, d in kept), tuple(w / weight_sum for w, _ in kept), ranked=True)
 
     def grouped(self, max_types: int) -> Workload:
         """At most ``max_types`` types (more only where there are more GPU shapes) that keep the
@@ -59,23 +66,40 @@ class Workload:
         its most popular type, the slots left go to the next most popular types, and every type
         left out adds its weight to the most popular kept type of its shape.
         """
-        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], repr(wd[1])))
-        head: dict[object, Demand] = {}  # each shape's most popular type
-        for _, demand in ranked:
-            head.setdefault(gpu_shape(demand), demand)
+        pairs = zip(self.weights, self.demands, strict=True)
+        ranked = list(pairs) if self.ranked else sorted(pairs, key=lambda wd: (-wd[0], rank_key(wd[1])))
+        shapes = [gpu_shape(demand) for _, demand in ranked]
+        # By place in ``ranked`` (the types are distinct): no demand hashed in the loops below.
+        head: dict[object, int] = {}  # each shape's most popular type
+        for i, shape in enumerate(shapes):
+            head.setdefault(shape, i)
         kept = set(head.values())
-        for _, demand in ranked:
+        for i in range(len(ranked)):
             if len(kept) >= max_types:
                 break
-            kept.add(demand)
-        weight: dict[Demand, float] = dict.fromkeys((d for _, d in ranked if d in kept), 0.0)
-        for w, demand in ranked:
-            weight[demand if demand in kept else head[gpu_shape(demand)]] += w
-        return Workload(tuple(weight), tuple(weight.values()))
+            kept.add(i)
+        # Kept types in the order ranked (a shape's head comes before the types it stands for).
+        weight: dict[int, float] = {}
+        for i, (shape, (w, _)) in enumerate(zip(shapes, ranked, strict=True)):
+            into = i if i in kept else head[shape]
+            weight[into] = weight.get(into, 0.0) + w
+        return Workload(tuple(ranked[i][1] for i in weight), tuple(weight.values()))
+
+
+def rank_key(demand: Demand) -> str:
+    """The order of types equally popular: their text, worked out once per demand (a live
+    policy ranks the arrivals so far at every decision)."""
+    text: str = demand.cached("_rank_key", repr)
+    return text
 
 
 def gpu_shape(demand: Demand) -> tuple[object, ...]:
     """What of a demand decides which free GPU it can use: cards or slice, and allowed models."""
+    shape: tuple[object, ...] = demand.cached("_gpu_shape", _gpu_shape)
+    return shape
+
+
+def _gpu_shape(demand: Demand) -> tuple[object, ...]:
     models = tuple(sorted(demand.models)) if demand.models else ()
     return (demand.gpus, demand.slice_fraction, demand.slice_units, models)
 
@@ -110,6 +134,20 @@ class WorkloadArrays:
             weight=np.array(workload.weights),
         )
 
+    def subset(self, columns: IntArray, weight: FloatArray | None = None) -> WorkloadArrays:
+        """The types at ``columns``, in that order, with these weights (default: their own)."""
+        return WorkloadArrays(
+            cpu=self.cpu[columns],
+            mem=self.mem[columns],
+            whole=self.whole[columns],
+            frac=self.frac[columns],
+            units=self.units[columns],
+            is_slice=self.is_slice[columns],
+            is_cpu=self.is_cpu[columns],
+            model_mask=self.model_mask[:, columns],
+            weight=self.weight[columns] if weight is None else weight,
+        )
+
 
 def fragmentation(
     wl: WorkloadArrays,
@@ -124,84 +162,24 @@ def fragmentation(
     filled: bool = False,
     filled_host: bool = True,
 ) -> FloatArray:
-    """Expected GPU fragmentation, in cards, of each of C node states against the workload.
-
-    For a task type t, a node's fragment is the free GPU that t cannot use: all of
-    it when t does not fit the node at all (CPU, memory, model or GPU), otherwise
-    the free part of each GPU too small for t (for whole-card types, every GPU that is
-    not wholly free). For a type that asks for no GPU the paper counts all free GPU as
-    fragment; ``cpu_tasks_fragment=False`` counts it only when the task does not fit.
-
-    ``filled=True`` counts, for a GPU type, the free GPU that tasks of t cannot use when
-    the node takes as many of them as it can, one after another (``filled_fragment``),
-    rather than what one task of t cannot use.
-    """
-    safe_cap = np.where(cap > 0, cap, 1.0)
-    frac = np.where(usable, free / safe_cap, 0.0)  # (C, G)
-    total = frac.sum(axis=1)  # (C,)
-    fits, full, host, gpu_fit = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
-    if filled:
-        frag = filled_fragment(wl, free, cap, fits, full, cpu, mem, total, host_bound=filled_host)
-    else:
-        slice_frag = np.einsum("cg,cgt->ct", frac, ~fits)
-        whole_frag = np.einsum("cg,cgt->ct", frac, ~full)
-        frag = np.where(wl.is_slice[None, :], slice_frag, whole_frag)
-    per_type = np.where(host & gpu_fit, frag, total[:, None])
-    cpu_value = total[:, None] if cpu_tasks_fragment else np.where(host, 0.0, total[:, None])
-    per_type = np.where(wl.is_cpu[None, :], cpu_value, per_type)
+    """Expected GPU fragmentation, in cards, of each of C node states against the workload:
+    ``type_fragment`` weighted by each type's popularity."""
+    per_type = type_fragment(
+        wl,
+        free,
+        cap,
+        model,
+        usable,
+        cpu,
+        mem,
+        cpu_tasks_fragment=cpu_tasks_fragment,
+        filled=filled,
+        filled_host=filled_host,
+    )
     return np.asarray(per_type @ wl.weight)
 
 
-def filled_fragment(
-    wl: WorkloadArrays,
-    free: FloatArray,
-    cap: FloatArray,
-    fits: BoolArray,
-    full: BoolArray,
-    cpu: FloatArray,
-    mem: FloatArray,
-    total: FloatArray,
-    host_bound: bool = True,
-) -> FloatArray:
-    """(C, T): the free GPU, in cards, left unused when each node takes as many tasks of type t
-    as it can, one after another.
-
-    FGD asks whether *one* task of t fits; a node with seven free cards fits a four-card task
-    and counts no fragment for it, though the next four-card task will not find the other
-    three, and a card with 0.7 free counts none for half-card slices though 0.2 of it stays
-    unused. Here those remainders count, and so do GPUs a type could use but the node's CPU
-    or memory cannot feed: a node with eight free cards and CPU for two half-card slices
-    leaves seven cards to that type. Nothing is chosen: the count follows from the node and t.
-    """
-    slots, cards_per_slot = _gpu_slots(wl, free, cap, fits, full)
-    taken = np.minimum(slots, _host_slots(wl, cpu, mem)) if host_bound else slots
-    return np.asarray(np.maximum(total[:, None] - taken * cards_per_slot, 0.0))
-
-
-def _gpu_slots(
-    wl: WorkloadArrays, free: FloatArray, cap: FloatArray, fits: BoolArray, full: BoolArray
-) -> tuple[FloatArray, FloatArray]:
-    """(C, T) each: the tasks of each GPU type the GPUs alone could take one after another
-    (slices side by side on the GPUs that hold one; free cards over the cards asked), and the
-    GPU each of those tasks takes, in cards."""
-    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]  # (C, G, T)
-    per_gpu = np.where(fits, np.floor((free[:, :, None] + EPS) / np.where(need > 0, need, 1.0)), 0.0)
-    slice_slots = per_gpu.sum(axis=1)
-    slice_cards = (per_gpu * need / np.where(cap > 0, cap, 1.0)[:, :, None]).sum(axis=1)
-    whole = np.where(wl.whole > 0, wl.whole, 1.0)[None, :]
-    slots = np.where(wl.is_slice[None, :], slice_slots, np.floor(full.sum(axis=1) / whole))
-    per_slice = np.divide(slice_cards, slice_slots, out=np.zeros_like(slice_cards), where=slice_slots > 0)
-    return np.asarray(slots), np.asarray(np.where(wl.is_slice[None, :], per_slice, whole))
-
-
-def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatArray:
-    """(C, T): the tasks of each type the node's CPU and memory alone could take."""
-    by_cpu = np.floor((cpu[:, None] + EPS) / np.where(wl.cpu > 0, wl.cpu, np.nan)[None, :])
-    by_mem = np.floor((mem[:, None] + EPS) / np.where(wl.mem > 0, wl.mem, np.nan)[None, :])
-    return np.asarray(np.fmin(np.nan_to_num(by_cpu, nan=np.inf), np.nan_to_num(by_mem, nan=np.inf)))
-
-
-def _type_fit_parts(
+def type_fragment(
     wl: WorkloadArrays,
     free: FloatArray,
     cap: FloatArray,
@@ -209,16 +187,27 @@ def _type_fit_parts(
     usable: BoolArray,
     cpu: FloatArray,
     mem: FloatArray,
-) -> tuple[BoolArray, BoolArray, BoolArray, BoolArray]:
-    """Per node state and type: (C, G, T) GPUs that hold a slice of t, (C, G, T) wholly free
-    GPUs t accepts, (C, T) host fit (CPU and memory), (C, T) GPU fit (slice or enough cards)."""
-    allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, T)
-    need = wl.frac[None, None, :] * cap[:, :, None] + wl.units[None, None, :]
-    fits = allowed & (free[:, :, None] >= need - EPS)  # GPU holds a slice of type t
-    full = allowed & (free >= cap - EPS)[:, :, None]
-    host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
-    gpu_fit = np.where(wl.is_slice[None, :], fits.any(axis=1), full.sum(axis=1) >= wl.whole[None, :])
-    return fits, full, host, gpu_fit
+    *,
+    cpu_tasks_fragment: bool = True,
+    filled: bool = False,
+    filled_host: bool = True,
+) -> FloatArray:
+    """(C, T): each node state's fragment for each task type, in cards.
+
+    For a task type t, a node's fragment is the free GPU that t cannot use: all of
+    it when t does not fit the node at all (CPU, memory, model or GPU), otherwise
+    the free part of each GPU too small for t (for whole-card types, every GPU that is
+    not wholly free). For a type that asks for no GPU the paper counts all free GPU as
+    fragment; ``cpu_tasks_fragment=False`` counts it only when the task does not fit.
+    A type's fragment depends on the node state and that type alone, not on the other
+    types or their popularity, so it can be remembered per type.
+
+    ``filled=True`` counts, for a GPU type, the free GPU that tasks of t cannot use when
+    the node takes as many of them as it can, one after another (``filled_fragment``),
+    rather than what one task of t cannot use.
+    """
+    parts = FitParts.of(wl, free, cap, model, usable, cpu, mem)
+    return parts.fragment(cpu_tasks_fragment=cpu_tasks_fragment, filled=filled, filled_host=filled_host)
 
 
 def type_capacity(
@@ -236,11 +225,163 @@ def type_capacity(
     cards over the cards it asks; both bounded by the CPU and memory. A type asking for no
     GPU: the CPU and memory alone.
     """
-    fits, full, _, _ = _type_fit_parts(wl, free, cap, model, usable, cpu, mem)
-    slots, _ = _gpu_slots(wl, free, cap, fits, full)
-    gpu = np.where(wl.is_cpu[None, :], np.inf, slots)
-    host = _host_slots(wl, cpu, mem)
-    return np.asarray(np.maximum(np.minimum(gpu, host), 0.0))
+    return FitParts.of(wl, free, cap, model, usable, cpu, mem).places()
+
+
+@dataclass
+class FitParts:
+    """What fragments and places are made of, for C node states and T task types.
+
+    The GPU side is worked out once per GPU *shape* (cards or slice, allowed models: S of them,
+    far fewer than the types, which differ mostly in CPU and memory), then spread to the types;
+    the host side (CPU, memory) per type. Slice shapes come first (``slices`` of them): which
+    cards hold a slice matters only to them, which cards are wholly free only to the others.
+    """
+
+    wl: WorkloadArrays
+    shape: IntArray  # (T,): each type's GPU shape
+    shapes: WorkloadArrays  # the S shapes, slices first (CPU and memory those of one type each: unused)
+    slices: int
+    free: FloatArray
+    cap: FloatArray
+    frac: FloatArray  # (C, G): each usable GPU's free share of its card
+    total: FloatArray  # (C,): free GPU in cards
+    fits: BoolArray  # (C, G, slices): GPUs that hold a slice of the shape
+    full: BoolArray  # (C, G, S - slices): wholly free GPUs the shape accepts
+    host: BoolArray  # (C, T): CPU and memory fit
+    gpu_fit: BoolArray  # (C, S): the slice fits a GPU, or enough cards are wholly free
+    cpu: FloatArray
+    mem: FloatArray
+
+    @classmethod
+    def of(
+        cls,
+        wl: WorkloadArrays,
+        free: FloatArray,
+        cap: FloatArray,
+        model: IntArray,
+        usable: BoolArray,
+        cpu: FloatArray,
+        mem: FloatArray,
+    ) -> FitParts:
+        shapes, shape = gpu_shapes(wl)
+        slices = int(shapes.is_slice.sum())
+        safe_cap = np.where(cap > 0, cap, 1.0)
+        frac = np.where(usable, free / safe_cap, 0.0)
+        fits, full, gpu_fit = _gpu_fit_parts(shapes, slices, free, cap, model, usable)
+        host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
+        return cls(wl, shape, shapes, slices, free, cap, frac, frac.sum(axis=1), fits, full, host, gpu_fit, cpu, mem)
+
+    def fragment(
+        self, *, cpu_tasks_fragment: bool = True, filled: bool = False, filled_host: bool = True
+    ) -> FloatArray:
+        """(C, T): ``type_fragment``."""
+        wl, total = self.wl, self.total
+        if filled:
+            slots, cards_per_slot = self._slots()
+            frag = filled_fragment(
+                slots[:, self.shape],
+                cards_per_slot[:, self.shape],
+                _host_slots(wl, self.cpu, self.mem),
+                total,
+                host_bound=filled_host,
+            )
+        else:
+            slice_frag = np.einsum("cg,cgs->cs", self.frac, ~self.fits)
+            whole_frag = np.einsum("cg,cgs->cs", self.frac, ~self.full)
+            frag = np.concatenate((slice_frag, whole_frag), axis=1)[:, self.shape]
+        per_type = np.where(self.host & self.gpu_fit[:, self.shape], frag, total[:, None])
+        if wl.is_cpu.any():  # a type that asks for no GPU: only its own columns
+            cpu_types = np.flatnonzero(wl.is_cpu)
+            total_there = np.broadcast_to(total[:, None], (total.size, cpu_types.size))
+            per_type[:, cpu_types] = (
+                total_there if cpu_tasks_fragment else np.where(self.host[:, cpu_types], 0.0, total_there)
+            )
+        return np.asarray(per_type)
+
+    def places(self) -> FloatArray:
+        """(C, T): ``type_capacity``."""
+        slots, _ = self._slots()
+        gpu = slots[:, self.shape]
+        gpu[:, self.wl.is_cpu] = np.inf  # a type that asks for no GPU: its CPU and memory alone
+        places = np.minimum(gpu, _host_slots(self.wl, self.cpu, self.mem))
+        return np.asarray(np.maximum(places, 0.0) if (places < 0).any() else places)
+
+    def _slots(self) -> tuple[FloatArray, FloatArray]:
+        """(C, S) each: the tasks of each GPU shape the GPUs alone could take one after another
+        (slices side by side on the GPUs that hold one; free cards over the cards asked), and the
+        GPU each of those tasks takes, in cards."""
+        shapes, n = self.shapes, self.slices
+        need = shapes.frac[None, None, :n] * self.cap[:, :, None] + shapes.units[None, None, :n]  # (C, G, slices)
+        per_gpu = np.where(self.fits, np.floor((self.free[:, :, None] + EPS) / np.where(need > 0, need, 1.0)), 0.0)
+        slice_slots = per_gpu.sum(axis=1)
+        slice_cards = (per_gpu * need / np.where(self.cap > 0, self.cap, 1.0)[:, :, None]).sum(axis=1)
+        per_slice = np.divide(slice_cards, slice_slots, out=np.zeros_like(slice_cards), where=slice_slots > 0)
+        whole = np.where(shapes.whole[n:] > 0, shapes.whole[n:], 1.0)[None, :]
+        whole_slots = np.floor(self.full.sum(axis=1) / whole)
+        cards = np.broadcast_to(whole, whole_slots.shape)
+        return np.concatenate((slice_slots, whole_slots), axis=1), np.concatenate((per_slice, cards), axis=1)
+
+
+def gpu_shapes(wl: WorkloadArrays) -> tuple[WorkloadArrays, IntArray]:
+    """The distinct GPU shapes of the types (cards, slice, allowed models), slices first, and each
+    type's."""
+    key = np.column_stack((wl.whole, wl.frac, wl.units, wl.is_slice, wl.is_cpu, wl.model_mask.T)).astype(np.float64)
+    rows = row_bytes(key)
+    first: dict[bytes, int] = {}  # each shape's first type
+    for i, row in enumerate(rows):
+        first.setdefault(row, i)
+    firsts = sorted(first.values(), key=lambda i: not wl.is_slice[i])  # slices first, stable
+    number = {rows[i]: n for n, i in enumerate(firsts)}
+    shape = np.array([number[row] for row in rows], dtype=np.int64)
+    return wl.subset(np.array(firsts, dtype=np.int64)), shape
+
+
+def filled_fragment(
+    slots: FloatArray, cards_per_slot: FloatArray, host_slots: FloatArray, total: FloatArray, host_bound: bool = True
+) -> FloatArray:
+    """(C, T): the free GPU, in cards, left unused when each node takes as many tasks of type t
+    as it can, one after another.
+
+    FGD asks whether *one* task of t fits; a node with seven free cards fits a four-card task
+    and counts no fragment for it, though the next four-card task will not find the other
+    three, and a card with 0.7 free counts none for half-card slices though 0.2 of it stays
+    unused. Here those remainders count, and so do GPUs a type could use but the node's CPU
+    or memory cannot feed: a node with eight free cards and CPU for two half-card slices
+    leaves seven cards to that type. Nothing is chosen: the count follows from the node and t.
+    """
+    taken = np.minimum(slots, host_slots) if host_bound else slots
+    return np.asarray(np.maximum(total[:, None] - taken * cards_per_slot, 0.0))
+
+
+def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatArray:
+    """(C, T): the tasks of each type the node's CPU and memory alone could take."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_cpu = np.floor((cpu[:, None] + EPS) / wl.cpu[None, :])
+        by_mem = np.floor((mem[:, None] + EPS) / wl.mem[None, :])
+    slots = np.minimum(by_cpu, by_mem)
+    # A type that asks for no CPU (or memory) is not bounded by it: infinitely many.
+    unbounded = (wl.cpu <= 0) | (wl.mem <= 0)
+    if unbounded.any():
+        slots[:, unbounded] = np.where(wl.cpu[unbounded] > 0, by_cpu[:, unbounded], np.inf)
+        slots[:, unbounded] = np.minimum(
+            slots[:, unbounded], np.where(wl.mem[unbounded] > 0, by_mem[:, unbounded], np.inf)
+        )
+    return np.asarray(slots)
+
+
+def _gpu_fit_parts(
+    wl: WorkloadArrays, slices: int, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray
+) -> tuple[BoolArray, BoolArray, BoolArray]:
+    """Per node state and GPU shape (the first ``slices`` of them slices): (C, G, slices) GPUs that
+    hold a slice of it, (C, G, S - slices) wholly free GPUs it accepts, (C, S) GPU fit (the slice
+    fits a GPU, or enough cards are wholly free)."""
+    allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, S)
+    need = wl.frac[None, None, :slices] * cap[:, :, None] + wl.units[None, None, :slices]
+    fits = allowed[:, :, :slices] & (free[:, :, None] >= need - EPS)  # GPU holds a slice of the shape
+    full = allowed[:, :, slices:] & (free >= cap - EPS)[:, :, None]
+    gpu_fit = np.concatenate((fits.any(axis=1), full.sum(axis=1) >= wl.whole[None, slices:]), axis=1)
+    return fits, full, gpu_fit
 
 
 def gpu_cards(wl: WorkloadArrays) -> FloatArray:
@@ -285,6 +426,12 @@ def bound_demand_per_free_card(wl: WorkloadArrays, free_cards: FloatArray) -> Fl
     return np.asarray(np.divide(demand, free_cards, out=np.zeros_like(demand), where=free_cards > 0))
 
 
+def row_bytes(rows: FloatArray) -> list[bytes]:
+    """Each row's exact bytes (a key that tells every distinct row apart), in one call."""
+    rows = np.ascontiguousarray(rows, dtype=np.float64)
+    return list(rows.view(f"V{rows.shape[1] * 8}").ravel().tolist())
+
+
 def row_hash_weights(width: int) -> FloatArray:
     """Fixed random weights: equal rows get equal hashes, distinct rows (almost surely) not."""
     if width not in _HASH_WEIGHTS:
@@ -298,13 +445,11 @@ _HASH_WEIGHTS: dict[int, FloatArray] = {}
 def distinct_gpus(state: ClusterState, cand: BoolArray) -> BoolArray:
     """Drop candidate GPUs equal (free, size, model) to an earlier candidate on the same node."""
     rows = np.flatnonzero(cand.any(axis=1))  # only nodes with a candidate: often a few of many
-    free, cap, model, c = state.free[rows], state.cap[rows], state.model[rows], cand[rows]
-    same = (
-        (free[:, :, None] == free[:, None, :])
-        & (cap[:, :, None] == cap[:, None, :])
-        & (model[:, :, None] == model[:, None, :])
-        & c[:, None, :]
-    )
+    c = cand[rows]
+    # Equal GPUs hash alike; distinct ones (almost surely) not.
+    weights = row_hash_weights(3)
+    gpu = state.free[rows] * weights[0] + state.cap[rows] * weights[1] + state.model[rows] * weights[2]
+    same = (gpu[:, :, None] == gpu[:, None, :]) & c[:, None, :]
     earlier = np.tril(np.ones((cand.shape[1], cand.shape[1]), dtype=bool), k=-1)
     kept = np.zeros_like(cand)
     kept[rows] = c & ~(same & earlier).any(axis=2)

@@ -15,23 +15,22 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
 from spawner.placement.fragmentation import (
+    FitParts,
     Workload,
     WorkloadArrays,
     bound_demand_per_free_card,
     distinct_gpus,
     expected_overflow,
-    fragmentation,
     gpu_cards,
-    row_hash_weights,
-    type_capacity,
 )
+from spawner.placement.remembered import TypeValues, zeros_in_small_pages
 from spawner.placement.state import (
     BoolArray,
     Choice,
@@ -148,24 +147,25 @@ class DotProduct:
         return _ranked_slice(state, demand, [-score[:, None], left_after(state, demand)])
 
 
-# Node states remembered by fgd/default: about 100 bytes each, so at most ~50 MB.
-MEMO_STATES = 500_000
-# ... or, for a policy that also counts places per type, rows of 65 floats: at most ~50 MB.
-CAPACITY_STATES = 100_000
-
-
 @dataclass(frozen=True)
 class After:
-    """The candidates' node states after placing the task: free units per GPU, CPU, memory."""
+    """The candidates' node states after placing the task: free units per GPU, CPU, memory, and
+    their values per known type (``TypeValues``): fragment, then, for default, places."""
 
     free: FloatArray
     cpu: FloatArray
     mem: FloatArray
+    per_type: FloatArray  # (K, C, known types)
 
 
 @dataclass
 class FragmentationGradientDescent:
-    """FGD: place where the node's expected fragmentation grows least (ties: first)."""
+    """FGD: place where the node's expected fragmentation grows least (ties: first).
+
+    ``workload`` is what the policy knows (``spawner.placement.knowledge``); ``know`` hands it a
+    new one between decisions (live: the arrivals so far), and what was scored per node state
+    and type stays valid across that (``spawner.placement.remembered``).
+    """
 
     workload: Workload
     name: str = "fgd"
@@ -176,109 +176,105 @@ class FragmentationGradientDescent:
     # The target workload scored: the most popular types of ``workload``, as many as this.
     max_types: int = 64
     remember_states: bool = True  # False: score every candidate state afresh (bench.latency's baseline)
+    # The known types (``TypeValues.types``) weighted by the target: 0 for types outside it.
     _arrays: WorkloadArrays | None = field(default=None, init=False, repr=False)
+    _values: TypeValues | None = field(default=None, init=False, repr=False)
     _state_id: int = field(default=-1, init=False, repr=False)
-    _frag: FloatArray = field(default_factory=lambda: np.zeros(0), init=False, repr=False)
-    _seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
-    # A node state's fragmentation depends on nothing but that state (and the workload), and
-    # one commit changes one node, so the candidate states of the next decision are almost
-    # all states scored before: remember them, keyed by the state's exact bytes.
-    _memo: dict[bytes, Any] = field(default_factory=dict, init=False, repr=False)
-    _last_asked: tuple[Any, ...] = field(default=(), init=False, repr=False)
+    _workload_seen: Workload | None = field(default=None, init=False, repr=False)
+    _target: tuple[Demand, ...] = field(default=(), init=False, repr=False)
+    _columns: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
+    # Each node's values per known type now, and how many types of its row are scored
+    # (0: changed since, by a commit).
+    _now: FloatArray = field(default_factory=lambda: np.zeros((0, 0, 0)), init=False, repr=False)
+    _now_known: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
+    _now_seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
+    _now_generation: int = field(default=-1, init=False, repr=False)
 
-    def _current(self, state: ClusterState) -> FloatArray:
-        """Each node's fragmentation now; recomputed only for nodes changed since last call."""
-        if self._state_id != id(state) or self._arrays is None:
-            self._arrays = WorkloadArrays.build(self.target(), state.model_names)
-            self._memo.clear()
-            self._state_id = id(state)
-            self._frag = self._frag_of(state, np.arange(len(state.names)))
-            self._seen = state.version.copy()
-        changed = np.flatnonzero(self._seen != state.version)
-        if changed.size:
-            self._frag[changed] = self._frag_of(state, changed)
-            self._seen[changed] = state.version[changed]
-        return self._frag
+    def know(self, workload: Workload) -> None:
+        """Decide from now on against ``workload`` (live: the arrivals so far)."""
+        self.workload = workload
 
     def target(self) -> Workload:
         """The task types fragmentation is measured against."""
         return self.workload.top(self.max_types)
 
-    def _frag_of(
-        self,
-        state: ClusterState,
-        nodes: IntArray,
-        free: FloatArray | None = None,
-        cpu: FloatArray | None = None,
-        mem: FloatArray | None = None,
-    ) -> FloatArray:
-        return self._per_state(state, nodes, free, cpu, mem, MEMO_STATES, self._fragmentation)
+    def _width(self) -> int:
+        """Values remembered per node state and type: the fragment."""
+        return 1
 
-    def _fragmentation(
-        self, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
+    def _score(
+        self,
+        types: WorkloadArrays,
+        free: FloatArray,
+        cap: FloatArray,
+        model: IntArray,
+        usable: BoolArray,
+        cpu: FloatArray,
+        mem: FloatArray,
     ) -> FloatArray:
-        assert self._arrays is not None
-        return fragmentation(
-            self._arrays,
-            free,
-            cap,
-            model,
-            usable,
-            cpu,
-            mem,
-            cpu_tasks_fragment=self.cpu_tasks_fragment,
-            filled=self.filled_fragment,
-            filled_host=self.filled_host,
+        """(K, C, T): what ``TypeValues`` remembers per node state and type."""
+        return self._from_parts(FitParts.of(types, free, cap, model, usable, cpu, mem))
+
+    def _from_parts(self, parts: FitParts) -> FloatArray:
+        frag = parts.fragment(
+            cpu_tasks_fragment=self.cpu_tasks_fragment, filled=self.filled_fragment, filled_host=self.filled_host
         )
+        return frag[None, :, :]
 
-    def _per_state(
-        self,
-        state: ClusterState,
-        nodes: IntArray,
-        free: FloatArray | None,
-        cpu: FloatArray | None,
-        mem: FloatArray | None,
-        limit: int,
-        score: Callable[..., FloatArray],
+    def _refresh(self, state: ClusterState) -> FloatArray:
+        """Before a decision: the known types weighted by the target, and each node's values now."""
+        if self._state_id != id(state) or self._values is None:
+            self._values = TypeValues(self._score, self._width(), state.model_names, remember=self.remember_states)
+            self._state_id = id(state)
+            self._workload_seen, self._target = None, ()
+        values = self._values
+        if self.workload is not self._workload_seen:
+            target = self.target()
+            if target.demands != self._target:
+                self._columns = values.columns(target.demands)
+                self._target = target.demands
+            weight = np.zeros(values.known)
+            weight[self._columns] = target.weights
+            self._arrays = replace(values.types, weight=weight)
+            self._workload_seen = self.workload
+        return self._per_type_now(state)
+
+    def _per_type_now(self, state: ClusterState) -> FloatArray:
+        """(K, N, known): each node's values now; scored only for nodes changed since the last
+        decision and types known since."""
+        assert self._values is not None
+        values = self._values
+        n = len(state.names)
+        if self._now_generation != values.generation or self._now.shape[1] != n:
+            self._now = zeros_in_small_pages((values.width, n, values.max_types))
+            self._now_known = np.zeros(n, dtype=np.int64)
+            self._now_seen = state.version.copy()
+            self._now_generation = values.generation
+        changed = self._now_seen != state.version
+        self._now_known[changed] = 0
+        self._now_seen[changed] = state.version[changed]
+        known = values.known
+        stale = np.flatnonzero(self._now_known < known)
+        if stale.size:
+            self._now[:, stale, :known] = self._values_of(
+                state, stale, state.free[stale], state.cpu[stale], state.mem[stale]
+            )
+            self._now_known[stale] = known
+        return self._now[:, :, :known]
+
+    def _values_of(
+        self, state: ClusterState, nodes: IntArray, free: FloatArray, cpu: FloatArray, mem: FloatArray
     ) -> FloatArray:
-        """``score`` of each node state (free, cap, model, usable, cpu, mem), one row per node:
-        each distinct state scored once, and remembered (up to ``limit`` states)."""
-        asked = (nodes, free, cpu, mem)
-        if (
-            free is not None
-            and self._last_asked
-            and all(a is b for a, b in zip(asked, self._last_asked[0], strict=True))
-        ):
-            again: FloatArray = self._last_asked[1]  # the same candidates again, within one decision
-            return again
-        free = state.free[nodes] if free is None else free
-        cpu = state.cpu[nodes] if cpu is None else cpu
-        mem = state.mem[nodes] if mem is None else mem
-        cap, model, usable = state.cap[nodes], state.model[nodes], state.usable[nodes]
-        # Nodes in the same state score the same (common: a cluster has few node
-        # shapes and many empty nodes), so score each distinct state once.
-        key = np.column_stack((free, cap, model, usable, cpu, mem)).astype(np.float64)
-        hashes = key @ row_hash_weights(key.shape[1])
-        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        rows = np.ascontiguousarray(key[first])
-        keys = [row.tobytes() for row in rows]
-        memo = self._memo if self.remember_states else {}
-        found = [memo.get(k) for k in keys]
-        new = [i for i, value in enumerate(found) if value is None]
-        if new:
-            at = first[new]
-            fresh = score(free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
-            if len(memo) > limit:
-                memo.clear()
-            for i, value in zip(new, fresh, strict=True):
-                found[i] = value
-                memo[keys[i]] = value
-        scores = np.asarray(found)[inverse.reshape(-1)]
-        self._last_asked = (asked, scores) if asked[1] is not None else ()
-        return scores
+        """(K, C, known): the values of the nodes in the states given (free, cpu, mem)."""
+        assert self._values is not None
+        return self._values.values(free, state.cap[nodes], state.model[nodes], state.usable[nodes], cpu, mem)
+
+    def _frag(self, per_type: FloatArray) -> FloatArray:
+        assert self._arrays is not None
+        return np.asarray(per_type[0] @ self._arrays.weight)
 
     def choose(self, state: ClusterState, demand: Demand) -> Choice | None:
-        current = self._current(state)
+        current = self._frag(self._refresh(state))
         if demand.gpus:
             nodes = np.flatnonzero(state.whole_candidates(demand))
             if nodes.size == 0:
@@ -288,18 +284,16 @@ class FragmentationGradientDescent:
             # Take the first `gpus` wholly free cards of each candidate node.
             take = full & (np.cumsum(full, axis=1) <= demand.gpus)
             free[take] = 0.0
-            after = After(free, state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes)
-            delta = self._frag_of(state, nodes, after.free, after.cpu, after.mem) - current[nodes]
+            after = self._after(state, nodes, free, demand)
+            delta = self._frag(after.per_type) - current[nodes]
             best = int(nodes[self._pick(state, nodes, None, delta, demand, after)])
             return Choice(best, state.first_full(best, demand))
         if not demand.is_slice:
             nodes = np.flatnonzero(state.host_fits(demand))
             if nodes.size == 0:
                 return None
-            after = After(
-                state.free[nodes], state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
-            )
-            delta = self._frag_of(state, nodes, after.free, after.cpu, after.mem) - current[nodes]
+            after = self._after(state, nodes, state.free[nodes], demand)
+            delta = self._frag(after.per_type) - current[nodes]
             return Choice(int(nodes[self._pick(state, nodes, None, delta, demand, after)]), ())
         cand = distinct_gpus(state, state.slice_candidates(demand))
         nodes, gpus = np.nonzero(cand)
@@ -308,10 +302,14 @@ class FragmentationGradientDescent:
         free = state.free[nodes].copy()
         rows = np.arange(nodes.size)
         free[rows, gpus] -= state.need(demand)[nodes, gpus]
-        after = After(free, state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes)
-        delta = self._frag_of(state, nodes, after.free, after.cpu, after.mem) - current[nodes]
+        after = self._after(state, nodes, free, demand)
+        delta = self._frag(after.per_type) - current[nodes]
         best = self._pick(state, nodes, gpus, delta, demand, after)
         return Choice(int(nodes[best]), (int(gpus[best]),))
+
+    def _after(self, state: ClusterState, nodes: IntArray, free: FloatArray, demand: Demand) -> After:
+        cpu, mem = state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
+        return After(free, cpu, mem, self._values_of(state, nodes, free, cpu, mem))
 
     def _pick(
         self,
@@ -328,7 +326,7 @@ class FragmentationGradientDescent:
 
 @dataclass
 class DefaultPolicy(FragmentationGradientDescent):
-    """Ours: FGD with three changes, each measured on the Alibaba trace (docs/placement.md).
+    """Ours: FGD with four changes, each measured on the Alibaba trace (docs/placement.md).
 
     1. A task that asks for no GPU makes GPUs fragments only where it cannot fit,
        so placing a GPU task weighs the CPUs it leaves for CPU-only tasks.
@@ -342,12 +340,18 @@ class DefaultPolicy(FragmentationGradientDescent):
        use looks best even when that node is the only kind a type fits on, and the
        cluster then has no place left for that type. Counting each type's places in the
        whole cluster sees it.
+    4. The target workload keeps every GPU shape (cards or slice, allowed models) at its whole
+       weight (``keep_every_shape``): live, the workload is the arrivals so far, and the many
+       rare model-bound types each fall outside the 64 most popular, so FGD's measure and
+       change 3's count of places never saw the cards they need.
     """
 
     name: str = "default"
     cpu_tasks_fragment: bool = False
     tie_tolerance: float = 0.01
-    keep_every_shape: bool = False  # target workload: Workload.grouped rather than the top types
+    # Change 4: the target workload keeps every GPU shape at its whole weight (Workload.grouped),
+    # not only the most popular types.
+    keep_every_shape: bool = True
     # Near-ties go first to the GPU model that model-bound types need least per free card.
     spare_bound_models: bool = False
     # The tolerance applies to each type's share: ``tie_tolerance`` times the rarest type's weight.
@@ -358,14 +362,24 @@ class DefaultPolicy(FragmentationGradientDescent):
     # Change 3: the same expected failed GPU demand, for every candidate, ranked before the
     # fragmentation growth ("first"), or added to it, both in cards ("sum"); "off": changes 1-2 only.
     overflow: Literal["off", "first", "sum"] = "first"
-    _capacity: FloatArray = field(default_factory=lambda: np.zeros((0, 0)), init=False, repr=False)
-    _capacity_seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
-    _capacity_state: tuple[int, int] = field(default=(-1, -1), init=False, repr=False)
 
     def target(self) -> Workload:
         if self.keep_every_shape:
             return self.workload.grouped(self.max_types)
         return super().target()
+
+    def _counts_places(self) -> bool:
+        return self.overflow != "off" or self.lookahead
+
+    def _width(self) -> int:
+        """The fragment, and (change 3, lookahead) the tasks of the type the state could take."""
+        return 2 if self._counts_places() else 1
+
+    def _from_parts(self, parts: FitParts) -> FloatArray:
+        frag = super()._from_parts(parts)
+        if not self._counts_places():
+            return frag
+        return np.concatenate((frag, parts.places()[None, :, :]), axis=0)
 
     def _pick(
         self,
@@ -376,10 +390,11 @@ class DefaultPolicy(FragmentationGradientDescent):
         demand: Demand,
         after: After,
     ) -> int:
-        node_free = node_gpu_free(state)[nodes]
+        free_cards = node_gpu_free(state)
+        node_free = free_cards[nodes]
         tolerance = self.tie_tolerance
         failed = (
-            self._expected_failed_gpus(state, nodes, np.ones(nodes.size, dtype=bool), after)
+            self._expected_failed_gpus(free_cards, nodes, np.ones(nodes.size, dtype=bool), after)
             if self.overflow != "off"
             else np.zeros(nodes.size)
         )
@@ -388,7 +403,7 @@ class DefaultPolicy(FragmentationGradientDescent):
         if self.tolerance_per_type and self._arrays is not None:
             # A rare type's fragment enters the sum times its weight: 1% of a card of it is
             # the rarest weight times 1%, and a coarser tolerance would not see it.
-            tolerance *= float(self._arrays.weight.min())
+            tolerance *= float(self._arrays.weight[self._columns].min())
         tied = np.round(delta / tolerance)
         # Keys least significant first: best-fit, then (a variant) the model bound tasks spare.
         keys = [state.cpu[nodes], node_free] if gpus is None else [node_free, left_after(state, demand)[nodes, gpus]]
@@ -397,101 +412,47 @@ class DefaultPolicy(FragmentationGradientDescent):
             keys.append(self._model_pressure(state)[state.model[nodes, card]])
         if self.lookahead:
             # Expected failed GPU demand, in cards, to the same 1% of a card as the near-ties.
-            near_failed = self._expected_failed_gpus(state, nodes, tied == tied.min(), after)
+            near_failed = self._expected_failed_gpus(free_cards, nodes, tied == tied.min(), after)
             keys.append(np.round(near_failed / self.tie_tolerance))
         if self.overflow == "first":
             return int(np.lexsort((*keys, tied, np.round(failed / self.tie_tolerance)))[0])
         return int(np.lexsort((*keys, tied))[0])
 
-    def _expected_failed_gpus(self, state: ClusterState, nodes: IntArray, near: BoolArray, after: After) -> FloatArray:
+    def _expected_failed_gpus(
+        self, free_cards: FloatArray, nodes: IntArray, near: BoolArray, after: After
+    ) -> FloatArray:
         """Per candidate, in cards: the GPU demand of the arrivals still to come that would find no place.
 
-        The arrivals still to come are as many as the cluster's free GPU can take (free cards over
-        the cards an arrival asks on average), each of a type drawn by its popularity, so each
-        type's arrivals are Poisson. A type's places are the tasks of it the nodes could take,
-        which placing on a candidate changes only at that node. Scored for the candidates
-        ``near`` (change 3: all of them; lookahead: the near-ties, the only ones it reorders),
-        and only over the types whose places differ between them; the others score 0.
+        The arrivals still to come are as many as the cluster's free GPU (``free_cards``, per node)
+        can take (free cards over the cards an arrival asks on average), each of a type drawn by
+        its popularity, so each type's arrivals are Poisson. A type's places are the tasks of it
+        the nodes could take, which placing on a candidate changes only at that node. Scored for
+        the candidates ``near`` (change 3: all of them; lookahead: the near-ties, the only ones it
+        reorders), and only over the GPU types of the target whose places differ between them;
+        the others score 0.
         """
         assert self._arrays is not None
         wl = self._arrays
         cards = gpu_cards(wl)
-        now = self._capacity_now(state)
+        gpu_types = self._columns[cards[self._columns] > 0]  # types outside the target weigh 0
+        assert self._values is not None
+        now = self._now[1, :, : self._values.known]  # (N, known) places per node now
         at = np.flatnonzero(near)
-        if near.all():  # the very candidates whose fragmentation was just scored
-            later = self._capacity_of(state, nodes, after.free, after.cpu, after.mem)
-        else:
-            later = self._capacity_of(state, nodes[at], after.free[at], after.cpu[at], after.mem[at])
-        left = now.sum(axis=0)[None, :] - now[nodes[at]] + later  # (C, T) places after each candidate
-        arrivals = float(node_gpu_free(state).sum()) / max(float(wl.weight @ cards), 1e-9)
-        mean = arrivals * wl.weight
+        later = after.per_type[1] if at.size == nodes.size else after.per_type[1][at]
+        total = now.sum(axis=0)[gpu_types]  # places in the cluster now
+        change = (later - now[nodes[at]])[:, gpu_types]
+        low, high = change.min(axis=0), change.max(axis=0)
+        arrivals = float(free_cards.sum()) / max(float(wl.weight @ cards), 1e-9)
+        mean = arrivals * wl.weight[gpu_types]
         # Types that every candidate leaves the same places, or more than the arrivals could
         # need (the Poisson tail beyond mean + 10 sd + 10 is negligible), score alike: skip them.
-        differ = (cards > 0) & (left.min(axis=0) < left.max(axis=0))
-        differ &= left.min(axis=0) < mean + 10.0 * np.sqrt(mean) + 10.0
+        differ = (low < high) & (total + low < mean + 10.0 * np.sqrt(mean) + 10.0)
         score = np.zeros(nodes.size)
         if differ.any():
-            score[at] = expected_overflow(mean[differ], left[:, differ]) @ cards[differ]
+            # Places are whole numbers, so the sum is exact in any order.
+            left = total[differ][None, :] + change[:, differ]
+            score[at] = expected_overflow(mean[differ], left) @ cards[gpu_types[differ]]
         return score
-
-    def _capacity_now(self, state: ClusterState) -> FloatArray:
-        """(N, T): the tasks of each type each node could take now; recomputed only for nodes changed since."""
-        if self._capacity_state != (id(state), id(self._arrays)):
-            self._capacity = self._capacity_of(state, np.arange(len(state.names)))
-            self._capacity_seen = state.version.copy()
-            self._capacity_state = (id(state), id(self._arrays))
-        changed = np.flatnonzero(self._capacity_seen != state.version)
-        if changed.size:
-            self._capacity[changed] = self._capacity_of(state, changed)
-            self._capacity_seen[changed] = state.version[changed]
-        return self._capacity
-
-    def _counts_places(self) -> bool:
-        return self.overflow != "off" or self.lookahead
-
-    def _frag_of(
-        self,
-        state: ClusterState,
-        nodes: IntArray,
-        free: FloatArray | None = None,
-        cpu: FloatArray | None = None,
-        mem: FloatArray | None = None,
-    ) -> FloatArray:
-        if not self._counts_places():
-            return super()._frag_of(state, nodes, free, cpu, mem)
-        return self._frag_and_capacity(state, nodes, free, cpu, mem)[:, 0]
-
-    def _capacity_of(
-        self,
-        state: ClusterState,
-        nodes: IntArray,
-        free: FloatArray | None = None,
-        cpu: FloatArray | None = None,
-        mem: FloatArray | None = None,
-    ) -> FloatArray:
-        """(C, T): ``type_capacity`` of the nodes now, or in the states given (free, cpu, mem)."""
-        return self._frag_and_capacity(state, nodes, free, cpu, mem)[:, 1:]
-
-    def _frag_and_capacity(
-        self,
-        state: ClusterState,
-        nodes: IntArray,
-        free: FloatArray | None,
-        cpu: FloatArray | None,
-        mem: FloatArray | None,
-    ) -> FloatArray:
-        """(C, 1 + T): each node state's fragmentation, then its places per type, remembered together:
-        the candidates whose fragmentation a decision scores are the ones whose places it counts."""
-        arrays = self._arrays
-        assert arrays is not None
-
-        def score(
-            free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
-        ) -> FloatArray:
-            frag = self._fragmentation(free, cap, model, usable, cpu, mem)
-            return np.column_stack((frag, type_capacity(arrays, free, cap, model, usable, cpu, mem)))
-
-        return self._per_state(state, nodes, free, cpu, mem, CAPACITY_STATES, score)
 
     def _model_pressure(self, state: ClusterState) -> FloatArray:
         """(M,): bound demand per free card of each model."""
@@ -506,12 +467,14 @@ class DefaultPolicy(FragmentationGradientDescent):
 POLICIES = ("random-fit", "best-fit", "spread", "dot-product", "fgd", "default")
 
 
-def make_policy(name: str, workload: Workload | None = None, seed: int = 0) -> Policy:
-    """A policy by name; ``fgd`` and ``default`` need the target workload."""
+def make_policy(name: str, workload: Workload | None = None, seed: int = 0, *, once: bool = False) -> Policy:
+    """A policy by name; ``fgd`` and ``default`` need the target workload. ``once``: it decides
+    once (the extender and the hub make one per decision), so it remembers no node state."""
     if name in {"fgd", "default"}:
         if workload is None:
             raise ValueError(f"policy {name!r} needs a target workload")
-        return FragmentationGradientDescent(workload) if name == "fgd" else DefaultPolicy(workload)
+        kind = FragmentationGradientDescent if name == "fgd" else DefaultPolicy
+        return kind(workload, remember_states=not once)
     simple: dict[str, Policy] = {
         "random-fit": RandomFit(seed),
         "best-fit": BestFit(),

@@ -8,9 +8,9 @@ Alibaba trace. A slice is asked for either in units or as a share of a card.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,29 @@ class Demand:
     slice_units: float | None = None  # a slice in the cluster's GPU units
     slice_fraction: float | None = None  # or as a share of the card (0..1)
     models: frozenset[str] | None = None  # allowed GPU models; None: any
+
+    def __hash__(self) -> int:
+        # Demands key the counts of the arrivals so far, which a live policy ranks and groups at
+        # every decision: hash the fields once (the same value the dataclass would compute).
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            fields = (self.cpu_milli, self.memory_bytes, self.gpus, self.slice_units, self.slice_fraction, self.models)
+            cached = hash(fields)
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without what is cached on it (``_hash`` and the like): another process hashes
+        and orders strings differently."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def cached(self, name: str, compute: Callable[[Demand], object]) -> Any:
+        """``compute(self)``, worked out once per demand (a live policy asks at every decision)."""
+        value = self.__dict__.get(name)
+        if value is None:
+            value = compute(self)
+            object.__setattr__(self, name, value)
+        return value
 
     @classmethod
     def from_request(

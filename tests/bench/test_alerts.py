@@ -68,16 +68,38 @@ def test_a_healthy_day_raises_no_alert() -> None:
     assert fired == set(), f"alerts on healthy data: {fired}"
 
 
+# Shapes the rules are written to see, and shapes no rule can see by construction (the
+# generator draws them from their sources either way; bench/faultgen.py says why each is blind).
+SEEN = {
+    ("xid_storm", "hardware_xid"),
+    ("ecc_double_bit", "single_dbe"),
+    ("ecc_double_bit", "dbe_burst"),
+    ("ecc_double_bit", "dbe_then_reset"),
+    ("thermal_runaway", "cooling_failure"),
+    ("leaking_notebook", "uncapped_leak"),
+    ("idle_slice_held", "idle"),
+    ("exporter_down", "process_down"),
+    ("exporter_down", "nvml_failing"),
+    ("node_down", "down"),
+}
+BLIND = {
+    ("xid_storm", "fallen_off_bus"),  # the card's series stop: no Xid is ever scraped
+    ("xid_storm", "hardware_then_cleanup"),  # Xid 45 overwrites the hardware code within the minute
+    ("hung_gpu", "spinning_kernel"),  # every SM busy spinning looks like work
+    ("idle_slice_held", "polled_idle"),  # 1-3% now and then is not 0
+    ("exporter_down", "flapping"),  # never down two minutes in a row
+}
+
+
 @needs_promtool
-def test_every_injected_fault_is_detected_in_time_and_nothing_else_fires() -> None:
-    replay, result = replay_and_score(seed=1, days=1, faults_per_kind=1)
-    assert {f.kind for f in replay.faults} == {
-        "xid_storm", "ecc_double_bit", "thermal_runaway", "hung_gpu",
-        "leaking_notebook", "idle_slice_held", "exporter_down", "node_down",
-    }  # fmt: skip
-    assert result.missed == [], result.missed
+def test_the_shapes_the_rules_are_for_are_detected_in_time_and_the_blind_ones_are_missed() -> None:
+    _, result = replay_and_score(seed=1, days=2, faults_per_kind=1)
+    missed = {(f.kind, f.shape) for f in result.missed}
+    assert not missed & SEEN, result.missed
+    assert missed >= BLIND, BLIND - missed
     assert result.false_alarms == [], result.false_alarms
     for_minutes = alert_for_minutes()
-    for score in result.alerts.values():
-        if score.detect_minutes:  # the target: median time to detect within for: plus two scrape intervals
-            assert score.median_detect is not None and score.median_detect <= for_minutes[score.alert] + 2, score
+    gradual = {("thermal_runaway", "cooling_failure"), ("leaking_notebook", "uncapped_leak")}  # noise crosses back
+    for (kind, shape), score in result.shapes.items():
+        if (kind, shape) in SEEN - gradual:  # the target: time to detect within for: plus two scrape intervals
+            assert score.detect_minutes and max(score.detect_minutes) <= for_minutes[score.alert] + 2, score

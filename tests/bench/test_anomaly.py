@@ -3,11 +3,13 @@
 import random
 
 from bench.alerts import generate
-from bench.anomaly import MODELS, SUBTLE, findings, inject_subtle, report
+from bench.anomaly import MODELS, RULE_SHAPES, SUBTLE, findings, inject_subtle, report
 
 
 def test_the_models_find_what_stays_under_the_thresholds_and_nothing_on_healthy_cards() -> None:
-    replay = inject_subtle(generate(1, 3.5, 1), random.Random(1), 1)  # seed 1: the models were designed on it
+    replay = inject_subtle(
+        generate(1, 3.5, 1, RULE_SHAPES), random.Random(1), 1
+    )  # seed 1: the models were designed on it
     found = findings(replay)
     table = report(replay, found, None)
     for kind in SUBTLE:

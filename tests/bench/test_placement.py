@@ -1,18 +1,24 @@
+import json
 from pathlib import Path
 
 import pytest
 
+from bench.mixes import make_mix
 from bench.placement import (
     TraceError,
     TraceTask,
     arrivals,
     bench,
+    cluster,
+    oracle_workload,
     read_nodes,
     read_tasks,
     replay,
 )
+from bench.report import make
 from bench.stats import percentile
 from spawner.placement import Demand
+from tests.shared import shared_file
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,T4\nn1,32000,131072,1,V100M32\n"
 PODS = (
@@ -115,3 +121,29 @@ def test_percentile_nearest_rank() -> None:
     assert percentile(values, 50) == 50
     assert percentile(values, 99) == 99
     assert percentile([], 99) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["fgd", "default"])
+def test_fgd_and_default_decide_as_before_they_remembered_values_per_type(policy: str) -> None:
+    """Every decision of mix03 (seed 0, the whole list's popularity told), as the code made them
+    before node states were remembered per task type and the GPU side was worked out per shape
+    (recorded from that code in fixtures/oracle-decisions-mix03.json; `default` was then what
+    is `default-top-types` now)."""
+    recorded = json.loads((Path(__file__).parent / "fixtures" / "oracle-decisions-mix03.json").read_text())
+    data = shared_file("data/alibaba-gpu-v2023")
+    mix = make_mix(
+        recorded["mix"],
+        read_nodes(data / "openb_node_list_gpu_node.csv"),
+        read_tasks(data / "openb_pod_list_default.csv"),
+    )
+    state = cluster(mix.nodes)
+    chooser = make(policy if policy == "fgd" else "default-top-types", oracle_workload(mix.tasks), 0)
+    decided = []
+    for task in arrivals(mix.tasks, float(sum(n.gpus for n in mix.nodes)), recorded["seed"]):
+        demand = task.demand()
+        choice = chooser.choose(state, demand)
+        decided.append(None if choice is None else [choice.node, list(choice.gpus)])
+        if choice is not None:
+            state.commit(choice, demand)
+    assert decided == recorded["decisions"][policy]

@@ -3,6 +3,7 @@
 import json
 import threading
 import time
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
@@ -14,12 +15,15 @@ class Webhook:
 
     def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
-        received = self.received
+        self.received_at: list[datetime] = []  # when each alert arrived
+        received, received_at = self.received, self.received_at
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.extend(json.loads(body)["alerts"])
+                alerts = json.loads(body)["alerts"]
+                received.extend(alerts)
+                received_at.extend([datetime.now(UTC)] * len(alerts))
                 self.send_response(200)
                 self.end_headers()
 

@@ -79,6 +79,9 @@ class Platform:
         base["admin_password_from"] = f"file:{admin_password}"
         self.config = self.root / "gpuslice.yaml"
         merged = {**base, **self.settings}
+        monitoring = merged.get("monitoring") or {}
+        if monitoring.get("enabled", True) and "recorder_port" not in monitoring:
+            merged["monitoring"] = {**monitoring, "recorder_port": free_port()}  # never the default 9095 of another
         if merged.get("groups") is not None or "groups" not in self.settings:
             merged["groups"] = {"default": NO_LIMITS, **(merged.get("groups") or {})}
         self.config.write_text(yaml.safe_dump({k: v for k, v in merged.items() if v is not None}))

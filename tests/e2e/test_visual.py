@@ -26,7 +26,7 @@ PAGES = {
     "runbook": ("runbook", "Runbook"),
     "usage": ("usage", "GPU usage"),
 }
-# The platform's alerts and incidents: admins'. A student's pages show none of them.
+# The platform's alerts and incidents are for its admins: a student's menu has neither.
 ADMIN_PAGES = {
     "alerts": ("alerts", "Alerts"),
     "incidents": ("incidents", "Incidents"),

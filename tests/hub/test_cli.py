@@ -27,6 +27,22 @@ def test_bench_placement_prints_the_fixed_json_shape(tmp_path: Path, capsys: pyt
     assert 0 < out["policies"]["default"]["gpu_allocation_ratio"] <= 1
 
 
+def test_bench_placement_replays_live_by_default_and_adds_the_limit_on_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_trace(tmp_path)
+    argv = ["bench", "placement", "--nodes", str(nodes), "--pods", str(pods), "--policy", "default", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["knowledge"] == "live"
+    assert main([*argv, "--oracle", "--bound"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["knowledge"] == "oracle"
+    limit, default = out["limit"], out["policies"]["default"]
+    assert 0 <= limit["relaxation_unallocated_gpus"] <= limit["hindsight_unallocated_gpus"] <= out["capacity_gpus"]
+    assert default["unallocated_gpus"] >= limit["relaxation_unallocated_gpus"] - 1e-9
+    assert set(default) >= {"gpu_allocation_ratio", "unallocated_gpus", "failed_tasks", "decision_us_p99"}
+
+
 def test_bench_placement_runs_every_policy_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nodes, pods = write_trace(tmp_path)
     assert main(["bench", "placement", "--nodes", str(nodes), "--pods", str(pods), "--json"]) == 0

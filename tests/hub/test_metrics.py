@@ -3,7 +3,7 @@ from prometheus_client import CollectorRegistry
 from hub.metrics import AllocationCollector, register_allocations
 from spawner.gpus import simulated_gpus
 from spawner.ledger import Held
-from spawner.metrics import SPAWN_REFUSED
+from spawner.metrics import SPAWN_OFFERED_LINE, SPAWN_REFUSED
 
 GiB = 2**30
 
@@ -37,5 +37,6 @@ def test_a_failing_ledger_drops_only_its_family() -> None:
 
 
 def test_refusal_reasons_exist_before_the_first_refusal() -> None:
-    names = {s.labels["reason"] for m in SPAWN_REFUSED.collect() for s in m.samples if s.name.endswith("_total")}
-    assert names == {"invalid", "quota", "capacity"}
+    for counter in (SPAWN_REFUSED, SPAWN_OFFERED_LINE):
+        names = {s.labels["reason"] for m in counter.collect() for s in m.samples if s.name.endswith("_total")}
+        assert names == {"invalid", "quota", "capacity", "line"}

@@ -60,11 +60,38 @@ def test_the_single_machine_config_goes_through_the_one_wiring(tmp_path: Path, m
     monkeypatch.setattr("hub.metrics.register_allocations", lambda collector: None)  # a process-wide registry
     c = PyFileConfigLoader("jupyterhub_config.py", path=str(REPO / "hub")).load_config()
     found = services(c)
-    assert set(found) == {"idle-culler", "gpu-reclaimer", "portal", "gpuslice-top", "gpuslice-cli"}
+    # renewals: the single machine renews its Alertmanager config and notices itself (hub/renewals.py);
+    # no incident-recorder here: gpuslice up did not start monitoring, so it made no webhook token.
+    assert set(found) == {"idle-culler", "gpu-reclaimer", "portal", "renewals", "gpuslice-top", "gpuslice-cli"}
     assert f"--ledger={tmp_path / 'data' / 'ledger.sqlite'}" in found["gpu-reclaimer"]["command"]
     assert c.LocalGpuSpawner.gpu_classes_path == str(tmp_path / "data" / "classes.sqlite")
     assert c.JupyterHub.extra_handlers and str(REPO / "hub" / "templates") in c.JupyterHub.template_paths
     assert c.LocalGpuSpawner.gpu_groups[0].name == "ml101" and c.GpusliceAuthenticator.create_users is False
+
+
+def test_with_monitoring_the_single_machine_runs_the_incident_recorder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = tmp_path / "s.yaml"
+    settings.write_text("monitoring: {recorder_port: 19095, alertmanager_port: 19093}\n")
+    monkeypatch.setenv("GPUSLICE_SETTINGS", str(settings))
+    monkeypatch.setenv("GPUSLICE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("GPUSLICE_MONITORING_PASSWORD_FILE", str(tmp_path / "data" / "monitoring" / "web-password"))
+    (tmp_path / "data" / "monitoring").mkdir(parents=True)
+    (tmp_path / "data" / "monitoring" / "recorder-token").write_text("t")  # what gpuslice up makes
+    monkeypatch.setattr("hub.metrics.register_allocations", lambda collector: None)
+    c = PyFileConfigLoader("jupyterhub_config.py", path=str(REPO / "hub")).load_config()
+    recorder = services(c)["incident-recorder"]["command"]
+    assert recorder[recorder.index("portal.recorder") :] == [
+        "portal.recorder",
+        f"--data-dir={tmp_path / 'data'}",
+        "--port=19095",
+        f"--token-file={tmp_path / 'data' / 'monitoring' / 'recorder-token'}",
+        "--alertmanager-url=http://127.0.0.1:19093",
+        "--prometheus-url=http://127.0.0.1:9090",
+        f"--password-file={tmp_path / 'data' / 'monitoring' / 'web-password'}",
+    ]
+    assert {"name": "incident-recorder", "scopes": [], "services": ["incident-recorder"]} in c.JupyterHub.load_roles
 
 
 def z2jh_config(values: dict[str, Any]) -> Any:

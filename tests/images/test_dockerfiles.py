@@ -102,7 +102,7 @@ def test_the_hub_image_works_in_zero_to_jupyterhubs_database_volume() -> None:
     assert workdirs[-1] == mounts["pvc"]
 
 
-def test_kubespawner_is_pinned_to_the_tested_major() -> None:
+def test_kubespawner_is_pinned_to_the_tested_release() -> None:
     import tomllib
 
     from packaging.requirements import Requirement
@@ -115,5 +115,41 @@ def test_kubespawner_is_pinned_to_the_tested_major() -> None:
         if line.startswith("jupyterhub-kubespawner==")
     )
     assert kubespawner.specifier.contains(tested)
-    major = int(tested.split(".")[0])
-    assert not kubespawner.specifier.contains(f"{major + 1}.0.0")  # an untested major is not taken
+    major, minor = (int(part) for part in tested.split(".")[:2])
+    assert not kubespawner.specifier.contains(f"{major}.{minor + 1}.0")  # an untested minor is not taken
+
+
+def test_the_supported_jupyterhub_range_runs_from_the_images_pin_to_this_environments_release() -> None:
+    """The two ends the tests run: the images' pin (under podman) and this virtualenv's (everything else)."""
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    dependencies = tomllib.loads((IMAGES.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    supported = next(Requirement(d) for d in dependencies if Requirement(d).name == "jupyterhub").specifier
+    pinned = Version(
+        next(
+            line.split("==")[1]
+            for line in (IMAGES / "constraints.txt").read_text().splitlines()
+            if line.startswith("jupyterhub==")
+        )
+    )
+    assert supported.contains(pinned) and not supported.contains(f"{pinned.major}.{pinned.minor - 1}.99")
+    assert supported.contains(version("jupyterhub"))
+
+
+def test_every_file_a_dockerfile_copies_is_in_the_build_context() -> None:
+    """.containerignore lets in only what is named (`*`, then `!path`): a COPY of anything else fails the build."""
+    from tests.kube.images import copied_sources
+
+    allowed = [
+        line[1:].strip()
+        for line in (IMAGES.parent / ".containerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    for dockerfile in sorted(IMAGES.glob("*/Dockerfile")):
+        for source in copied_sources(dockerfile):
+            relative = source.relative_to(IMAGES.parent).as_posix()
+            assert any(relative == a or relative.startswith(f"{a}/") for a in allowed), (dockerfile, relative)

@@ -1,18 +1,22 @@
 """A Kubernetes API test double, served over HTTP, with a fake scheduler and kubelet.
 
-It serves the parts of the core/v1 API that KubeSpawner and gpuslice use, with the real
-API's JSON shapes and watch protocol: namespaced pods (create, get, list, watch, delete),
-events (list, watch), services, secrets and PVCs (create, get, delete), and nodes (list,
-watch). Lists carry ``metadata.resourceVersion``; ``?watch=1&resourceVersion=N`` streams
-``{"type": ADDED|MODIFIED|DELETED, "object": ...}`` lines after N, and an expired N gets
-``410 Gone`` (an ERROR event) as the real API server does.
+The API: every resource of the groups in ``tests/kube/api/registry.py`` (core/v1: pods,
+services, endpoints, configmaps, secrets, persistentvolumeclaims, serviceaccounts, events,
+nodes, namespaces; apps/v1: deployments, daemonsets, replicasets, statefulsets; batch/v1:
+jobs, cronjobs), with discovery, the real API's JSON shapes, watch protocol, errors (Status
+objects) and the controllers clients count on (namespace lifecycle, garbage collection by
+ownerReferences, graceful pod deletion, a default StorageClass's provisioner, each namespace's
+``default`` ServiceAccount): ``tests/kube/api/rest.py`` says what is served and how. Pods
+also have ``binding``, ``exec`` (the websocket channel protocol, v4 and v5), ``log`` (with
+``follow`` and ``tailLines``) and ``eviction``.
 
 The scheduler places a pod on a node with enough of every extended resource it asks for
 (``aliyun.com/gpu-mem``, ``nvidia.com/gpu``, ...) or leaves it Pending with a
-``FailedScheduling`` event worded as kube-scheduler words it. The kubelet runs the pod's
-first container command as a local process bound to the pod's own loopback address
-(127.A.B.N, A.B from the double's process id: ``pod_addresses``), with the pod's
-environment, and reports it Running and Ready with that IP.
+``FailedScheduling`` event worded as kube-scheduler words it. The kubelet
+(``tests/kube/kubelet.py``) runs the pod as a local process on a loopback address of its own,
+or with ``--podman-network`` as a podman container of its image, reports it Running with that
+IP and Ready once its readiness probe (tcpSocket, httpGet, exec) passes, and stops it on
+deletion (TERM, then KILL after the grace period).
 
 A pod whose ``spec.schedulerName`` is the configured extender scheduler's (``--extender URL``)
 and that asks for one of the extender's managed resources is scheduled as kube-scheduler
@@ -20,8 +24,7 @@ schedules with an extender that binds: the nodes that fit its extended resources
 those the extender manages with ``ignoredByScheduler``) go to the extender's ``filter``
 (as ``NodeNames``: the extender is ``nodeCacheCapable``), the survivors to ``prioritize``,
 the highest score (first of ties) to ``bind``, and the extender binds through
-``pods/{name}/binding`` after patching the pod's annotations (``PATCH`` with a merge or
-strategic-merge patch).
+``pods/{name}/binding`` after patching the pod's annotations.
 
 With ``--rbac FILE`` it authenticates and authorizes as the real API server does with RBAC:
 the bearer token names a user (``system:serviceaccount:<namespace>:<name>``), and a request
@@ -31,7 +34,9 @@ or 403 with the API server's wording. FILE: ``{"tokens": {token: user}, "objects
 ClusterRole, RoleBinding, ClusterRoleBinding ...]}``, e.g. a Helm chart's rendered RBAC.
 With ``--schedulers a,b`` only pods whose ``schedulerName`` (default ``default-scheduler``)
 is one of those are scheduled; a pod naming a scheduler that does not run stays Pending with
-no event, as in a real cluster.
+no event, as in a real cluster. Namespaces: the system ones and those of ``--namespaces a,b``
+exist at the start (a real cluster's, made by ``kubectl create namespace``); creating in any
+other is refused (404), as the NamespaceLifecycle admission plugin refuses it.
 
 Run: ``python -m tests.kube.apiserver --port P --nodes nodes.json`` (nodes: Node objects).
 """
@@ -41,36 +46,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
-import os
-import signal
 import ssl
-import subprocess
-import sys
+import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
+from tests.kube.api import errors
+from tests.kube.api.errors import ApiError
+from tests.kube.api.rest import Rest, Target, flag, is_watch, verb
+from tests.kube.api.selectors import matches_labels
+from tests.kube.api.store import Store, now
 from tests.kube.apiserver_groups import GroupsMixin
-from tests.kube.kubelet import ContainerFailedError, PodmanKubelet
+from tests.kube.kubelet import (
+    ContainerFailedError,
+    PodmanKubelet,
+    ProcessKubelet,
+    image_map,
+    pod_addresses,
+    sandbox,
+)
+
+__all__ = ["MANAGED", "ApiServer", "matches_labels", "pod_addresses", "rbac_allows"]
 
 Obj = dict[str, Any]
-KINDS = {
-    "pods": "Pod",
-    "events": "Event",
-    "services": "Service",
-    "secrets": "Secret",
-    "persistentvolumeclaims": "PersistentVolumeClaim",
-    "nodes": "Node",
-}
 GPUSHARE_MEM, GPUSHARE_COUNT, GPUSHARE_IDX = "aliyun.com/gpu-mem", "aliyun.com/gpu-count", "ALIYUN_COM_GPU_MEM_IDX"
 GPUSHARE_POD, GPUSHARE_ASSIGNED = "ALIYUN_COM_GPU_MEM_POD", "ALIYUN_COM_GPU_MEM_ASSIGNED"
 GPUSHARE_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
@@ -81,28 +87,14 @@ MANAGED = {
     "nvidia.com/gpumem-percentage": True,
     "nvidia.com/gpucores": True,
 }
-HISTORY = 1000  # watch events kept; older resourceVersions are Gone
+EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+WAITING = ("ErrImagePull", "CreateContainerConfigError", "FailedMount")  # what the kubelet waits out
+RETRY_S = 2.0
+STDIN, STDOUT, STDERR, ERROR, CLOSE = 0, 1, 2, 3, 255
 
 
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def status(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    return web.json_response(body, status=code)
-
-
-def rbac_allows(objects: list[Obj], user: str, verb: str, resource: str, namespace: str) -> bool:
-    """Whether RBAC objects grant user the verb on a core ("" group) resource; namespace "" is cluster scope."""
+def rbac_allows(objects: list[Obj], user: str, verb: str, resource: str, namespace: str, group: str = "") -> bool:
+    """Whether RBAC objects grant user the verb on a resource of group; namespace "" is cluster scope."""
     roles = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objects}
     for binding in objects:
         if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
@@ -116,7 +108,7 @@ def rbac_allows(objects: list[Obj], user: str, verb: str, resource: str, namespa
         role = roles.get((ref["kind"], bound_in if ref["kind"] == "Role" else "", ref["name"]))
         for rule in (role or {}).get("rules") or []:
             if (
-                _has(rule.get("apiGroups"), "")
+                _has(rule.get("apiGroups"), group)
                 and _has(rule.get("resources"), resource)
                 and _has(rule.get("verbs"), verb)
             ):
@@ -135,97 +127,19 @@ def _has(values: list[str] | None, wanted: str) -> bool:
     return values is not None and (wanted in values or "*" in values)
 
 
-def request_verb(method: str, has_name: bool, watch: bool) -> str:
-    if method == "GET":
-        return "get" if has_name else "watch" if watch else "list"
-    return {"POST": "create", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
-
-
-def matches_labels(obj: Obj, selector: str) -> bool:
-    labels = obj.get("metadata", {}).get("labels") or {}
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if "!=" in term:
-            key, value = term.split("!=", 1)
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = term.split("=", 1)
-            if labels.get(key.rstrip("=")) != value.lstrip("="):
-                return False
-        elif term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def matches_fields(obj: Obj, selector: str) -> bool:
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        key, value = term.split("=", 1)
-        current: Any = obj
-        for part in key.rstrip("=").split("."):
-            current = current.get(part) if isinstance(current, dict) else None
-        if str(current) != value.lstrip("="):
-            return False
-    return True
-
-
-def pod_addresses(pid: int) -> Iterator[str]:
-    """Loopback addresses for one API double's pods, apart from every other double's.
-
-    Each pod's server listens on its own address at the image's port (8888): two doubles
-    running at once (pytest's workers) that both counted from 127.0.0.2 gave their first pods
-    the same address, and the second server could not bind ("port 8888 is already in use").
-    Each double counts in a /24 named by its process id's low 16 bits: two doubles running at
-    once differ there unless their ids are 65,536 apart. 253 pods a double, more than any test
-    starts.
-    """
-    high, low = (pid >> 8) & 0xFF, pid & 0xFF
-    return (f"127.{high}.{low}.{n}" for n in range(2, 255))
-
-
-class Store:
-    """Objects by (resource, namespace, name), one resourceVersion counter, a watch log."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], Obj] = {}
-        self.version = itertools.count(1)
-        self.current = 0
-        self.log: list[tuple[int, str, str, str, Obj]] = []  # (rv, resource, namespace, type, object)
-        self.changed = asyncio.Condition()
-        # injected: {"method", "path_contains", "query_contains"?, "status" (HTTP code, "timeout",
-        # "slow" with "delay_s", or "gone": a 410 ERROR event on a watch), "times"}
-        self.faults: list[dict[str, Any]] = []
-
-    async def put(self, resource: str, namespace: str, obj: Obj, kind: str) -> Obj:
-        meta = obj.setdefault("metadata", {})
-        self.current = next(self.version)
-        meta["resourceVersion"] = str(self.current)
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", now())
-        if namespace:
-            meta["namespace"] = namespace
-        self.objects[(resource, namespace, meta["name"])] = obj
-        await self._emit(resource, namespace, kind, obj)
-        return obj
-
-    async def delete(self, resource: str, namespace: str, name: str) -> Obj | None:
-        obj = self.objects.pop((resource, namespace, name), None)
-        if obj is not None:
-            self.current = next(self.version)
-            obj["metadata"]["resourceVersion"] = str(self.current)
-            await self._emit(resource, namespace, "DELETED", obj)
-        return obj
-
-    async def _emit(self, resource: str, namespace: str, kind: str, obj: Obj) -> None:
-        self.log.append((self.current, resource, namespace, kind, json.loads(json.dumps(obj))))
-        del self.log[:-HISTORY]
-        async with self.changed:
-            self.changed.notify_all()
-
-    def items(self, resource: str, namespace: str | None) -> list[Obj]:
-        return [o for (r, ns, _), o in self.objects.items() if r == resource and (namespace is None or ns == namespace)]
+def exit_status(command: list[str], code: int) -> Obj:
+    """The exec error channel's last message: v4's Status of the command's exit."""
+    if code == 0:
+        return {"metadata": {}, "status": "Success"}
+    message = f"command terminated with non-zero exit code: error executing command {command}, exit code {code}"
+    causes = [{"reason": "ExitCode", "message": str(code)}]
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "NonZeroExitCode",
+        "details": {"causes": causes},
+    }
 
 
 class ApiServer(GroupsMixin):
@@ -239,6 +153,8 @@ class ApiServer(GroupsMixin):
         rbac: Obj | None = None,
         schedulers: frozenset[str] | None = None,
         podman_network: str = "",
+        namespaces: tuple[str, ...] = (),
+        images: dict[str, str] | None = None,
     ) -> None:
         self.extender = extender
         # The extender's managedResources: resource -> ignoredByScheduler. As in kube-scheduler,
@@ -247,34 +163,41 @@ class ApiServer(GroupsMixin):
         self.managed = MANAGED if managed is None else managed
         self.scheduler_name = scheduler_name
         self.store = Store()
+        self.rest = Rest(self.store)
+        self.rest.on_created = {"pods": self._schedule_created, "persistentvolumeclaims": self._provision}
+        self.rest.on_removed = {"pods": self._requeue}
+        self.scheduling = asyncio.Lock()  # one pod placed at a time, as kube-scheduler's one scheduling cycle
+        self.rest.stop_pod = self._stop_pod
+        self.rest.subresource_handlers = {
+            ("pods", "binding"): self.binding,
+            ("pods", "exec"): self.exec,
+            ("pods", "log"): self.log,
+            ("pods", "eviction"): self.eviction,
+        }
         self.initial_nodes = nodes
+        self.initial_namespaces = namespaces
         self.kubelet = kubelet
         self.rbac = rbac
         self.schedulers = schedulers or frozenset({"default-scheduler"})
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.addresses = pod_addresses(os.getpid())
+        self.root = Path(tempfile.mkdtemp(prefix="gpuslice-double-"))
         # With a podman network, the kubelet runs each pod as a container of its image there.
-        self.podman = PodmanKubelet(podman_network) if podman_network else None
+        self.runtime: ProcessKubelet | PodmanKubelet = (
+            PodmanKubelet(podman_network, self.root, images) if podman_network else ProcessKubelet(self.root)
+        )
+        self.started: set[str] = set()  # uids of pods whose container the kubelet started
 
     # -- routing ------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.authorize, self.faults])
-        app.on_startup.append(self._load_nodes)
+        app = web.Application(middlewares=[self.authorize, self.faults], client_max_size=64 * 2**20)
+        app.on_startup.append(self._load)
         app.on_cleanup.append(self._stop_all)
         app.router.add_get("/version", self.version)
-        app.router.add_get("/api/v1/nodes", self.list_or_watch)
-        app.router.add_get("/api/v1/pods", self.list_all_pods)
-        app.router.add_patch("/api/v1/namespaces/{namespace}/pods/{name}", self.patch_pod)
-        app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self.bind)
-        app.router.add_get("/api/v1/namespaces/{namespace}/{resource}", self.list_or_watch)
-        app.router.add_post("/api/v1/namespaces/{namespace}/{resource}", self.create)
-        app.router.add_get("/api/v1/namespaces/{namespace}/{resource}/{name}", self.read)
-        app.router.add_delete("/api/v1/namespaces/{namespace}/{resource}/{name}", self.remove)
-        self.add_group_routes(app)  # resource.k8s.io and KAI's scheduling.run.ai (tests/kube/apiserver_groups.py)
         app.router.add_post("/_test/faults", self.add_fault)
         app.router.add_get("/_test/faults", self.list_faults)
         app.router.add_post("/_test/evict/{namespace}/{name}", self.evict)
+        app.router.add_route("*", "/api{tail:(/.*)?}", self.rest.handle)
+        app.router.add_route("*", "/apis{tail:(/.*)?}", self.rest.handle)
         return app
 
     @web.middleware
@@ -288,8 +211,8 @@ class ApiServer(GroupsMixin):
                     await asyncio.sleep(float(fault["delay_s"]))
                     break
                 if fault["status"] == "gone":  # a watch whose resourceVersion was compacted away
-                    return await self._gone(request, "too old resource version (injected)")
-                return status(int(fault["status"]), "InternalError", "injected fault")
+                    return await self.rest.gone(request, "too old resource version (injected)")
+                return ApiError(int(fault["status"]), "InternalError", "injected fault").response()
         return await handler(request)
 
     @web.middleware
@@ -300,19 +223,24 @@ class ApiServer(GroupsMixin):
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         user = self.rbac["tokens"].get(token) if scheme == "Bearer" else None
         if user is None:
-            return status(401, "Unauthorized", "Unauthorized")
-        parts = request.path.strip("/").split("/")  # api v1 [namespaces ns] resource [name]
-        namespace = parts[3] if len(parts) > 3 and parts[2] == "namespaces" else ""
-        rest = parts[4:] if namespace else parts[2:]
-        resource, has_name = rest[0], len(rest) > 1
-        verb = request_verb(request.method, has_name, request.query.get("watch") in ("1", "true", "True"))
-        if not rbac_allows(self.rbac["objects"], user, verb, resource, namespace):
-            where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-            return status(
-                403,
-                "Forbidden",
-                f'{resource} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "" {where}',
+            return ApiError(401, "Unauthorized", "Unauthorized").response()
+        try:
+            target = self.rest.parse(request.path)
+        except ApiError as error:
+            return error.response()
+        if target is None:
+            return await handler(request)  # discovery: system:discovery grants it to every authenticated user
+        wanted = verb(request.method, target, is_watch(request))
+        resource = f"{target.plural}/{target.sub}" if target.sub else target.plural
+        if not rbac_allows(self.rbac["objects"], user, wanted, resource, target.namespace, target.group.name):
+            where = f'in the namespace "{target.namespace}"' if target.namespace else "at the cluster scope"
+            named = f'{target.plural} "{target.name}"' if target.name else target.plural
+            qualified = f"{named}.{target.group.name}" if target.group.name and not target.name else named
+            message = (
+                f'{qualified} is forbidden: User "{user}" cannot {wanted} resource "{resource}" '
+                f'in API group "{target.group.name}" {where}'
             )
+            return ApiError(403, "Forbidden", message, {"name": target.name, "kind": target.plural}).response()
         return await handler(request)
 
     @staticmethod
@@ -324,154 +252,212 @@ class ApiServer(GroupsMixin):
         )
 
     async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"major": "1", "minor": "30", "gitVersion": "v1.30.0-gpuslice-double"})
-
-    async def _load_nodes(self, app: web.Application) -> None:
-        for node in self.initial_nodes:
-            await self.store.put("nodes", "", node, "ADDED")
-
-    # -- list and watch -----------------------------------------------------------------
-
-    async def list_or_watch(self, request: web.Request) -> web.StreamResponse:
-        resource = request.match_info.get("resource", "nodes")
-        if resource not in KINDS:
-            return status(404, "NotFound", f"the server could not find the requested resource ({resource})")
-        namespace = request.match_info.get("namespace", "") if resource != "nodes" else ""
-        labels = request.query.get("labelSelector", "")
-        fields = request.query.get("fieldSelector", "")
-
-        def wanted(obj: Obj) -> bool:
-            return matches_labels(obj, labels) and matches_fields(obj, fields)
-
-        if request.query.get("watch") in ("1", "true", "True"):
-            return await self._watch(request, resource, namespace, wanted)
-        items = [o for o in self.store.items(resource, namespace if resource != "nodes" else None) if wanted(o)]
         return web.json_response(
-            {
-                "kind": f"{KINDS[resource]}List",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(self.store.current)},
-                "items": items,
-            }
+            {"major": "1", "minor": "30", "gitVersion": "v1.30.0-gpuslice-double", "platform": "linux/amd64"}
         )
 
-    async def list_all_pods(self, request: web.Request) -> web.Response:
-        items = self.store.items("pods", None)
-        meta = {"resourceVersion": str(self.store.current)}
-        return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": items})
+    async def _load(self, app: web.Application) -> None:
+        await self.rest.start(self.initial_namespaces)
+        for node in self.initial_nodes:
+            node.setdefault("kind", "Node")
+            node.setdefault("apiVersion", "v1")
+            await self.store.put("nodes", "", node, "ADDED")
 
-    async def patch_pod(self, request: web.Request) -> web.Response:
-        """Merge and strategic-merge patches of a pod's labels and annotations (maps merge, null deletes)."""
-        if request.content_type not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
-            return status(
-                415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {request.content_type}"
-            )
-        pod = self.store.objects.get(("pods", request.match_info["namespace"], request.match_info["name"]))
-        if pod is None:
-            return status(404, "NotFound", f'pods "{request.match_info["name"]}" not found')
-        patch = await request.json()
-        for field in ("annotations", "labels"):
-            for key, value in ((patch.get("metadata") or {}).get(field) or {}).items():
-                target = pod["metadata"].setdefault(field, {})
-                if value is None:
-                    target.pop(key, None)
-                else:
-                    target[key] = value
-        await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
-        return web.json_response(pod)
+    # -- pods' subresources -----------------------------------------------------------
 
-    async def bind(self, request: web.Request) -> web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
-        pod = self.store.objects.get(("pods", namespace, name))
+    def _pod(self, target: Target) -> Obj:
+        pod = self.store.get("pods", target.namespace, target.name)
         if pod is None:
-            return status(404, "NotFound", f'pods "{name}" not found')
+            raise target.not_found()
+        return pod
+
+    async def binding(self, request: web.Request, target: Target) -> web.Response:
+        if request.method != "POST":
+            raise errors.method_not_allowed(request.method)
+        pod = self._pod(target)
         body = await request.json()
         node = (body.get("target") or {}).get("name", "")
         if pod["spec"].get("nodeName"):
-            return status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
-        if ("nodes", "", node) not in self.store.objects:
-            return status(404, "NotFound", f'nodes "{node}" not found')
+            raise errors.conflict(
+                "pods", target.name, f'pod {target.name} is already assigned to node "{pod["spec"]["nodeName"]}"'
+            )
+        if self.store.get("nodes", "", node) is None:
+            raise errors.not_found("nodes", node)
         await self._place(pod, node)
-        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, status=201)
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
+        )
+
+    async def eviction(self, request: web.Request, target: Target) -> web.Response:
+        """policy/v1 Eviction: no PodDisruptionBudget here, so the pod is deleted (gracefully)."""
+        if request.method != "POST":
+            raise errors.method_not_allowed(request.method)
+        pod = self._pod(target)
+        options = (await self.rest.body(request)).get("deleteOptions") or {}
+        await self.rest.delete_pod(pod, options.get("gracePeriodSeconds"))
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201
+        )
+
+    def _container(self, request: web.Request, pod: Obj) -> str:
+        names = [c["name"] for c in pod["spec"].get("containers") or []]
+        name = request.query.get("container") or (names[0] if len(names) == 1 else "")
+        if not name:
+            choices = " ".join(names)
+            why = f"a container name must be specified for pod {pod['metadata']['name']}, choose one of: [{choices}]"
+            raise errors.bad_request(why)
+        if name not in names:
+            raise errors.bad_request(f"container {name} is not valid for pod {pod['metadata']['name']}")
+        return name
+
+    def _waiting(self, pod: Obj, container: str) -> str:
+        """Why the container has no process yet ("" once it started)."""
+        if pod["metadata"]["uid"] in self.started:
+            return ""
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            waiting = status.get("state", {}).get("waiting")
+            if status["name"] == container and waiting:
+                return str(waiting.get("reason", "ContainerCreating"))
+        return "ContainerCreating"
+
+    async def log(self, request: web.Request, target: Target) -> web.StreamResponse:
+        """``GET pods/{name}/log``: the container's output (``follow``, ``tailLines``) as text."""
+        pod = self._pod(target)
+        container = self._container(request, pod)
+        if waiting := self._waiting(pod, container):
+            why = "image can't be pulled" if waiting in ("ErrImagePull", "ImagePullBackOff") else waiting
+            raise errors.bad_request(f'container "{container}" in pod "{target.name}" is waiting to start: {why}')
+        follow = flag(request, "follow")
+        tail = int(request.query["tailLines"]) if request.query.get("tailLines") else None
+        argv, options = self.runtime.log_argv(pod, follow, tail)
+        reader = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, **options
+        )
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        try:
+            assert reader.stdout is not None
+            while chunk := await reader.stdout.read(65536):
+                await response.write(chunk)
+        finally:
+            if reader.returncode is None:
+                reader.kill()
+            await reader.wait()
+        return response
+
+    async def exec(self, request: web.Request, target: Target) -> web.StreamResponse:
+        """``pods/{name}/exec`` over a websocket: the command run in the pod, its output on channels 1 and 2,
+        its exit on channel 3 as a Status (``v4.channel.k8s.io``; ``v5`` adds stdin's close on 255)."""
+        pod = self._pod(target)
+        command = request.query.getall("command", [])
+        if not command:
+            raise errors.bad_request("you must specify at least 1 command")
+        container = self._container(request, pod)
+        if not pod["spec"].get("nodeName"):
+            raise errors.bad_request(f"pod {target.name} does not have a host assigned")
+        if self._waiting(pod, container) or pod.get("status", {}).get("phase") != "Running":
+            raise errors.bad_request(f'unable to upgrade connection: container not found ("{container}")')
+        if not any(flag(request, name) for name in ("stdin", "stdout", "stderr")):
+            raise errors.bad_request("you must specify at least one of stdin, stdout, stderr")
+        socket = web.WebSocketResponse(protocols=EXEC_PROTOCOLS)
+        if not socket.can_prepare(request).ok:
+            raise errors.bad_request("Upgrade request required")
+        await socket.prepare(request)
+        wants = {name: flag(request, name) for name in ("stdin", "stdout", "stderr")}
+        argv, options = self.runtime.exec_argv(pod, command)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if wants["stdin"] else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                **options,
+            )
+        except OSError as error:
+            failure = ApiError(
+                500, "InternalError", f"Internal error occurred: error executing command in container: {error}"
+            )
+            await socket.send_bytes(bytes([ERROR]) + json.dumps(failure.status()).encode())
+            await socket.close()
+            return socket
+
+        async def pump(stream: asyncio.StreamReader | None, channel: int, wanted: bool) -> None:
+            assert stream is not None
+            while chunk := await stream.read(65536):
+                if wanted:
+                    await socket.send_bytes(bytes([channel]) + chunk)
+
+        async def feed() -> None:
+            async for message in socket:  # text frames too: the API server reads either kind as bytes
+                if message.type not in (WSMsgType.BINARY, WSMsgType.TEXT) or process.stdin is None:
+                    continue
+                data = message.data.encode() if isinstance(message.data, str) else message.data
+                if data[:1] == bytes([STDIN]):
+                    process.stdin.write(data[1:])
+                    await process.stdin.drain()
+                elif data[:1] == bytes([CLOSE]) and data[1:2] == bytes([STDIN]):
+                    process.stdin.close()
+
+        feeding = asyncio.get_running_loop().create_task(feed())
+        await asyncio.gather(
+            pump(process.stdout, STDOUT, wants["stdout"]), pump(process.stderr, STDERR, wants["stderr"])
+        )
+        code = await process.wait()
+        await socket.send_bytes(bytes([ERROR]) + json.dumps(exit_status(command, code)).encode())
+        feeding.cancel()
+        await socket.close()
+        return socket
+
+    # -- controllers --------------------------------------------------------------------
+
+    async def _schedule_created(self, pod: Obj) -> None:
+        if pod["spec"].get("nodeName"):  # created bound: no scheduler sees it, the node's kubelet runs it
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}]
+            if self.kubelet:
+                self.rest.spawn(self._run(pod))
+            return
+        async with self.scheduling:
+            await self._schedule(pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    async def _requeue(self, removed: Obj) -> None:
+        """kube-scheduler moves its unschedulable pods back to the queue when a pod leaves a node:
+        each pod still unplaced is tried again, oldest first (a terminating pod held its room till now)."""
+        if not removed.get("spec", {}).get("nodeName"):
+            return
+        async with self.scheduling:
+            waiting = [
+                p
+                for p in self.store.items("pods", None)
+                if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+            ]
+            for pod in sorted(waiting, key=lambda p: p["metadata"]["creationTimestamp"]):
+                if any(c.get("reason") == "Unschedulable" for c in pod["status"].get("conditions") or []):
+                    await self._schedule(pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    async def _provision(self, claim: Obj) -> None:
+        """A default StorageClass's provisioner (Immediate binding): the claim is Bound to a new volume."""
+        meta = claim["metadata"]
+        if self.store.get("persistentvolumeclaims", meta["namespace"], meta["name"]) is not claim:
+            return
+        requested = (claim["spec"].get("resources") or {}).get("requests") or {}
+        claim["spec"]["volumeName"] = f"pvc-{meta['uid']}"
+        claim["spec"].setdefault("storageClassName", "standard")
+        meta.setdefault("annotations", {})["pv.kubernetes.io/bind-completed"] = "yes"
+        claim["status"] = {
+            "phase": "Bound",
+            "accessModes": claim["spec"].get("accessModes") or ["ReadWriteOnce"],
+            "capacity": {"storage": requested.get("storage", "1Gi")},
+        }
+        await self.store.put("persistentvolumeclaims", meta["namespace"], claim, "MODIFIED")
 
     async def _place(self, pod: Obj, node: str) -> None:
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         pod["spec"]["nodeName"] = node
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}]
         await self.store.put("pods", namespace, pod, "MODIFIED")
         await self._event(pod, "Normal", "Scheduled", f"Successfully assigned {namespace}/{name} to {node}")
         if self.kubelet:
-            await self._run(pod)
-
-    async def _watch(
-        self, request: web.Request, resource: str, namespace: str, wanted: Callable[[Obj], bool]
-    ) -> web.StreamResponse:
-        since = int(request.query.get("resourceVersion") or self.store.current)
-        oldest = self.store.log[0][0] if self.store.log else self.store.current + 1
-        if since and since < oldest - 1:
-            return await self._gone(request, f"too old resource version: {since} ({oldest - 1})")
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        deadline = asyncio.get_running_loop().time() + float(request.query.get("timeoutSeconds") or 300)
-        sent = since
-        while asyncio.get_running_loop().time() < deadline:
-            for rv, res, ns, kind, obj in list(self.store.log):
-                if rv > sent and res == resource and (resource == "nodes" or ns == namespace) and wanted(obj):
-                    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
-            sent = self.store.current
-            async with self.store.changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.store.changed.wait(), timeout=1)
-        return response
-
-    @staticmethod
-    async def _gone(request: web.Request, message: str) -> web.StreamResponse:
-        """A watch the API server cannot serve from its history: one ERROR event, 410 Expired."""
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410}
-        await response.write(json.dumps({"type": "ERROR", "object": {**gone, "message": message}}).encode() + b"\n")
-        return response
-
-    # -- create, read, delete -----------------------------------------------------------
-
-    async def create(self, request: web.Request) -> web.Response:
-        resource, namespace = request.match_info["resource"], request.match_info["namespace"]
-        if resource not in KINDS or resource == "nodes":
-            return status(404, "NotFound", f"the server could not find the requested resource ({resource})")
-        obj = await request.json()
-        name = obj.get("metadata", {}).get("name")
-        if not name:
-            return status(422, "Invalid", f"{KINDS[resource]} is invalid: metadata.name: Required value")
-        if (resource, namespace, name) in self.store.objects:
-            return status(409, "AlreadyExists", f'{resource} "{name}" already exists')
-        obj.setdefault("kind", KINDS[resource])
-        obj.setdefault("apiVersion", "v1")
-        if resource == "pods":
-            obj["status"] = {"phase": "Pending", "conditions": []}
-        await self.store.put(resource, namespace, obj, "ADDED")
-        if resource == "pods":
-            asyncio.get_running_loop().create_task(self._schedule(namespace, name))
-        return web.json_response(obj, status=201)
-
-    async def read(self, request: web.Request) -> web.Response:
-        key = (request.match_info["resource"], request.match_info["namespace"], request.match_info["name"])
-        obj = self.store.objects.get(key)
-        if obj is None:
-            return status(404, "NotFound", f'{key[0]} "{key[2]}" not found')
-        return web.json_response(obj)
-
-    async def remove(self, request: web.Request) -> web.Response:
-        resource, namespace, name = (request.match_info[k] for k in ("resource", "namespace", "name"))
-        obj = self.store.objects.get((resource, namespace, name))
-        if obj is None:
-            return status(404, "NotFound", f'{resource} "{name}" not found')
-        if resource == "pods":
-            self._kill(namespace, name)
-            await self.forget_claims(obj)
-        await self.store.delete(resource, namespace, name)
-        return web.json_response(obj)
-
-    # -- scheduler and kubelet ----------------------------------------------------------
+            self.rest.spawn(self._run(pod))
 
     def _free(self, node: Obj) -> dict[str, int]:
         free = {k: _quantity(v) for k, v in (node.get("status", {}).get("allocatable") or {}).items()}
@@ -486,12 +472,14 @@ class ApiServer(GroupsMixin):
         return scheduler in self.schedulers or (self.extender is not None and scheduler == self.scheduler_name)
 
     async def _schedule(self, namespace: str, name: str) -> None:
-        pod = self.store.objects.get(("pods", namespace, name))
-        if pod is None or not self._runs(pod["spec"].get("schedulerName") or "default-scheduler"):
+        pod = self.store.get("pods", namespace, name)
+        if pod is None or pod["spec"].get("nodeName"):
+            return  # gone, or bound already
+        if not self._runs(pod["spec"].get("schedulerName") or "default-scheduler"):
             return  # no scheduler of that name runs: the pod waits, and nothing says why
         asked = {k: v for k, v in _limits(pod).items() if "/" in k}  # extended resources decide here
         nodes = self.store.items("nodes", None)
-        if await self.schedule_in_groups(pod, nodes):  # DRA claims, KAI's pods
+        if await self.schedule_in_groups(pod, nodes):  # DRA claims, KAI's pods (tests/kube/apiserver_groups.py)
             return
         interested = not self.managed or any(r in self.managed for r in asked)
         if self.extender and pod["spec"].get("schedulerName") == self.scheduler_name and interested:
@@ -551,7 +539,7 @@ class ApiServer(GroupsMixin):
                 return
             kept = list(filtered.get("NodeNames") or [])
             if not kept:
-                failed = filtered.get("FailedNodes") or {}
+                failed = {**(filtered.get("FailedNodes") or {}), **(filtered.get("FailedAndUnresolvableNodes") or {})}
                 await self._unschedulable(pod, total, ", ".join(f"{n}: {m}" for n, m in sorted(failed.items())))
                 return
             scores = await call("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": kept})
@@ -602,64 +590,90 @@ class ApiServer(GroupsMixin):
         if annotations.get(GPUSHARE_ASSIGNED) == "false":
             annotations.update({GPUSHARE_ASSIGNED: "true", GPUSHARE_ASSUME_TIME: str(time.time_ns())})
 
-    async def _run(self, pod: Obj) -> None:
-        self._gpushare_assign(pod)
-        if self.podman is not None:
-            return await self._run_container(pod)
-        container = pod["spec"]["containers"][0]
-        address = next(self.addresses)
-        env = dict(os.environ)
-        env.update({e["name"]: e.get("value", "") for e in container.get("env") or []})
-        port = int((container.get("ports") or [{"containerPort": 8888}])[0]["containerPort"])
-        env["JUPYTERHUB_SERVICE_URL"] = f"http://{address}:{port}{env.get('JUPYTERHUB_SERVICE_PREFIX', '/')}"
-        command = [*(container.get("command") or []), *(container.get("args") or [])]
-        command = [
-            str(Path(sys.executable).with_name(command[0])) if not os.path.isabs(command[0]) else command[0],
-            *(a for a in command[1:] if not a.startswith("--ip")),
-            f"--ip={address}",
-        ]
-        if os.geteuid() == 0:
-            command.append("--allow-root")  # a real image runs as uid 1000; the double runs as the test's user
-        workdir = Path(env.get("GPUSLICE_DOUBLE_ROOT", "/tmp")) / pod["metadata"]["name"]
-        workdir.mkdir(parents=True, exist_ok=True)
-        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        log = (workdir / "container.log").open("ab")
-        self.processes[key] = subprocess.Popen(
-            command, env=env, cwd=workdir, stdout=log, stderr=log, start_new_session=True
-        )
-        await self._running(pod, address)
-        asyncio.get_running_loop().create_task(self._watch_container(key, self.processes[key]))
+    # -- the kubelet ----------------------------------------------------------------------
 
-    async def _run_container(self, pod: Obj) -> None:
-        """The pod as a podman container of its image (the image must exist on this machine)."""
-        assert self.podman is not None
-        try:
-            address = await asyncio.to_thread(self.podman.start, pod)
-        except ContainerFailedError as exc:
-            pod["status"].update(phase="Failed", reason="ErrImagePull" if exc.image else "Error", message=str(exc))
-            await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
-            await self._event(pod, "Warning", "Failed", str(exc))
-            return
+    async def _run(self, pod: Obj) -> None:
+        """The kubelet starts the pod's container. What it needs and is not there yet (a Secret, a
+        ConfigMap, a claim, the image) leaves it waiting, tried again every RETRY_S as the kubelet
+        tries again, until it is there or the pod is deleted (KubeSpawner makes a pod's Secret
+        after the pod, which names it)."""
+        self._gpushare_assign(pod)
+        meta = pod["metadata"]
+        reported = ""
+        while True:
+            current = self.store.get("pods", meta["namespace"], meta["name"])
+            if current is None or current["metadata"]["uid"] != meta["uid"] or meta.get("deletionTimestamp"):
+                return
+            services = self.store.items("services", meta["namespace"])
+            try:
+                made = sandbox(pod, self.store.get, services, self.root)
+                address = await asyncio.to_thread(self.runtime.start, pod, made)
+                break
+            except ContainerFailedError as exc:
+                if exc.reason not in WAITING:
+                    await self._failed_to_start(pod, exc)
+                    return
+                if str(exc) != reported:
+                    await self._failed_to_start(pod, exc)
+                    reported = str(exc)
+            await asyncio.sleep(RETRY_S)
+        self.started.add(meta["uid"])
         await self._running(pod, address)
-        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        asyncio.get_running_loop().create_task(self._watch_podman(key))
+        asyncio.get_running_loop().create_task(self._watch_container(pod))
+
+    async def _failed_to_start(self, pod: Obj, exc: ContainerFailedError) -> None:
+        """An image that cannot be pulled or a missing ConfigMap/Secret leaves the pod Pending, waiting
+        (the kubelet retries); a container that cannot start fails it (restartPolicy Never, as KubeSpawner sets)."""
+        container = pod["spec"]["containers"][0]
+        waiting = exc.reason in WAITING
+        reason = "ContainerCreating" if exc.reason == "FailedMount" else exc.reason
+        state = (
+            {"waiting": {"reason": reason, "message": str(exc)}}
+            if waiting
+            else {"terminated": {"exitCode": 128, "reason": "StartError", "message": str(exc), "finishedAt": now()}}
+        )
+        pod["status"].update(
+            phase="Pending" if waiting else "Failed",
+            containerStatuses=[
+                {
+                    "name": container["name"],
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "started": False,
+                    "state": state,
+                }
+            ],
+        )
+        await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
+        if exc.reason == "FailedMount":
+            await self._event(pod, "Warning", "FailedMount", str(exc))
+        else:
+            await self._event(pod, "Warning", "Failed", str(exc) if exc.image else f"Error: {exc}")
 
     async def _running(self, pod: Obj, address: str) -> None:
         container = pod["spec"]["containers"][0]
-        pod["status"] = {
-            "phase": "Running",
-            "podIP": address,
-            "podIPs": [{"ip": address}],
-            "hostIP": "127.0.0.1",
-            "startTime": now(),
-            "conditions": [
-                {"type": t, "status": "True", "lastTransitionTime": now()}
+        probe = container.get("readinessProbe")
+        ready = "False" if probe else "True"
+        pod["status"].update(
+            phase="Running",
+            podIP=address,
+            podIPs=[{"ip": address}],
+            hostIP="127.0.0.1",
+            startTime=now(),
+            conditions=[
+                {
+                    "type": t,
+                    "status": "True" if t in ("PodScheduled", "Initialized") else ready,
+                    "lastTransitionTime": now(),
+                }
                 for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
             ],
-            "containerStatuses": [
+            containerStatuses=[
                 {
                     "name": container["name"],
-                    "ready": True,
+                    "ready": not probe,
                     "restartCount": 0,
                     "image": container.get("image", ""),
                     "imageID": "",
@@ -667,60 +681,97 @@ class ApiServer(GroupsMixin):
                     "state": {"running": {"startedAt": now()}},
                 }
             ],
-        }
+        )
         await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
         await self._event(pod, "Normal", "Started", f"Started container {container['name']}")
+        if probe:
+            asyncio.get_running_loop().create_task(self._probe(pod, container, probe, address))
 
-    async def _watch_container(self, key: str, process: subprocess.Popen[bytes]) -> None:
-        """A container that exits on its own leaves its pod Failed (restartPolicy Never, as KubeSpawner sets)."""
-        while process.poll() is None:
-            await asyncio.sleep(0.5)
-        namespace, name = key.split("/", 1)
-        pod = self.store.objects.get(("pods", namespace, name))
-        if pod is None or self.processes.get(key) is not process:
-            return  # deleted, or replaced
-        status = pod["status"]
-        status["phase"] = "Failed" if process.returncode else "Succeeded"
+    async def _probe(self, pod: Obj, container: Obj, probe: Obj, address: str) -> None:
+        """The readiness probe, every periodSeconds until it first passes; then the pod is Ready."""
+        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
+        period = float(probe.get("periodSeconds", 10))
+        uid = pod["metadata"]["uid"]
+        while (current := self.store.get("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])) is not None:
+            if current["metadata"]["uid"] != uid or current["status"].get("phase") != "Running":
+                return
+            if await self._probe_passes(pod, container, probe, address):
+                for condition in current["status"]["conditions"]:
+                    condition["status"] = "True"
+                current["status"]["containerStatuses"][0]["ready"] = True
+                await self.store.put("pods", pod["metadata"]["namespace"], current, "MODIFIED")
+                return
+            await asyncio.sleep(period)
+
+    async def _probe_passes(self, pod: Obj, container: Obj, probe: Obj, address: str) -> bool:
+        def port_of(value: Any) -> int:
+            named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
+            return int(named.get(value, value))
+
+        timeout = float(probe.get("timeoutSeconds", 1))
+        try:
+            if "tcpSocket" in probe:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(address, port_of(probe["tcpSocket"]["port"])), timeout
+                )
+                writer.close()
+                return True
+            if "httpGet" in probe:
+                get = probe["httpGet"]
+                url = f"{get.get('scheme', 'HTTP').lower()}://{address}:{port_of(get['port'])}{get.get('path', '/')}"
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(
+                        url, ssl=False, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout)
+                    ) as answer,
+                ):
+                    return 200 <= answer.status < 400
+            if "exec" in probe:
+                argv, options = self.runtime.exec_argv(pod, probe["exec"]["command"])
+                checked = await asyncio.create_subprocess_exec(
+                    *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, **options
+                )
+                return await asyncio.wait_for(checked.wait(), timeout) == 0
+        except (OSError, TimeoutError, aiohttp.ClientError):
+            return False
+        return False
+
+    async def _watch_container(self, pod: Obj) -> None:
+        """A container that exits on its own leaves its pod Failed or Succeeded (restartPolicy Never,
+        as KubeSpawner sets)."""
+        meta = pod["metadata"]
+        while (code := await asyncio.to_thread(self.runtime.exit_code, pod)) is None:
+            await asyncio.sleep(self.runtime.poll_s)
+        current = self.store.get("pods", meta["namespace"], meta["name"])
+        if (
+            current is None
+            or current["metadata"]["uid"] != meta["uid"]
+            or code < 0
+            or current["metadata"].get("deletionTimestamp")
+        ):
+            return  # deleted, or being deleted
+        status = current["status"]
+        status["phase"] = "Failed" if code else "Succeeded"
+        for condition in status.get("conditions") or []:
+            if condition["type"] in ("Ready", "ContainersReady"):
+                condition["status"] = "False"
         status["containerStatuses"][0].update(
-            ready=False, state={"terminated": {"exitCode": process.returncode, "finishedAt": now()}}
-        )
-        await self.store.put("pods", namespace, pod, "MODIFIED")
-
-    async def _watch_podman(self, key: str) -> None:
-        """A notebook container that exits leaves its pod Failed (or Succeeded), as a process does."""
-        assert self.podman is not None
-        namespace, name = key.split("/", 1)
-        while (code := await asyncio.to_thread(self.podman.exit_code, namespace, name)) is None:
-            await asyncio.sleep(1)
-        pod = self.store.objects.get(("pods", namespace, name))
-        if pod is None or code < 0:
-            return  # deleted
-        pod["status"]["phase"] = "Failed" if code else "Succeeded"
-        pod["status"]["containerStatuses"][0].update(
             ready=False, state={"terminated": {"exitCode": code, "finishedAt": now()}}
         )
-        await self.store.put("pods", namespace, pod, "MODIFIED")
+        await self.store.put("pods", meta["namespace"], current, "MODIFIED")
 
-    def _kill(self, namespace: str, name: str) -> None:
-        if self.podman is not None:
-            self.podman.remove(namespace, name)
-        process = self.processes.pop(f"{namespace}/{name}", None)
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    async def _stop_pod(self, pod: Obj, grace: float) -> None:
+        if pod["metadata"]["uid"] in self.started:
+            await asyncio.to_thread(self.runtime.stop, pod, grace)
+            self.started.discard(pod["metadata"]["uid"])
 
     async def evict(self, request: web.Request) -> web.Response:
-        """What an eviction does: the container is killed, the pod Failed with reason Evicted."""
+        """What a node-pressure eviction does: the container is killed, the pod Failed with reason Evicted."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        pod = self.store.objects.get(("pods", namespace, name))
+        pod = self.store.get("pods", namespace, name)
         if pod is None:
-            return status(404, "NotFound", f'pods "{name}" not found')
-        self._kill(namespace, name)
+            return errors.not_found("pods", name).response()
+        await self._stop_pod(pod, 0)
         pod["status"].update(
             {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
         )
@@ -766,10 +817,9 @@ class ApiServer(GroupsMixin):
         await self.store.put("events", meta["namespace"], event, "ADDED")
 
     async def _stop_all(self, app: web.Application) -> None:
-        for key in list(self.processes):
-            self._kill(*key.split("/", 1))
-        for pod in self.store.items("pods", None) if self.podman else []:
-            self._kill(pod["metadata"]["namespace"], pod["metadata"]["name"])
+        for _, _, pod in [e for e in self.store.everything() if e[0] == "pods"]:
+            with contextlib.suppress(Exception):
+                await self._stop_pod(pod, 0)
 
 
 def _limits(pod: Obj) -> dict[str, int]:
@@ -819,7 +869,9 @@ def main() -> None:
     parser.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (and --tls-key)")
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--podman-network", default="", help="run pods as podman containers on this network")
+    parser.add_argument("--images", type=Path, help="JSON {image a cluster pulls: image built here} for podman pods")
     parser.add_argument("--nodes", type=Path, required=True)
+    parser.add_argument("--namespaces", default="", help="namespaces that exist at the start, comma-separated")
     parser.add_argument("--no-kubelet", action="store_true")
     parser.add_argument("--extender", help="URL of the scheduler extender for pods of --scheduler-name")
     parser.add_argument("--scheduler-name", default="gpuslice-scheduler")
@@ -834,12 +886,15 @@ def main() -> None:
         rbac=json.loads(args.rbac.read_text()) if args.rbac else None,
         schedulers=frozenset(args.schedulers.split(",")),
         podman_network=args.podman_network,
+        namespaces=tuple(n for n in args.namespaces.split(",") if n),
+        images=image_map(args.images.read_text()) if args.images else None,
     )
     tls = None
     if args.tls_cert:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         tls.load_cert_chain(args.tls_cert, args.tls_key)
-    web.run_app(server.app(), host=args.host, port=args.port, ssl_context=tls, print=None)
+    # On SIGTERM, open watches are not waited for long: a real API server drops them too.
+    web.run_app(server.app(), host=args.host, port=args.port, ssl_context=tls, print=None, shutdown_timeout=5)
 
 
 if __name__ == "__main__":

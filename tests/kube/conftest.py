@@ -145,14 +145,19 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
 
 
 def start_api_double(
-    root: Path, nodes: list[dict[str, Any]], kubelet: bool = True, extra_args: tuple[str, ...] = ()
+    root: Path,
+    nodes: list[dict[str, Any]],
+    kubelet: bool = True,
+    extra_args: tuple[str, ...] = (),
+    namespaces: tuple[str, ...] = ("gpuslice",),
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """The Kubernetes API double in its own process; returns it and its port."""
+    """The Kubernetes API double in its own process, with these namespaces made; returns it and its port."""
     nodes_file = root / "nodes.json"
     nodes_file.write_text(json.dumps(nodes))
     api_port = free_port()
     api_log = (root / "apiserver.log").open("wb")
     command = [sys.executable, "-m", "tests.kube.apiserver", "--port", str(api_port), "--nodes", str(nodes_file)]
+    command += ["--namespaces", ",".join(namespaces)]
     apiserver = subprocess.Popen(
         [*command, *([] if kubelet else ["--no-kubelet"]), *extra_args],
         stdout=api_log,
@@ -165,7 +170,8 @@ def start_api_double(
 
 @pytest.fixture
 def kube_hub(tmp_path: Path) -> Iterator[KubeHub]:
-    apiserver, api_port = start_api_double(tmp_path, [gpushare_node("gpu-a", 1, 15), gpushare_node("gpu-b", 1, 15)])
+    nodes = [gpushare_node("gpu-a", 1, 15), gpushare_node("gpu-b", 1, 15)]
+    apiserver, api_port = start_api_double(tmp_path, nodes, namespaces=("gpuslice", "batch"))
     port = free_port()
     kubeconfig = tmp_path / "kubeconfig"
     write_kubeconfig(kubeconfig, api_port)

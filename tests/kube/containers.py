@@ -6,8 +6,9 @@ What a kubelet does with a pod, done with podman for the objects ``helm template
   image the pod names, with the pod's ``command`` (the image's entrypoint replaced) and
   ``args`` (its CMD replaced), its environment (``value``, ``secretKeyRef``,
   ``configMapKeyRef``, ``fieldRef`` of the namespace and name), its volumes at their mount
-  paths (ConfigMap and Secret items as files, a PersistentVolumeClaim as a folder kept
-  across restarts and upgrades, ``emptyDir`` as a folder of the pod), its security context
+  paths (ConfigMap and Secret items as files, ``subPath`` mounts of one of them, a
+  PersistentVolumeClaim as a folder kept across restarts and upgrades, ``emptyDir`` as a
+  folder of the pod), its security context
   (user, read-only root, dropped capabilities, no new privileges), and it is started again
   when it exits (``restartPolicy: Always``, by a thread of the harness, the kubelet's job);
 * the pod's service account gets a token, mounted with the API's CA and the namespace at
@@ -15,7 +16,10 @@ What a kubelet does with a pod, done with podman for the objects ``helm template
   is false), and ``KUBERNETES_SERVICE_HOST``/``PORT`` name the API double, served over TLS
   with that CA and enforcing the RBAC the chart renders for that account;
 * each Service's name resolves, on the podman network, to the pod its selector picks
-  (a network alias).
+  (a network alias), and each pod gets the Services' ``NAME_SERVICE_HOST``/``_PORT``
+  variables (``enableServiceLinks``; the host is the Service's name, which resolves);
+  ``$(VAR)`` in a command or args is expanded from the container's environment;
+* an image a cluster would pull runs as the image built here that ``pulls`` names for it.
 
 Notebook pods that the hub creates are run by the double's kubelet as containers of the
 notebook image on the same network (``tests/kube/apiserver.py --podman-network``).
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import shutil
 import subprocess
@@ -116,6 +121,32 @@ def podman_command(container: Obj) -> list[str]:
     return [*entrypoint, container["image"], *(args or [])]
 
 
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) in a command or args: the variable's value when defined, else left as is; $$ escapes."""
+    return re.sub(
+        r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))",
+        lambda m: "$" if m.group(1) == "$" else env.get(m.group(2), m.group(0)),
+        text,
+    )
+
+
+def service_links(services: list[Obj]) -> dict[str, str]:
+    """What the kubelet adds for each Service of the namespace (enableServiceLinks): NAME_SERVICE_HOST and
+    NAME_SERVICE_PORT[_PORTNAME]; the host is the Service's name, which the network resolves to its pod."""
+    env: dict[str, str] = {}
+    for service in services:
+        ports = service.get("spec", {}).get("ports") or []
+        if not ports:
+            continue
+        prefix = service["metadata"]["name"].upper().replace("-", "_")
+        env[f"{prefix}_SERVICE_HOST"] = service["metadata"]["name"]
+        env[f"{prefix}_SERVICE_PORT"] = str(ports[0]["port"])
+        for port in ports:
+            if port.get("name"):
+                env[f"{prefix}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(port["port"])
+    return env
+
+
 def security_flags(pod_spec: Obj, container: Obj) -> list[str]:
     pod_security, security = pod_spec.get("securityContext") or {}, container.get("securityContext") or {}
     user = security.get("runAsUser", pod_security.get("runAsUser"))
@@ -150,6 +181,12 @@ class Cluster:
     restarts: dict[str, int] = field(default_factory=dict)  # container -> times restarted
     stopping: threading.Event = field(default_factory=threading.Event)
     kubelet: threading.Thread | None = None
+    namespace: str = NAMESPACE
+    pulls: dict[str, str] = field(default_factory=dict)  # image a cluster pulls -> image built here
+    reader: str = f"{RELEASE}-gpuslice-hub"  # the service account k8s() reads the API as
+    rbac_extra: list[Obj] = field(default_factory=list)  # RBAC objects besides the rendered ones
+    tokens_extra: dict[str, str] = field(default_factory=dict)  # token -> user, besides the accounts'
+    api_args: tuple[str, ...] = ()
 
     # -- the objects ---------------------------------------------------------------------
 
@@ -182,9 +219,13 @@ class Cluster:
         accounts = ["default", *(d["metadata"]["name"] for d in self.objects("ServiceAccount"))]
         self.tokens = {name: secrets.token_urlsafe(32) for name in accounts}
         rbac = {
-            "tokens": {t: f"system:serviceaccount:{NAMESPACE}:{a}" for a, t in self.tokens.items()},
-            "objects": [self._namespaced(d) for d in self.docs if d["kind"] in rbac_kinds],
+            "tokens": {
+                **{t: f"system:serviceaccount:{self.namespace}:{a}" for a, t in self.tokens.items()},
+                **self.tokens_extra,
+            },
+            "objects": [self._namespaced(d) for d in [*self.docs, *self.rbac_extra] if d["kind"] in rbac_kinds],
         }
+        (self.root / "images.json").write_text(json.dumps(self.pulls))
         (self.root / "rbac.json").write_text(json.dumps(rbac))
         (self.root / "nodes.json").write_text(json.dumps(self.nodes))
         self.api_port = free_port()
@@ -192,23 +233,23 @@ class Cluster:
         self.api = subprocess.Popen(
             [sys.executable, "-m", "tests.kube.apiserver", "--host", "0.0.0.0", "--port", str(self.api_port),
              "--nodes", str(self.root / "nodes.json"), "--rbac", str(self.root / "rbac.json"),
-             "--tls-cert", str(cert), "--tls-key", str(key), "--podman-network", self.network],
+             "--tls-cert", str(cert), "--tls-key", str(key), "--podman-network", self.network,
+             "--namespaces", self.namespace, "--images", str(self.root / "images.json"), *self.api_args],
             stdout=log, stderr=log, cwd=Path(__file__).parents[2],
         )  # fmt: skip
         self.wait_for(f"https://127.0.0.1:{self.api_port}/version", verify=str(ca))
 
-    @staticmethod
-    def _namespaced(doc: Obj) -> Obj:
+    def _namespaced(self, doc: Obj) -> Obj:
         """What the API server stores: namespaced objects in the release's namespace."""
-        if doc["kind"] in ("Role", "RoleBinding"):
-            doc = {**doc, "metadata": {**doc["metadata"], "namespace": NAMESPACE}}
+        if doc["kind"] in ("Role", "RoleBinding") and not doc["metadata"].get("namespace"):
+            doc = {**doc, "metadata": {**doc["metadata"], "namespace": self.namespace}}
         return doc
 
     def k8s(self, path: str) -> Any:
         """The double as the test reads it (with the hub's account, over TLS)."""
         response = requests.get(
             f"https://{self.gateway}:{self.api_port}{path}",
-            headers={"Authorization": f"Bearer {self.tokens[f'{RELEASE}-gpuslice-hub']}"},
+            headers={"Authorization": f"Bearer {self.tokens[self.reader]}"},
             verify=str(self.ca),
             timeout=10,
         )
@@ -232,15 +273,17 @@ class Cluster:
 
     # -- the workloads ----------------------------------------------------------------
 
-    def apply(self, docs: list[Obj], publish: dict[str, list[int]] | None = None) -> None:
-        """Run (or replace, as a rollout does) every Deployment and DaemonSet of docs."""
+    def apply(self, docs: list[Obj], publish: dict[str, list[int]] | None = None, only: set[str] | None = None) -> None:
+        """Run (or replace, as a rollout does) every Deployment and DaemonSet of docs (or those named in only)."""
         self.docs = docs
         if self.kubelet is None:
             self.kubelet = threading.Thread(target=self.restart_exited, daemon=True)
             self.kubelet.start()
         for workload in self.objects("Deployment"):
+            if only is not None and workload["metadata"]["name"] not in only:
+                continue
             self.run_pod(workload["metadata"]["name"], workload["spec"]["template"], publish or {})
-        for workload in self.objects("DaemonSet"):
+        for workload in self.objects("DaemonSet") if only is None else []:
             for node in self.nodes:
                 name = f"{workload['metadata']['name']}-{node['metadata']['name']}"
                 self.run_pod(name, workload["spec"]["template"], publish or {}, node=node["metadata"]["name"])
@@ -258,7 +301,8 @@ class Cluster:
 
     def run_pod(self, name: str, template: Obj, publish: dict[str, list[int]], node: str = "") -> None:
         spec, labels = template["spec"], template["metadata"].get("labels") or {}
-        container = spec["containers"][0]
+        container = dict(spec["containers"][0])
+        container["image"] = self.pulls.get(container["image"], container["image"])
         pod = self.root / "pods" / name
         old = self.containers.pop(name, None)
         if old:  # a rollout: the old pod goes first (the hub's strategy is Recreate)
@@ -268,6 +312,9 @@ class Cluster:
         pod.mkdir(parents=True)
         mounts = self._volumes(spec, container, pod)
         env = self._env(container, name, node)
+        for part in ("command", "args"):
+            if container.get(part):
+                container[part] = [expand(str(word), env) for word in container[part]]
         (pod / "env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         (pod / "env").chmod(0o600)
         aliases = [
@@ -288,8 +335,9 @@ class Cluster:
         self.containers[name] = container_name
 
     def _env(self, container: Obj, pod_name: str, node: str) -> dict[str, str]:
-        env = {"KUBERNETES_SERVICE_HOST": self.gateway, "KUBERNETES_SERVICE_PORT": str(self.api_port)}
-        fields = {"metadata.namespace": NAMESPACE, "metadata.name": pod_name, "spec.nodeName": node}
+        env = service_links(self.objects("Service"))
+        env.update({"KUBERNETES_SERVICE_HOST": self.gateway, "KUBERNETES_SERVICE_PORT": str(self.api_port)})
+        fields = {"metadata.namespace": self.namespace, "metadata.name": pod_name, "spec.nodeName": node}
         for item in container.get("env") or []:
             source = item.get("valueFrom") or {}
             if "value" in item:
@@ -312,13 +360,14 @@ class Cluster:
         flags = []
         for mount in container.get("volumeMounts") or []:
             mode = "ro" if mount.get("readOnly") else "rw"
-            flags.append(f"--volume={folders[mount['name']]}:{mount['mountPath']}:{mode}")
+            source = folders[mount["name"]] / mount["subPath"] if mount.get("subPath") else folders[mount["name"]]
+            flags.append(f"--volume={source}:{mount['mountPath']}:{mode}")
         if spec.get("automountServiceAccountToken", True) is not False:
             account = pod / "serviceaccount"
             account.mkdir()
             (account / "token").write_text(self.tokens[spec.get("serviceAccountName") or "default"])
             (account / "ca.crt").write_bytes(self.ca.read_bytes())
-            (account / "namespace").write_text(NAMESPACE)
+            (account / "namespace").write_text(self.namespace)
             flags.append(f"--volume={account}:{ACCOUNT}:ro")
         return flags
 

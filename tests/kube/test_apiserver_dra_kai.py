@@ -46,7 +46,7 @@ async def settle(http: aiohttp.ClientSession, name: str) -> dict[str, Any]:
 
 
 async def with_double(nodes: list[dict[str, Any]], run: Any, schedulers: frozenset[str] = frozenset()) -> Any:
-    api = ApiServer(nodes, kubelet=False, schedulers=frozenset({"default-scheduler", *schedulers}))
+    api = ApiServer(nodes, kubelet=False, schedulers=frozenset({"default-scheduler", *schedulers}), namespaces=("ns",))
     server = TestServer(api.app(), host="127.0.0.1")
     await server.start_server()
     try:

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import random
+from collections import Counter
 from enum import StrEnum
 from typing import Any
 
@@ -14,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from bench.placement import TraceNode, TraceTask, arrivals, read_nodes, read_tasks
 from hub.extender import RestKubeClient, make_app
 from spawner.extender import pod_demand
-from spawner.placement import ClusterState, Demand, Workload, make_policy
+from spawner.placement import ClusterState, Demand, known_workload, make_policy
 from spawner.sharing import backend as sharing
 from spawner.sharing import build_kube
 from tests.kube.apiserver import ApiServer
@@ -84,17 +85,17 @@ def workload(backend: Backend) -> list[dict[str, Any]]:
 def direct(
     backend: Backend, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
 ) -> list[tuple[str, tuple[int, ...]]]:
-    """The policy called directly: the same arrivals, the seen-so-far workload, commits in memory."""
+    """The policy called directly: the same arrivals, what it knows live (every arrival so far: a
+    refused pod stays pending, and is seen), commits in memory."""
     inventory = build_kube(nodes, [], sharing(backend))
     state = ClusterState.from_inventory(inventory)
-    held: list[Demand] = []
+    arrived: Counter[Demand] = Counter()
     decisions: list[tuple[str, tuple[int, ...]]] = []
     for p in pods:
         demand = pod_demand(p, sharing(backend))
-        held.append(demand)
-        choice = make_policy("default", Workload.from_demands(held)).choose(state, demand)
+        choice = make_policy("default", known_workload(arrived, demand)).choose(state, demand)
+        arrived[demand] += 1
         if choice is None:
-            held.pop()  # a refused pod is not in the cluster
             decisions.append(("", ()))
             continue
         state.commit(choice, demand)
@@ -121,7 +122,7 @@ def placed_on(backend: Backend, p: dict[str, Any], nodes: list[dict[str, Any]]) 
 async def through_the_extender(
     backend: Backend, pods: list[dict[str, Any]], nodes: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
-    api = ApiServer(nodes or cluster(backend), kubelet=False)
+    api = ApiServer(nodes or cluster(backend), kubelet=False, namespaces=("ns",))
     api_server = TestServer(api.app(), host="127.0.0.1")
     await api_server.start_server()
     client = RestKubeClient(str(api_server.make_url("")))
@@ -236,8 +237,9 @@ def test_filter_says_why_each_node_is_out() -> None:
     args = {"Pod": pod("big", Backend.HAMI, gib=24), "Nodes": None, "NodeNames": ["a", "b", "c", "gone"]}
     answer = filter_nodes(args, nodes, [], sharing(Backend.HAMI))
     assert answer["NodeNames"] == ["b", "c"] and answer["Nodes"] is None
-    assert set(answer["FailedNodes"]) == {"a", "gone"}
-    assert "The largest free slice is 16 GiB on a GPU" in answer["FailedNodes"]["a"]
+    # a's cards hold 16 GiB each, "gone" is no node: preempting pods would not help either
+    assert set(answer["FailedAndUnresolvableNodes"]) == {"a", "gone"} and not answer["FailedNodes"]
+    assert "The largest free slice is 16 GiB on a GPU" in answer["FailedAndUnresolvableNodes"]["a"]
     listed = {"Pod": args["Pod"], "Nodes": {"items": nodes}, "NodeNames": None}
     by_nodes = filter_nodes(listed, nodes, [], sharing(Backend.HAMI))
     assert [n["metadata"]["name"] for n in by_nodes["Nodes"]["items"]] == ["b", "c"] and by_nodes["NodeNames"] is None

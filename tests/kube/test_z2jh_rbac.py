@@ -27,7 +27,9 @@ def api_url(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[st
     rbac = tmp_path / "rbac.json"
     rbac.write_text(json.dumps({"tokens": {token: HUB}, "objects": objects}))
     nodes = [gpushare_node("gpu-a", 1, 15)]
-    apiserver, port = start_api_double(tmp_path, nodes, kubelet=False, extra_args=("--rbac", str(rbac)))
+    apiserver, port = start_api_double(
+        tmp_path, nodes, kubelet=False, extra_args=("--rbac", str(rbac)), namespaces=("jhub",)
+    )
     try:
         yield f"http://127.0.0.1:{port}", token
     finally:

@@ -18,7 +18,7 @@ GiB = 2**30
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[str]:
-    process, port = start_api_double(tmp_path, [gpushare_node("gpu-a", 2, 16)], kubelet=False)
+    process, port = start_api_double(tmp_path, [gpushare_node("gpu-a", 2, 16)], kubelet=False, namespaces=("jupyter",))
     yield f"http://127.0.0.1:{port}"
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=30)

@@ -16,7 +16,7 @@ from portal.data.hub import ClassInfo, ServerRow
 from portal.data.incident_store import IncidentStore
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
-from portal.incidents import Alert, Incident, Silence
+from portal.incidents import Alert, Incident, Notification, Silence
 from portal.sources import alerts, classes, clients, line, metrics, servers
 from spawner.class_store import ClassStore
 from spawner.gpus import simulated_gpus
@@ -300,6 +300,29 @@ def test_alerts_page(fakes: dict[str, object]) -> None:
     assert "Alertmanager is unavailable" in at.warning[0].value
 
 
+def test_a_student_sees_no_platform_alert_anywhere(fakes: dict[str, object]) -> None:
+    """Alerts and incidents are about the platform: not in a student's menu, refused on a direct
+    visit, and refused by the data layer itself (issue 31: a student saw SpawnFailureRateHigh)."""
+    fakes["identity"] = Identity("alice")
+    for page in ("screens/alerts.py", "screens/incidents.py"):
+        with pytest.raises(ValueError, match="Could not find a navigation page"):
+            run(page)
+    at = AppTest.from_file(str(Path(APP).parent / "screens" / "alerts.py"), default_timeout=30)
+    at.session_state["identity"] = Identity("alice")
+    at.run()
+    assert at.error[0].value == "Alerts are about the platform and go to its admins."
+    assert "GpuXidError" not in markdown_text(at)
+    overview = run("screens/overview.py")
+    assert "Alerts firing" not in texts(overview)
+
+
+def test_the_data_layer_gives_alerts_to_admins_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(alerts, "_active_alerts", lambda: [AlertRow("NodeDown", "critical", "", "", "", NOW, "")])
+    with pytest.raises(PermissionError, match="alice may not read the platform's alerts"):
+        alerts.active_alerts(Identity("alice"))
+    assert [a.name for a in alerts.active_alerts(Identity("root", admin=True))] == ["NodeDown"]
+
+
 def markdown_text(at: AppTest) -> str:
     return "\n".join(m.value for m in at.markdown)
 
@@ -441,11 +464,8 @@ def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
 class RecordingAlertmanager:
     """Alertmanager's answers as the data layer returns them (its real API is tested in tests/e2e/test_incidents.py)."""
 
-    def __init__(self, alerts: list[Alert]) -> None:
-        self.firing, self.silenced, self.acknowledged = alerts, list[Silence](), list[tuple[str, str, str]]()
-
-    def alerts(self) -> list[Alert]:
-        return self.firing
+    def __init__(self) -> None:
+        self.silenced, self.acknowledged = list[Silence](), list[tuple[str, str, str]]()
 
     def silences(self) -> list[Silence]:
         return self.silenced
@@ -458,22 +478,22 @@ class RecordingAlertmanager:
 
 @pytest.fixture
 def incidents(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> RecordingAlertmanager:
+    """A store as the recorder leaves it: the alerts Alertmanager listed, a page to the first line."""
     started = NOW - timedelta(hours=1)
-    manager = RecordingAlertmanager(
-        [
-            Alert("a", {"alertname": "NodeDown", "severity": "critical", "node": "n1"}, started, "n1 is down"),
-            Alert(
-                "b",
-                {"alertname": "GpuXidError", "severity": "critical", "node": "n1", "gpu": "0"},
-                started,
-                "Xid 79",
-                "docs/runbook.md#gpuxiderror",
-                inhibited_by=("a",),
-            ),
-        ]
+    node = Alert("a", {"alertname": "NodeDown", "severity": "critical", "node": "n1"}, started, "n1 is down")
+    xid = Alert(
+        "b",
+        {"alertname": "GpuXidError", "severity": "critical", "node": "n1", "gpu": "0"},
+        started,
+        "Xid 79",
+        "docs/runbook.md#gpuxiderror",
+        inhibited_by=("a",),
     )
-    monkeypatch.setattr(alerts, "alertmanager_client", lambda: manager)
     store = IncidentStore(tmp_path / "incidents.sqlite")
+    store.sync([node, xid], [], started + timedelta(seconds=5))
+    store.record_notification(Notification("first-line-alice", started + timedelta(seconds=1), (node.key,)), [node])
+    manager = RecordingAlertmanager()
+    monkeypatch.setattr(alerts, "alertmanager_client", lambda: manager)
     monkeypatch.setattr(alerts, "incident_store", lambda: store)
     return manager
 
@@ -482,7 +502,8 @@ def test_incidents_page_groups_times_acknowledges_and_escapes_notes(incidents: R
     at = run("screens/incidents.py")
     page = markdown_text(at)
     assert "**NodeDown on node n1** · critical · open, not acknowledged" in page
-    assert "escalated" not in page  # no second line in the default on-call settings: nobody to escalate to
+    assert "escalated" not in page  # Alertmanager notified no second line
+    assert views.plain("Alertmanager notified first-line-alice of NodeDown") in page
     assert (
         "**GpuXidError** node n1, gpu 0 (explained by another alert here): Xid 79 · [runbook](runbook#gpuxiderror)"
         in page
@@ -508,7 +529,7 @@ def test_incidents_are_for_admins_only(incidents: RecordingAlertmanager, fakes: 
     at = AppTest.from_file(str(Path(APP).parent / "screens" / "incidents.py"), default_timeout=30)
     at.session_state["identity"] = Identity("alice")  # the script run directly: its own check stops it
     at.run()
-    assert at.error[0].value == "Incidents are for admins. The Alerts page lists what fires."
+    assert at.error[0].value == "Incidents are about the platform and go to its admins."
     assert "NodeDown" not in markdown_text(at)
     with pytest.raises(PermissionError, match="alice may not read incidents"):
         alerts.incidents(Identity("alice"))

@@ -1,3 +1,4 @@
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,9 +25,12 @@ from spawner.placement import (
     expected_overflow,
     explain,
     fragmentation,
+    known_workload,
     make_policy,
     type_capacity,
+    type_fragment,
 )
+from spawner.placement.remembered import TypeValues
 from spawner.shares import GiB, GpuRequest
 
 
@@ -135,6 +139,95 @@ def test_remembered_node_states_decide_as_scoring_afresh(policy: type[Fragmentat
         if choice is not None:
             remembered.commit(choice, demand)
             fresh.commit(choice, demand)
+
+
+def mixed_cluster() -> ClusterState:
+    """Twelve nodes of two models, four sizes of card count and three of CPU: states that differ
+    in CPU only, in model only, in how many cards."""
+    cards = [8, 8, 4, 4, 2, 1, 8, 4, 2, 2, 1, 1]
+    return ClusterState(
+        [f"n{i}" for i in range(12)],
+        [96000, 64000, 32000, 64000, 16000, 8000, 128000, 32000, 16000, 8000, 8000, 4000],
+        [512 * GiB] * 6 + [256 * GiB] * 6,
+        [[1000.0] * c for c in cards],
+        [["G2" if i % 3 else "T4"] * c for i, c in enumerate(cards)],
+    )
+
+
+def arrival_types() -> list[Demand]:
+    """Slices, whole and multi-card tasks, CPU-only tasks, model-bound tasks (the trace's kinds)."""
+    t4 = frozenset({"T4"})
+    return [
+        *(slice_(share, cpu=cpu) for share in (0.1, 0.25, 0.5, 0.7) for cpu in (2000, 6000)),
+        Demand(slice_fraction=0.5, cpu_milli=4000, models=t4),
+        *(Demand(gpus=n, cpu_milli=cpu) for n in (1, 2, 4, 8) for cpu in (4000, 16000)),
+        Demand(gpus=1, cpu_milli=8000, models=t4),
+        Demand(cpu_milli=2000, memory_bytes=4 * GiB),
+        Demand(cpu_milli=12000, memory_bytes=64 * GiB),
+    ]
+
+
+@pytest.mark.parametrize("policy", [FragmentationGradientDescent, DefaultPolicy])
+def test_a_policy_told_the_arrivals_so_far_decides_as_one_made_afresh_for_each(
+    policy: type[FragmentationGradientDescent],
+) -> None:
+    """What the replay does (one policy, ``know`` before each decision, node states and types
+    remembered across) against what the extender does (a new policy for every pod, scoring
+    every state afresh): the same choices, through arrivals that bring new types all along and
+    a target smaller than the types seen (so types leave and come back)."""
+    types = arrival_types()
+    rng = np.random.default_rng(11)
+    mine, theirs = mixed_cluster(), mixed_cluster()
+    told = policy(known_workload({}, types[0]), max_types=6)
+    arrived: Counter[Demand] = Counter()
+    placed = 0
+    for _ in range(160):
+        demand = types[int(rng.integers(len(types)))]
+        told.know(known_workload(arrived, demand))
+        choice = told.choose(mine, demand)
+        fresh = policy(known_workload(arrived, demand), max_types=6, remember_states=False)
+        assert choice == fresh.choose(theirs, demand)
+        arrived[demand] += 1
+        if choice is not None:
+            placed += 1
+            mine.commit(choice, demand)
+            theirs.commit(choice, demand)
+    assert 40 < placed < 160  # the cluster filled up: later arrivals were refused
+
+
+def test_remembered_values_stay_right_when_the_table_fills_and_starts_again() -> None:
+    """A table of three states and two types, asked for more of both: it starts again (and widens
+    for a target of three types) and still answers what scoring afresh answers."""
+
+    def score(types: WorkloadArrays, *state: np.ndarray) -> np.ndarray:
+        return np.asarray(type_fragment(types, *state))[None]
+
+    small = TypeValues(score, 1, ["T4"], slots=3, max_types=2)
+    fresh = TypeValues(score, 1, ["T4"], remember=False)
+    shapes = [slice_(0.25), slice_(0.5), Demand(gpus=1), Demand(gpus=2)]
+    rng = np.random.default_rng(5)
+    for step in range(30):
+        target = [shapes[i] for i in rng.choice(4, size=1 + step % 3, replace=False)]
+        s = state(rng.choice([0, 250, 500, 1000], size=(4, 2)).tolist())
+        asked = (s.free, s.cap, s.model, s.usable, s.cpu, s.mem)
+        mine, theirs = small.columns(target), fresh.columns(target)  # the types first, then their values
+        assert small.values(*asked)[0][:, mine].tolist() == fresh.values(*asked)[0][:, theirs].tolist()
+    assert small.generation > 0 and small.max_types == 3
+
+
+def test_the_known_workload_is_every_arrival_so_far_and_the_one_arriving() -> None:
+    half, whole, cpu = slice_(0.5), Demand(gpus=1), Demand(cpu_milli=1000)
+    arrived = Counter({half: 3, whole: 1})
+    known = known_workload(arrived, whole)
+    assert dict(zip(known.demands, known.weights, strict=True)) == {half: 0.6, whole: 0.4}
+    assert known.demands == (half, whole)  # the most popular first
+    first = known_workload(arrived, cpu)
+    assert dict(zip(first.demands, first.weights, strict=True)) == {half: 0.6, whole: 0.2, cpu: 0.2}
+    assert arrived == Counter({half: 3, whole: 1})  # what was passed in is left alone
+    assert known_workload({}, cpu).demands == (cpu,)
+    # Every type is kept: each policy keeps as many of the most popular as it scores.
+    many = Counter({slice_(k / 100): 1 for k in range(1, 81)})
+    assert len(known_workload(many, cpu).demands) == 81
 
 
 def test_best_fit_and_spread_are_opposites() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from spawner import metrics
 from spawner.ledger import Ledger
 from spawner.lifecycle import LedgerGpuMixin
 from spawner.request import GpuRefused
@@ -107,6 +108,23 @@ def test_nobody_jumps_the_line_without_waiting(tmp_path: Path) -> None:
     running[0].clear_state()
     with pytest.raises(GpuRefused, match="1 request"):
         Spawner(ledger, "pushy", gpu_memory="8GiB").allocate()
+
+
+def offered(reason: str) -> float:
+    return metrics.SPAWN_OFFERED_LINE.labels(reason=reason)._value.get()
+
+
+def test_a_refusal_that_offers_the_line_is_counted_apart_from_one_waiting_cannot_help(tmp_path: Path) -> None:
+    """SpawnFailureRateHigh counts no refusal; the line's own are told apart for the runbook."""
+    ledger = tmp_path / "ledger.sqlite"
+    fill(ledger)
+    capacity, invalid = offered("capacity"), offered("invalid")
+    spawner = Spawner(ledger, "f", gpu_memory="8GiB")
+    with pytest.raises(GpuRefused) as full:
+        spawner.allocate()  # counts its refusal
+    assert full.value.waitable and offered("capacity") == capacity + 1
+    spawner._refused(GpuRefused(400, "gpu_memory: 8 GiB?", "invalid"))
+    assert offered("invalid") == invalid  # bad options: waiting would not help, no line offered
 
 
 def test_only_a_waiting_spawn_gets_the_line_on_top_of_start_timeout(tmp_path: Path) -> None:

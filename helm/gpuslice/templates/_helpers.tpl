@@ -129,6 +129,11 @@ never from a value. Renders nothing; fails with what to do.
   secret: {secretName: {{ .Values.monitoring.oncall.existingSecret | quote }}, defaultMode: 288}  # 0440
 {{- end -}}
 
+{{/* The incident recorder runs (a container of the portal's pod) when asked for and an Alertmanager is named: "true" or "". */}}
+{{- define "gpuslice.recorderOn" -}}
+{{- if and .Values.portal.enabled .Values.monitoring.incidentRecorder.enabled .Values.monitoring.alertmanagerUrl -}}true{{- end -}}
+{{- end -}}
+
 {{/*
 A memory size in GiB from "40GiB", "40Gi", "512MiB", "1TiB" (binary units, as group budgets are written):
   {{ include "gpuslice.gib" "40GiB" }} -> 40

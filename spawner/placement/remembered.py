@@ -1,0 +1,153 @@
+"""What fgd and default score per node state and task type, remembered across decisions. Pure code.
+
+A node state's fragment for one task type (and the places it has for that type) depends on
+that state and that type alone: not on the other types of the target workload, nor on their
+popularity. Live, the target workload changes at every arrival (its weights always, its types
+now and then), so the policies remember each state's values *per type* and weigh them by the
+popularity of the moment; a decision scores only the states and types it has not seen.
+
+Types are numbered in the order they first enter a target (the *known types*); a policy weighs
+all of them, those outside the target of the moment with weight 0. A state's row holds the
+values of the types known when it was scored; a type new since is scored for that state when
+it is next asked for. One commit changes one node, so nearly every candidate state of the next
+decision (a node after placing the task) was scored at an earlier decision: a decision costs a
+hash of its candidates and one look-up per distinct state.
+
+The table holds at most ``slots`` states of at most ``max_types`` types; past the first it
+starts again empty, past the second it forgets the known types too (a decision then scores
+afresh).
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from spawner.placement.fragmentation import Workload, WorkloadArrays, row_bytes, row_hash_weights
+from spawner.placement.state import BoolArray, Demand, FloatArray, IntArray
+
+# (types, free, cap, model, usable, cpu, mem) -> (K, C, T): K values per node state and type.
+Scorer = Callable[[WorkloadArrays, FloatArray, FloatArray, IntArray, BoolArray, FloatArray, FloatArray], FloatArray]
+
+# 16,384 states of up to 192 types and two values each: at most 48 MB, written only as used.
+SLOTS = 16_384
+MAX_TYPES = 192
+
+
+def zeros_in_small_pages(shape: tuple[int, ...]) -> FloatArray:
+    """Zeros, in the kernel's small pages. The table is written a few rows at a time as states
+    come; numpy asks for huge pages on large arrays, and a first write into one can hold a
+    decision for milliseconds while the kernel assembles 2 MB (decisions of 10-12 ms that had
+    nothing new to score, on the shared test machine)."""
+    size = int(np.prod(shape)) * 8
+    if size == 0:
+        return np.zeros(shape)
+    memory = mmap.mmap(-1, size)  # anonymous: zero-filled
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, dtype=np.float64).reshape(shape)
+
+
+class TypeValues:
+    """Per node state and known type, ``width`` values of ``score``, remembered (``remember=False``:
+    every state scored afresh at every call, the baseline ``bench.latency`` compares with)."""
+
+    def __init__(
+        self,
+        score: Scorer,
+        width: int,
+        model_names: Sequence[str],
+        *,
+        remember: bool = True,
+        slots: int = SLOTS,
+        max_types: int = MAX_TYPES,
+    ) -> None:
+        self.score = score
+        self.width = width
+        self.model_names = list(model_names)
+        self.remember = remember
+        self.max_types = max_types
+        self.generation = 0  # bumped whenever the known types are numbered anew
+        self._column: dict[Demand, int] = {}
+        self.types = WorkloadArrays.build(Workload((), ()), self.model_names)  # the known types
+        self._slot: dict[bytes, int] = {}
+        self._table = zeros_in_small_pages((width, slots if remember else 0, max_types))
+        self._known = np.zeros(slots if remember else 0, dtype=np.int64)  # types scored, per slot
+
+    @property
+    def known(self) -> int:
+        """How many types are known: the columns of every row ``values`` answers."""
+        return len(self._column)
+
+    def columns(self, demands: Sequence[Demand]) -> IntArray:
+        """The column of each type, numbering the new ones (and starting again when full)."""
+        new = [d for d in dict.fromkeys(demands) if d not in self._column]
+        if len(self._column) + len(new) > self.max_types:
+            asked = len(set(demands))
+            if asked > self.max_types:  # a target wider than the table: widen it
+                self.max_types = asked
+                self._table = zeros_in_small_pages((self.width, self._known.size, asked))
+            self._column.clear()
+            self._slot.clear()
+            self.generation += 1
+            new = list(dict.fromkeys(demands))
+        if new:
+            for demand in new:
+                self._column[demand] = len(self._column)
+            known = tuple(self._column)
+            self.types = WorkloadArrays.build(Workload(known, (0.0,) * len(known)), self.model_names)
+        return np.array([self._column[d] for d in demands], dtype=np.int64)
+
+    def values(
+        self,
+        free: FloatArray,
+        cap: FloatArray,
+        model: IntArray,
+        usable: BoolArray,
+        cpu: FloatArray,
+        mem: FloatArray,
+    ) -> FloatArray:
+        """(K, C, known): the values of each of C node states for every known type."""
+        # Nodes in the same state score the same (common: a cluster has few node shapes and
+        # many empty nodes), so each distinct state is looked at once.
+        key = np.column_stack((free, cap, model, usable, cpu, mem)).astype(np.float64)
+        hashes = key @ row_hash_weights(key.shape[1])
+        _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        if not self.remember:
+            at = first
+            scored = self.score(self.types, free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
+            return scored[:, inverse]
+        slots = self._slots(row_bytes(key[first]))
+        known = self.known
+        scored_types = self._known[slots]
+        # States new to the table (no type scored), then states that lack the types known since.
+        for behind in (np.flatnonzero(scored_types == 0), np.flatnonzero((scored_types > 0) & (scored_types < known))):
+            if behind.size == 0:
+                continue
+            since = int(scored_types[behind].min())
+            at, columns = first[behind], np.arange(since, known)
+            scored = self.score(self.types.subset(columns), free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
+            self._table[:, slots[behind, None], columns[None, :]] = scored
+            self._known[slots[behind]] = known
+        return self._table[:, slots[inverse], :known]
+
+    def _slots(self, keys: list[bytes]) -> IntArray:
+        """The table row of each state; states not seen get a row that knows no type."""
+        if len(keys) > self._known.size:  # more distinct states at once than rows: more rows
+            self._table = zeros_in_small_pages((self.width, len(keys), self.max_types))
+            self._known = np.zeros(len(keys), dtype=np.int64)
+            self._slot.clear()
+        slots = list(map(self._slot.get, keys))
+        new = [i for i, s in enumerate(slots) if s is None]
+        if new and len(self._slot) + len(new) > self._known.size:
+            self._slot.clear()
+            slots = [None] * len(keys)
+            new = list(range(len(keys)))
+        start = len(self._slot)
+        for offset, i in enumerate(new):
+            self._slot[keys[i]] = slots[i] = start + offset
+        self._known[start : start + len(new)] = 0
+        return np.array(slots, dtype=np.int64)
