@@ -15,7 +15,13 @@ import pwd
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from sizes import format_bytes
+
+# The name under which the home's warning reaches the hub's templates and /hub/gpuslice/notice
+# (JupyterHub.template_vars: a callable is called with the page's user).
+HOME_NOTICE = "gpuslice_home_notice"
 SYSTEM_PREFIX = "jupyter-"  # spawner/local.py's accounts under isolation unix-users
 
 
@@ -68,3 +74,26 @@ class HomeSizes:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def over_size_words(used: int, limit: int) -> str | None:
+    """What a user is told when their home takes more than ``limit`` bytes (None while it does not)."""
+    if limit <= 0 or used <= limit:
+        return None
+    return (
+        f"Your home folder takes {format_bytes(used)}, over the {format_bytes(limit)} each home should stay under. "
+        "Delete what you no longer need (old checkpoints, datasets you can download again, ~/.cache); "
+        "the platform's admins are told when a home stays over its size for 30 minutes."
+    )
+
+
+def home_notice(sizes: HomeSizes, limit_of: Callable[[str], int]) -> Callable[[Any], str | None]:
+    """The template variable: the page's user's home warning, from the latest sizes (None: no user, or under)."""
+
+    def notice(user: Any) -> str | None:
+        name = getattr(user, "name", None)
+        if not name or name not in sizes.sizes:
+            return None
+        return over_size_words(sizes.sizes[name], limit_of(name))
+
+    return notice

@@ -148,3 +148,8 @@ def _home_limit(user: str) -> int:
 
 
 metrics.register_allocations(metrics.HomeCollector(lambda: _home_sizes.sizes, _home_limit))
+# ... and told to the user on the hub's home page and in JupyterLab (hub/notice.py).
+c.JupyterHub.template_vars = {
+    **c.JupyterHub.template_vars,
+    homes.HOME_NOTICE: homes.home_notice(_home_sizes, _home_limit),
+}

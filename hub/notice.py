@@ -8,10 +8,13 @@ pages: a user sees only the warnings of their own servers (the spawner reads the
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 from jupyterhub.handlers import BaseHandler
 from tornado import web
+
+from hub.homes import HOME_NOTICE
 
 # How often an open JupyterLab looks again: often enough to see a warning well before its
 # stop, rarely enough that a class's open tabs cost the hub little.
@@ -36,10 +39,18 @@ def next_look_s(spawners: dict[str, Any]) -> float:
     return max(0.5, min([LOOK_EVERY_S, *(lead / 6 for lead in leads)]))
 
 
+def home_notices(words: str | None) -> list[dict[str, str]]:
+    """The home folder's warning as a notice (its id changes with its words, so a new size is shown again)."""
+    return [{"server": "", "id": f"home@{zlib.crc32(words.encode()):x}", "message": words}] if words else []
+
+
 class NoticeHandler(BaseHandler):  # type: ignore[misc]
     @web.authenticated
     def get(self) -> None:
-        spawners = dict(self.current_user.spawners)
+        user = self.current_user
+        spawners = dict(user.spawners)
+        home = (self.settings.get("template_vars") or {}).get(HOME_NOTICE)
+        found = notices(spawners) + home_notices(home(user) if callable(home) else None)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps({"notices": notices(spawners), "next_look_s": next_look_s(spawners)}))
+        self.finish(json.dumps({"notices": found, "next_look_s": next_look_s(spawners)}))

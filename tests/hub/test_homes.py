@@ -1,10 +1,12 @@
 """hub.homes and HomeCollector: each home's size against its limit, for the HomeOverSize alert."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import jinja2
 from prometheus_client import CollectorRegistry
 
-from hub.homes import HomeSizes, folder_bytes, homes
+from hub.homes import HomeSizes, folder_bytes, home_notice, homes, over_size_words
 from hub.metrics import HomeCollector, register_allocations
 
 MiB = 2**20
@@ -34,3 +36,33 @@ def test_the_hub_serves_each_home_beside_its_limit(tmp_path: Path) -> None:
     register_allocations(HomeCollector(lambda: sizes.sizes, lambda user: 10 * MiB), registry)
     assert registry.get_sample_value("gpuslice_home_bytes", {"user": "ann"}) == float(sizes.sizes["ann"]) >= MiB
     assert registry.get_sample_value("gpuslice_home_limit_bytes", {"user": "ann"}) == 10 * MiB
+
+
+def test_a_user_over_their_home_size_is_told_with_both_sizes_and_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "ann").mkdir()
+    (tmp_path / "ann" / "f").write_bytes(b"x" * 3 * MiB)
+    (tmp_path / "bob").mkdir()
+    sizes = HomeSizes(lambda: homes("none", tmp_path))
+    notice = home_notice(sizes, lambda user: 2 * MiB)
+    assert notice(SimpleNamespace(name="ann")) is None  # not walked yet: nothing is said
+    sizes.refresh()
+    words = notice(SimpleNamespace(name="ann"))
+    assert words and "takes 3 MiB, over the 2 MiB" in words and "Delete" in words
+    assert notice(SimpleNamespace(name="bob")) is None and notice(None) is None
+    assert over_size_words(5, 0) is None  # no limit set: nothing to say
+
+
+def test_the_hub_home_page_shows_the_home_warning_escaped() -> None:
+    page = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(
+            [
+                jinja2.FileSystemLoader(str(Path(__file__).parents[2] / "hub" / "templates")),
+                jinja2.DictLoader({"templates/home.html": "{% block main %}HOME{% endblock main %}"}),
+            ]
+        ),
+        autoescape=True,
+    ).get_template("home.html")
+    user = SimpleNamespace(all_spawners=lambda include_default: [])
+    shown = page.render(user=user, gpuslice_home_notice="over <b>10 GiB</b>")
+    assert "gpuslice-home-notice" in shown and "over &lt;b&gt;10 GiB&lt;/b&gt;" in shown and "HOME" in shown
+    assert "gpuslice-home-notice" not in page.render(user=user, gpuslice_home_notice=None)

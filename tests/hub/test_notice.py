@@ -5,7 +5,7 @@
 
 from types import SimpleNamespace
 
-from hub.notice import next_look_s, notices
+from hub.notice import home_notices, next_look_s, notices
 from spawner.ledger import ServerEvent, reclaim_notice
 from spawner.waitline import activity_report_interval, stop_at, warning_lead
 
@@ -48,3 +48,10 @@ def test_the_notice_lists_each_warned_server_of_the_user_once() -> None:
     assert next_look_s(spawners) == 20.0 / 6  # a sixth of the shortest lead
     assert next_look_s({"": SimpleNamespace(gpu_warning_lead=900.0)}) == 30.0  # at most every 30 s
     assert next_look_s({}) == 30.0
+
+
+def test_the_home_warning_is_one_notice_whose_id_follows_its_words() -> None:
+    assert home_notices(None) == []
+    first, later = home_notices("takes 11 GiB"), home_notices("takes 12 GiB")
+    assert len(first) == 1 and first[0]["message"] == "takes 11 GiB" and first[0]["server"] == ""
+    assert first[0]["id"] != later[0]["id"] and first == home_notices("takes 11 GiB")
