@@ -150,6 +150,6 @@ def _home_limit(user: str) -> int:
 metrics.register_allocations(metrics.HomeCollector(lambda: _home_sizes.sizes, _home_limit))
 # ... and told to the user on the hub's home page and in JupyterLab (hub/notice.py).
 c.JupyterHub.template_vars = {
-    **c.JupyterHub.template_vars,
+    **dict(c.JupyterHub.get("template_vars", None) or {}),  # unset: traitlets' placeholder, not a mapping
     homes.HOME_NOTICE: homes.home_notice(_home_sizes, _home_limit),
 }
