@@ -2,7 +2,7 @@
 ``custom.gpuslice``: the settings model (hub/settings.py ``Platform``) in the charts' camelCase.
 
 On Kubernetes the hub (hub/kube_config.py), the idle culler it starts and the portal
-(portal/sources.py) all read the same ConfigMap, mounted at ``environ.KUBE_VALUES``,
+(portal/data/deployment.py) all read the same ConfigMap, mounted at ``environ.KUBE_VALUES``,
 through ``load_kube_values``: a key the chart renders and the model lacks (or the
 other way round) is an error naming the key, never a silent default. Secrets (database
 URLs, tokens, the admins' password) are not in the ConfigMap: the chart hands them to
