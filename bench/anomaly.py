@@ -287,8 +287,8 @@ def page_findings(replay: Replay) -> list[CardFinding]:
     from datetime import UTC, datetime
 
     from bench.backfill import prometheus_with
-    from portal import sources
     from portal.identity import Identity
+    from portal.sources import metrics
     from spawner import environ
 
     logging.getLogger("streamlit").setLevel(logging.ERROR)  # its cache's "no runtime" notes: no page runs here
@@ -296,12 +296,12 @@ def page_findings(replay: Replay) -> list[CardFinding]:
     first_s = end_s - (replay.minutes - 1) * 60
     with prometheus_with(replay, end_s, PAGE_METRICS) as url:
         os.environ[environ.PROMETHEUS_URL.name] = url
-        sources.card_history.clear()
+        metrics.card_history.clear()
         try:
-            seen = sources.anomalies(Identity("bench", admin=True))
+            seen = metrics.anomalies(Identity("bench", admin=True))
         finally:
             del os.environ[environ.PROMETHEUS_URL.name]
-            sources.card_history.clear()
+            metrics.card_history.clear()
     found = []
     for (node, gpu), finding, when in seen:
         minute = round((when.timestamp() - first_s) / 60)

@@ -7,9 +7,11 @@ p95, max), time to the cell's result, failures by cause, hub CPU seconds and pea
 memory, over-commit (cards holding more than their memory; must be 0) and leaked
 allocations after the stops (must be 0), and gpuslice / plain ratios.
 
-With ``--portal-sessions M``, M admins keep opening the portal's pages in headless
+With ``--portal-sessions M``, M people keep opening the portal's pages in headless
 Chromium while gpuslice's class spawns (bench/portal.py); their page times, idle and
-during the class, are printed too. The gpuslice hub runs as shipped, with its portal and
+during the class, are printed too, and each page's first paint per role: from three
+sessions on, the students are one class, whose teacher and one of whose students are two
+of the sessions (the others admins). The gpuslice hub runs as shipped, with its portal and
 idle culler.
 """
 
@@ -38,6 +40,8 @@ from hub.accounts import passwords_path, set_password
 from spawner.ledger import Ledger
 
 SLICE = "512MiB"  # 50 of them fit on the two simulated 16 GiB cards with room to spare
+PASSWORD = "bench-password"  # every bench user's (plain JupyterHub's dummy authenticator takes any)
+TEACHER = "bench-teacher"
 
 
 class KernelConnectionClosedError(RuntimeError):
@@ -83,7 +87,10 @@ def _login(base: str, user: str) -> requests.Session:
     session.get(f"{base}/hub/login", timeout=60)
     xsrf = _xsrf(session)
     response = session.post(
-        f"{base}/hub/login", data={"username": user, "password": "pw", "_xsrf": xsrf}, allow_redirects=False, timeout=60
+        f"{base}/hub/login",
+        data={"username": user, "password": PASSWORD, "_xsrf": xsrf},
+        allow_redirects=False,
+        timeout=60,
     )
     if response.status_code != 302:
         raise RuntimeError(f"login: HTTP {response.status_code}")
@@ -227,12 +234,22 @@ def run_class(hub: Hub, users: int, options: dict[str, Any], over_commit: Callab
 
 
 def run(users: int, portal_sessions: int = 0) -> dict[str, Any]:
-    watchers = [f"watcher-{i:02d}" for i in range(portal_sessions)]
-    with hubs(admins=watchers) as (plain, ours):
+    """With three portal sessions or more, gpuslice's students are one class: the first session is its
+    teacher, the second one of its students, the others admins (each role's first paints apart)."""
+    students = [f"gpuslice-s{i:03d}" for i in range(users)]
+    roles = {f"watcher-{i:02d}": "admin" for i in range(portal_sessions)}
+    groups = None
+    if portal_sessions >= 3:
+        admins = [f"watcher-{i:02d}" for i in range(portal_sessions - 2)]
+        roles = {TEACHER: "teacher", students[0]: "student", **dict.fromkeys(admins, "admin")}
+        groups = {"bench": {"members": students, "teachers": [TEACHER], "max_slice": SLICE}}
+    admins = [name for name, role in roles.items() if role == "admin"]
+    with hubs(admins=admins, groups=groups) as (plain, ours):
         baseline = run_class(plain, users, {}, lambda: 0)
-        for watcher in watchers:  # admins log in with a password gpuslice gave them (hub/accounts.py)
-            set_password(passwords_path(ours.data), watcher, "bench-password")
-        load = PortalLoad(ours.url.removesuffix("/hub/api"), watchers) if watchers else None
+        # Admins, the class's members and teachers log in with a password gpuslice gave them (hub/accounts.py).
+        for name in {*roles, *(students if groups else ())}:
+            set_password(passwords_path(ours.data), name, PASSWORD)
+        load = PortalLoad(ours.url.removesuffix("/hub/api"), list(roles), roles) if roles else None
         with load or contextlib.nullcontext():
             result = run_class(ours, users, {"gpu_memory": SLICE}, ours.over_committed_cards)
         leaked = len(Ledger(ours.data / "ledger.sqlite").holdings())

@@ -28,6 +28,7 @@ ARGS = [
     "--disable-sync",
 ]
 PAGES = {"": "Overview", "jobs": "Jobs", "gpus": "GPUs", "classes": "Classes"}
+TEACHING = {"teaching": "Teaching"}  # for teachers and admins
 PAGE_TIMEOUT_MS = 60_000
 # A session's first page starts its Streamlit session and, for the first of them, the portal's
 # imports: measured apart (``first_page``), with more patience, so the rounds time warm pages.
@@ -47,6 +48,11 @@ SETTLED_JS = """() => new Promise(resolve => {
   }).observe(app, {attributes: true, attributeFilter: ["data-test-script-state"], attributeOldValue: true});
 })"""
 TRACEBACK = "[data-testid='stException']"
+# What a reader sees first below the title: a metric, a table, a caption or a message.
+FIRST_CONTENT = (
+    "[data-testid='stMetric'], [data-testid='stDataFrame'], [data-testid='stTable'],"
+    " [data-testid='stCaptionContainer'], [data-testid='stAlert']"
+)
 ERROR = "[data-testid='stAlertContentError']"
 
 
@@ -56,7 +62,8 @@ class PageError(RuntimeError):
 
 @dataclass
 class Phase:
-    seconds: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # until the page's script run has ended
+    painted: dict[str, list[float]] = field(default_factory=dict)  # per page: until its title and first content
     failures: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> dict[str, Any]:
@@ -64,19 +71,27 @@ class Phase:
         return {
             "pages": len(times),
             "p50_s": round(statistics.median(times), 2) if times else None,
-            "p95_s": round(times[min(len(times) - 1, round(0.95 * (len(times) - 1)))], 2) if times else None,
+            "p95_s": _p95(times),
             "max_s": round(times[-1], 2) if times else None,
+            "first_paint_p95_s": {title: _p95(sorted(t)) for title, t in self.painted.items()},
             "failures": dict(self.failures),
         }
+
+
+def _p95(times: list[float]) -> float | None:
+    return round(times[min(len(times) - 1, round(0.95 * (len(times) - 1)))], 2) if times else None
 
 
 class PortalLoad:
     """``with PortalLoad(base, users): run the class`` keeps every session refreshing meanwhile."""
 
-    def __init__(self, base: str, users: list[str], idle_rounds: int = 2) -> None:
+    def __init__(self, base: str, users: list[str], roles: dict[str, str] | None = None, idle_rounds: int = 2) -> None:
+        """``roles``: each user's role ("admin", "teacher", "student"; default admin): first paints are kept
+        per page and role, and teachers and admins open the Teaching page too."""
         if not Path(CHROMIUM).exists():
             raise RuntimeError("portal sessions need Debian's chromium: scripts/setup installs it")
         self.base, self.users, self.idle_rounds = base, users, idle_rounds
+        self.roles = roles or dict.fromkeys(users, "admin")
         self.first, self.idle, self.during = Phase(), Phase(), Phase()
         self.first_reloads: list[str] = []
         self._ready = threading.Event()
@@ -124,10 +139,14 @@ class PortalLoad:
             browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             try:
                 pages = await asyncio.gather(*(self._login(browser, user) for user in self.users))
+                roles = [self.roles.get(user, "admin") for user in self.users]
                 await asyncio.gather(*(self._first_page(page) for page in pages))
-                await asyncio.gather(*(self._rounds(page, self.idle, self.idle_rounds) for page in pages))
+                sessions = list(zip(pages, roles, strict=True))
+                await asyncio.gather(
+                    *(self._rounds(page, role, self.idle, self.idle_rounds) for page, role in sessions)
+                )
                 self._ready.set()
-                await asyncio.gather(*(self._rounds(page, self.during, None) for page in pages))
+                await asyncio.gather(*(self._rounds(page, role, self.during, None) for page, role in sessions))
             finally:
                 await browser.close()
 
@@ -135,16 +154,17 @@ class PortalLoad:
         page = await (await browser.new_context(viewport={"width": 1280, "height": 900})).new_page()
         await page.goto(f"{self.base}/hub/login", timeout=PAGE_TIMEOUT_MS)
         await page.fill("#username_input", user)
-        await page.fill("#password_input", "bench-password")
+        await page.fill("#password_input", "bench-password")  # bench/classroom.py PASSWORD
         await page.click("#login_submit")
         await page.wait_for_load_state("networkidle", timeout=PAGE_TIMEOUT_MS)
         return page
 
-    async def _rounds(self, page: Any, phase: Phase, rounds: int | None) -> None:
+    async def _rounds(self, page: Any, role: str, phase: Phase, rounds: int | None) -> None:
         done = 0
+        pages = {**PAGES, **(TEACHING if role in ("teacher", "admin") else {})}
         while (rounds is None and not self._stop.is_set()) or (rounds is not None and done < rounds):
-            for path, title in PAGES.items():
-                await self._open(page, path, title, phase)
+            for path, title in pages.items():
+                await self._open(page, path, title, phase, role=role)
                 if rounds is None and self._stop.is_set():
                     return
             done += 1
@@ -161,7 +181,14 @@ class PortalLoad:
             await self._open(page, "", "Overview", self.first, FIRST_PAGE_TIMEOUT_MS)
 
     async def _open(
-        self, page: Any, path: str, title: str, phase: Phase, timeout_ms: float = PAGE_TIMEOUT_MS, count: bool = True
+        self,
+        page: Any,
+        path: str,
+        title: str,
+        phase: Phase,
+        timeout_ms: float = PAGE_TIMEOUT_MS,
+        count: bool = True,
+        role: str = "admin",
     ) -> str:
         """Open a page and time it until its script run has ended; the failure ("" if none), counted unless told not."""
         began = time.perf_counter()
@@ -170,6 +197,9 @@ class PortalLoad:
             await page.goto(f"{self.base}/services/portal/{path}", timeout=timeout_ms)
             step = "waiting for the title"  # or for what stands instead of it
             await page.wait_for_selector(f"h1:has-text('{title}'), {TRACEBACK}, {ERROR}", timeout=timeout_ms)
+            step = "waiting for the first content"  # the title and the element after it: the first paint
+            await page.wait_for_selector(FIRST_CONTENT, timeout=timeout_ms)
+            painted = time.perf_counter() - began
             step = "waiting for the script run to end"
             await asyncio.wait_for(page.evaluate(SETTLED_JS), timeout_ms / 1000)
             for selector, what in ((TRACEBACK, "a traceback"), (ERROR, "an error message")):
@@ -182,6 +212,7 @@ class PortalLoad:
             failure = f"{title}: {type(exc).__name__} {step} ({await _what_it_shows(page)})"
         else:
             phase.seconds.append(time.perf_counter() - began)
+            phase.painted.setdefault(f"{title} ({role})", []).append(painted)
             return ""
         if count:
             phase.failures[failure] += 1

@@ -79,8 +79,10 @@ class Hub:
         admins: Sequence[str] = (),
         simulate: str = "2x16GiB:T4",
         extra_settings: Mapping[str, int] | None = None,
+        groups: Mapping[str, Any] | None = None,
     ) -> None:
-        """``simulate``: gpuslice's simulated GPUs; ``extra_settings``: more of its settings (timeouts, seconds)."""
+        """``simulate``: gpuslice's simulated GPUs; ``extra_settings``: more of its settings (timeouts, seconds);
+        ``groups``: gpuslice's classes (settings ``groups``)."""
         self.kind, self.data, self.simulate = kind, root / kind, simulate
         self.data.mkdir(parents=True)
         self.token = secrets.token_hex(16)
@@ -96,6 +98,7 @@ class Hub:
             # placement had before the default rules (which protect a class, not what is timed here).
             "groups: {default: {max_slice: null, max_gpus: null, budget: null, servers_per_user: null}}\n"
             + "".join(f"{k}: {v}\n" for k, v in (extra_settings or {}).items())
+            + (f"groups: {json.dumps(dict(groups))}\n" if groups else "")
         )
         if kind == "gpuslice":
             # As `gpuslice up` does: as root each user's servers run from the users' environment,
@@ -194,12 +197,12 @@ class Hub:
 
 
 @contextmanager
-def hubs(admins: Sequence[str] = ()) -> Iterator[tuple[Hub, Hub]]:
-    """A plain JupyterHub and gpuslice's (admins: gpuslice's admin users, for portal sessions)."""
+def hubs(admins: Sequence[str] = (), groups: Mapping[str, Any] | None = None) -> Iterator[tuple[Hub, Hub]]:
+    """A plain JupyterHub and gpuslice's (admins: gpuslice's admin users, for portal sessions; groups: its classes)."""
     with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as root:
         plain = Hub("plain", Path(root))
         try:
-            ours = Hub("gpuslice", Path(root), admins)
+            ours = Hub("gpuslice", Path(root), admins, groups=groups)
             try:
                 yield plain, ours
             finally:

@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 from pydantic.alias_generators import to_camel
 
-from hub.kube_values import KubeValues
+from hub.kube_values import NOTICE_SECRET_DIR, KubeValues
+from hub.settings import NoticeMail
 from spawner.quotas import GroupRules
 
 CHART = Path(__file__).resolve().parents[1] / "helm" / "gpuslice"
@@ -47,6 +48,24 @@ CHART_VALUES = {
     "markets.proposalsPerHour": "proposals_per_hour",
     "monitoring.prometheusUrl": "prometheus_url",
     "monitoring.alertmanagerUrl": "alertmanager_url",
+    "noticeMail": "notice_mail",
+}
+
+# noticeMail's keys that are the chart's, not the model's: files in the pod are keys of a Secret.
+NOTICE_MAIL_FILES = {"password_file": "password_key", "ca_file": "ca_key"}
+NOTICE_MAIL_CHART_KEYS: dict[str, Any] = {
+    "existingSecret": {
+        "type": "string",
+        "description": f"A Secret you create whose keys hold the relay password and CA (password_key, ca_key): "
+        f"mounted as 0440 files under {NOTICE_SECRET_DIR} in the notice's CronJob only.",
+    },
+    "password_key": {"$ref": "#/definitions/secretKey"},
+    "ca_key": {"$ref": "#/definitions/secretKey"},
+    "schedule": {
+        "type": "string",
+        "minLength": 9,
+        "description": "When the CronJob mails last week's notices (cron syntax, the cluster's time zone).",
+    },
 }
 
 
@@ -70,10 +89,24 @@ def group_rules_schema() -> dict[str, Any]:
     }
 
 
+def notice_mail_schema() -> dict[str, Any]:
+    """``noticeMail``: notice_mail's keys, with the files in the pod (the password, the CA) as keys of a Secret."""
+    fields = NoticeMail.model_json_schema()["properties"]
+    keys = {name: _plain(fields[name]) for name in NoticeMail.model_fields if name not in NOTICE_MAIL_FILES}
+    return {
+        "type": "object",
+        "description": str(KubeValues.model_fields["notice_mail"].description),
+        "additionalProperties": False,
+        "properties": {**keys, **NOTICE_MAIL_CHART_KEYS},
+    }
+
+
 def field_schema(field: str) -> dict[str, Any]:
     """The JSON schema of one KubeValues field, as the chart's values.schema.json has it."""
     if field == "groups":
         return group_rules_schema()
+    if field == "notice_mail":
+        return notice_mail_schema()
     alias = KubeValues.model_fields[field].alias or field
     return _plain(KubeValues.model_json_schema(by_alias=True)["properties"][alias])
 
@@ -104,6 +137,8 @@ def default_differences(values: dict[str, Any]) -> list[str]:
             continue
         if isinstance(default, tuple):
             default = {} if field == "groups" else list(default)
+        if field == "notice_mail" and default is None:
+            default = {}  # values.yaml's {}: no relay, no notice
         if value != default:
             found.append(f"{path}: {value!r} in values.yaml, {default!r} in the settings model")
     return found

@@ -47,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument(
         "--invites", type=Path, help="write the new members' and teachers' invite codes to this file (mode 0600)"
     )
+    remove = class_commands.add_parser("remove", help="take a class out (nobody's server stops)")
+    remove.add_argument("name", help="the class (group) name")
+    remove.add_argument(
+        "--config",
+        type=Path,
+        default=settings_mod.DEFAULT_CONFIG,
+        help="settings file to update (default ./gpuslice.yaml, which gpuslice up reads)",
+    )
 
     users = commands.add_parser("user", help="manage accounts")
     user_commands = users.add_subparsers(dest="user_command", required=True)
@@ -133,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "up":
         return _up(args.config)
     if args.command == "class":
-        return _class_add(args)
+        return _class_add(args) if args.class_command == "add" else _class_remove(args)
     if args.command == "user":
         return _invite(args) if args.user_command == "invite" else _set_password(args)
     if args.command == "exporter":
@@ -173,7 +181,7 @@ JOIN_WORDS = (
 
 def _class_add(args: argparse.Namespace) -> int:
     from hub.accounts import invite_codes, write_private
-    from hub.classes import add_class, read_roster, user_names
+    from hub.classes import HUB_HAS_IT, add_class, read_roster, tell_running_hub, user_names
 
     rules = {
         "max_slice": args.max_slice,
@@ -186,18 +194,22 @@ def _class_add(args: argparse.Namespace) -> int:
         roster = read_roster(args.roster)
         named = user_names(args.teachers, "--teachers") if args.teachers else []
         teachers = list(dict.fromkeys([*roster.teachers, *named])) or None
-        add_class(args.config, args.name, roster.members, rules, teachers)
+        written_rules = add_class(args.config, args.name, roster.members, rules, teachers)
         settings = settings_mod.load(args.config)
+        live = {k: v for k, v in written_rules.items() if k in LIVE_RULE_KEYS}
+        change = {"action": "put-class", "name": args.name, "rules": live, "members": roster.members}
+        told = tell_running_hub(settings, change)
     except settings_mod.SettingsError as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2
     written = args.config.absolute()
-    if written == settings_mod.DEFAULT_CONFIG.absolute():
-        how = "`gpuslice up` run in this folder reads it"
-    else:
-        how = f"start with `gpuslice up --config {written}` to apply it"
+    if told != HUB_HAS_IT:  # no hub runs: say how the file gets used
+        if written == settings_mod.DEFAULT_CONFIG.absolute():
+            told = "`gpuslice up` run in this folder reads it"
+        else:
+            told = f"start with `gpuslice up --config {written}` to apply it"
     who = f"{len(roster.members)} students" + (f" and {len(teachers)} teacher(s)" if teachers else "")
-    print(f"class {args.name}: {who} written to {written}; {how} (a running hub: restart it).")
+    print(f"class {args.name}: {who} written to {written}; {told}.")
     codes = invite_codes(settings.data_dir, [*roster.members, *(teachers or [])])
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())
     if args.invites and codes:
@@ -206,6 +218,25 @@ def _class_add(args: argparse.Namespace) -> int:
     elif codes:
         print(f"Invite codes (shown once): {JOIN_WORDS}")
         print(lines, end="")
+    return 0
+
+
+# The rules a running hub takes from `class add` (hub/classes_api.py RULE_KEYS; members apart): max_hold
+# is the reclaimer's, read at the hub's start.
+LIVE_RULE_KEYS = ("max_slice", "budget", "servers_per_user", "max_gpus", "images", "teachers")
+
+
+def _class_remove(args: argparse.Namespace) -> int:
+    from hub.classes import remove_class, tell_running_hub
+
+    try:
+        removed = remove_class(args.config, args.name)
+        told = tell_running_hub(settings_mod.load(args.config), {"action": "remove-class", "name": args.name})
+    except settings_mod.SettingsError as exc:
+        print(f"gpuslice: {exc}", file=sys.stderr)
+        return 2
+    where = f"taken out of {args.config.absolute()}" if removed else f"not in {args.config.absolute()}"
+    print(f"class {args.name}: {where}; {told}.")
     return 0
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from hub import homes, metrics, renewals, userenv
 from hub.accounts import known_names, service_token
+from hub.classes import CLI_SERVICE
 from hub.settings import from_environment
 from hub.top_cli import TOP_SERVICE
-from hub.wiring import Accounts, HubParts, configure_hub, incident_recorder, renewals_service
+from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub, incident_recorder, renewals_service
 from spawner import environ
 from spawner.cgroups import limits_for
 from spawner.gpus import machine
@@ -91,6 +92,8 @@ configure_hub(
         accounts=Accounts(data_dir, frozenset(known_names(settings))),
         # `gpuslice top` run as root on this machine reads the hub with this read-only token (0600 file).
         top_token=service_token(data_dir, TOP_SERVICE),
+        # Classes change in the running hub (the portal's Teaching page, `gpuslice class` with its token).
+        classes=LiveClasses(data_dir / "classes.sqlite", data_dir, service_token(data_dir, CLI_SERVICE)),
         # The portal: an auth gate (HubOAuth) in front of Streamlit, started by the hub.
         portal={
             "display": True,
@@ -144,9 +147,6 @@ def _home_limit(user: str) -> int:
     return limits_for(settings.limits, _classes_of.get(user, [])).home_bytes
 
 
-metrics.register_allocations(metrics.HomeCollector(lambda: _home_sizes.sizes, _home_limit))
+metrics.register_allocations(metrics.HomeCollector(_home_sizes.latest, _home_limit))
 # ... and told to the user on the hub's home page and in JupyterLab (hub/notice.py).
-c.JupyterHub.template_vars = {
-    **c.JupyterHub.template_vars,
-    homes.HOME_NOTICE: homes.home_notice(_home_sizes, _home_limit),
-}
+c.JupyterHub.template_vars.update({homes.HOME_NOTICE: homes.home_notice(_home_sizes, _home_limit)})  # lazy until set

@@ -11,9 +11,10 @@ only the chart's hub has, KubeGpuSpawner's pods.
 import sys
 from pathlib import Path
 
-from hub.accounts import passwords_path, read_admin_password, roster_names, set_admin_passwords
+from hub.accounts import passwords_path, read_admin_password, roster_names, service_token, set_admin_passwords
+from hub.classes import CLI_SERVICE
 from hub.kube_values import load_kube_values
-from hub.wiring import Accounts, HubParts, configure_hub
+from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub
 from market.store import Store
 from spawner import environ, sharing
 
@@ -93,5 +94,7 @@ configure_hub(
             else None
         ),
         metrics_token=env.require(environ.METRICS_TOKEN),
+        # Classes change in the running hub (the portal's Teaching page; `gpuslice class` in the hub's pod).
+        classes=LiveClasses(data / "gpuslice-classes.sqlite", data, service_token(data, CLI_SERVICE)),
     ),
 )

@@ -2,7 +2,7 @@
 ``custom.gpuslice``: the settings model (hub/settings.py ``Platform``) in the charts' camelCase.
 
 On Kubernetes the hub (hub/kube_config.py), the idle culler it starts and the portal
-(portal/sources.py) all read the same ConfigMap, mounted at ``environ.KUBE_VALUES``,
+(portal/data/deployment.py) all read the same ConfigMap, mounted at ``environ.KUBE_VALUES``,
 through ``load_kube_values``: a key the chart renders and the model lacks (or the
 other way round) is an error naming the key, never a silent default. Secrets (database
 URLs, tokens, the admins' password) are not in the ConfigMap: the chart hands them to
@@ -18,7 +18,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from hub.settings import Contact, Market, OnCall, Platform, read_oncall
+from hub.settings import Contact, Market, NoticeMail, OnCall, Platform, read_oncall
 from spawner import environ, sharing
 from spawner.checked import PositiveInt, UrlOrEmpty, one_of, problems
 from spawner.placement import POLICIES
@@ -75,6 +75,23 @@ def secrets_read_from(oncall: OnCall, folder: Path) -> OnCall:
     )
 
 
+# noticeMail.existingSecret is mounted here (0440) in the CronJob that mails the weekly notice.
+NOTICE_SECRET_DIR = Path("/etc/gpuslice-notice-mail")
+NOTICE_CHART_ONLY = ("existingSecret", "schedule")  # the chart's business: the Secret's name, the CronJob's schedule
+
+
+def notice_secret_files(notice_mail: Any) -> Any:
+    """The chart's noticeMail as gpuslice.yaml has notice_mail: ``password_key`` and ``ca_key`` (keys of the
+    Secret existingSecret) become ``password_file`` and ``ca_file`` under NOTICE_SECRET_DIR; {} is none."""
+    if not isinstance(notice_mail, dict):
+        return notice_mail  # NoticeMail says what it must be
+    out = {k: v for k, v in notice_mail.items() if k not in NOTICE_CHART_ONLY}
+    for key in ("password_key", "ca_key"):
+        if key in out:
+            out[key.removesuffix("_key") + "_file"] = str(NOTICE_SECRET_DIR / str(out.pop(key)))
+    return out or None
+
+
 class KubeValuesError(ValueError):
     """A values file that cannot be used; the message names the file and the key."""
 
@@ -122,6 +139,17 @@ class KubeValues(Platform):
         description="Model proposals one user may make per hour in the portal.",
     )
     oncall: OnCall = Field(default_factory=OnCall, description="monitoring.oncall: the on-call rotation and tiers.")
+    notice_mail: NoticeMail | None = Field(
+        default=None,
+        description="The weekly idle-holder notice: gpuslice.yaml's notice_mail (docs/operations.md); the relay "
+        "password and CA are keys of the Secret existingSecret (password_key, ca_key), never values. With "
+        "weekly: true a CronJob mails last week's notices (hub/renewals.py).",
+    )
+
+    @field_validator("notice_mail", mode="before")
+    @classmethod
+    def _notice_mail_files(cls, raw: Any) -> Any:
+        return notice_secret_files(raw)
 
     @field_validator("oncall", mode="before")
     @classmethod

@@ -1,23 +1,25 @@
 """`/hub/api/gpuslice/line`: the GPU line for the portal, from the hub that runs the waiting spawns.
 
-On Kubernetes the line is in the ledger's SQLite file on the hub's volume (spawner/line.py) and
-the portal, in its own pod, reads and changes it only here; on one machine the portal reads the
-file itself and asks here for the estimated starts, which only the hub's waiting spawns know.
-It asks with its reader's own token (portal/sources.py ``acting_client``).
+The line is in the ledger's SQLite file, on the hub's volume on Kubernetes (spawner/line.py); the
+portal reads and changes it only here, on both backends (portal/sources/line.py): only the hub's
+waiting spawns know their estimated starts, and only the hub may change what they wait for.
+Changes are made with the reader's own token (portal/sources/clients.py ``acting_client``).
 The caller is that token's user, and the answer is cut to them on the server, by the same rules
 the single-machine portal applies to the file (spawner/line_admin.py, spawner/scope.py):
 
-* GET: the line in order (others' requests only for admins and those classes' teachers, as
-  the Queue view on one machine), each waiting spawn's estimated start where this hub runs
-  it, the wait-time percentiles the caller may see (``?since=`` seconds since the epoch), and
-  the reservations (class names and sizes, no people).
+* GET: the line in order (others' requests only for admins and those classes' teachers),
+  each waiting spawn's estimated start where this hub runs it, the wait-time percentiles the
+  caller may see (``?since=`` seconds since the epoch), and the reservations (class names and
+  sizes, no people). A service that may read every user (the portal's own token) gets the
+  whole line, as it gets every user's servers: the portal reads one snapshot for all its
+  readers and narrows it to each of them (portal/data/access.py), as it does the servers.
 * POST ``{"action": "put-first" | "cancel", "user", "server"}``,
   ``{"action": "reserve", "group", "memory_bytes", "start", "end"}`` or
   ``{"action": "drop-reservation", "id"}``: only admins, and a class's teachers for that
   class (``may_manage``, checked again inside the ledger's transaction); 403 with why otherwise.
 
-The classes' rules (who teaches what) are the spawner's ``gpu_groups``; a class's members are
-the hub's group of that name and the rule's ``members``.
+The classes' rules (who teaches what) are the spawner's (``gpu_group_rules``: the class store, live);
+a class's members are the hub's group of that name and the rule's ``members``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Literal
 
 from jupyterhub import orm
 from jupyterhub.apihandlers import APIHandler
+from jupyterhub.scopes import Scope as HubScope
 from tornado import web
 
 from hub.notice import NoticeHandler
@@ -115,17 +118,26 @@ def viewer_of(
 
 class LineHandler(APIHandler):  # type: ignore[misc]
     def _caller(self, scope: str) -> Any:
-        """The token's user; 403 for no token, a service's token, or one without ``scope``."""
+        """The token's user; 403 for no token, a service's token, or one without ``scope``.
+
+        Reading, a service that may read every user (``read:users`` unfiltered) is let in too.
+        """
         user = self.current_user
         if user is None:
             raise web.HTTPError(403, "the GPU line API needs a user's token (the portal sends its reader's)")
-        if getattr(user, "kind", "") != "user":
+        if getattr(user, "kind", "") != "user" and not (scope == READ_SCOPE and self._reads_everyone()):
             raise web.HTTPError(403, "the GPU line API answers users, not services: send the reader's own token")
         if scope not in self.parsed_scopes:
             raise web.HTTPError(403, f"this token may not {'read' if scope == READ_SCOPE else 'change'} the GPU line")
         return user
 
+    def _reads_everyone(self) -> bool:
+        return self.parsed_scopes.get(READ_SCOPE) is HubScope.ALL
+
     def _line(self, user: Any) -> tuple[WaitingLineMixin, Path, Scope, Manager]:
+        if getattr(user, "kind", "") != "user":  # a service reading every user: every place in line
+            spawner = self._any_spawner()
+            return spawner, Path(spawner.gpu_ledger_path), Scope(user.name, everyone=True), Manager(user.name, True)
         spawner = user.spawner
         if not isinstance(spawner, WaitingLineMixin):
             raise web.HTTPError(404, "this hub's spawner keeps no GPU line")
@@ -133,6 +145,14 @@ class LineHandler(APIHandler):  # type: ignore[misc]
         groups = {} if user.admin else {g.name: [u.name for u in g.users] for g in self.db.query(orm.Group)}
         scope, manager = viewer_of(user.name, bool(user.admin), rules, groups)
         return spawner, Path(spawner.gpu_ledger_path), scope, manager
+
+    def _any_spawner(self) -> WaitingLineMixin:
+        """A spawner of this hub, for the line's settings (every user's are alike); 404 if none keeps a line."""
+        first = self.db.query(orm.User).order_by(orm.User.id).first()
+        spawner = self.users[first].spawner if first is not None else None
+        if not isinstance(spawner, WaitingLineMixin):
+            raise web.HTTPError(404, "this hub's spawner keeps no GPU line")
+        return spawner
 
     def _estimated_start(self, waiting: line_admin.Waiting, now: float) -> float | None:
         """From the request's waiting spawn in this hub (none after a hub restart until it is started again)."""
@@ -189,6 +209,20 @@ async def _act(action: Action, spawner: WaitingLineMixin, path: Path, manager: M
     capacity = await spawner.gpu_capacity_bytes()
     made = line_admin.reserve(path, manager, action.group, action.memory_bytes, action.start, action.end, capacity)
     return {"id": made}
+
+
+# How long the spawn form's Start waits for the spawn before showing the spawn page (JupyterHub's
+# slow_spawn_timeout, 10 s by default): a refusal comes back within it, to the form with its words;
+# a start that waits in line shows its place after it, not after ten seconds of a blank page.
+SLOW_SPAWN_TIMEOUT_S = 2
+
+
+def show_the_line_soon(c: Any) -> None:
+    """JupyterHub's config ``c``: the spawn page (the place in line) within SLOW_SPAWN_TIMEOUT_S of Start."""
+    c.JupyterHub.tornado_settings = {
+        **dict(c.JupyterHub.get("tornado_settings", None) or {}),
+        "slow_spawn_timeout": SLOW_SPAWN_TIMEOUT_S,
+    }
 
 
 # The hub pages of the GPU line, on every hub (hub/wiring.py configure_hub):

@@ -69,9 +69,11 @@ from spawner.waitline import (
     over_hold,
     reclaim,
     still_freeing,
+    stop_at,
     stop_due,
     with_gpu_activity,
 )
+from spawner.words import instant
 
 log = logging.getLogger("gpuslice.reclaimer")
 
@@ -268,13 +270,13 @@ class Reclaimer:
             k: t for k, t in self.warned.items() if k in standing and (k in too_long) == (k in self.held_too_long)
         }
         self.held_too_long &= too_long
+        report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
         for key in sorted(idle | too_long):
             if key not in self.warned:
                 self.warned[key] = now
-                self.ledger.record(key, "warned", 100, self._warning(key in too_long))
+                self.ledger.record(key, "warned", 100, self._warning(key in too_long, now))
                 log.info("gpuslice reclaimer: warned %s%s", key, " (held past max_hold)" if key in too_long else "")
         self.held_too_long |= too_long
-        report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
         due = [key for key in stop if stop_due(self.warned[key], now, self.warn_before, report_every)]
         due += [key for key in hold_stop if now >= self.warned[key] + self.warn_before]  # used or not
         for key in due:
@@ -284,10 +286,25 @@ class Reclaimer:
             self.held_too_long.discard(key)
         return due
 
-    def _warning(self, held_too_long: bool) -> str:
+    def _stop_time(self, key: str) -> float:
+        """When a warned server is stopped: the time its warning announced."""
+        warned = self.warned[key]
+        if key in self.held_too_long:  # used or not
+            return warned + self.warn_before
+        return stop_at(warned, self.warn_before, activity_report_interval(self.warn_before))
+
+    def next_look(self, now: float, interval: float) -> float:
+        """Seconds until the next look: ``interval``, or sooner when a warned server's announced stop comes first
+        (the stop happens at the time the warning said, not up to an interval later)."""
+        stops = [self._stop_time(key) - now for key in self.warned]
+        return max(0.1, min([interval, *stops]))
+
+    def _warning(self, held_too_long: bool, now: float) -> str:
+        """The warning's words, with the stop's time as an instant the pages show in the reader's clock."""
         if held_too_long:
-            return f"{HELD_TOO_LONG} while others wait for a GPU: stopped in {self.warn_before:.0f} s"
-        return f"idle while others wait for a GPU: stopped in {self.warn_before:.0f} s unless used"
+            return f"{HELD_TOO_LONG} while others wait for a GPU: stops at {instant(now + self.warn_before)}"
+        at = instant(stop_at(now, self.warn_before, activity_report_interval(self.warn_before)))
+        return f"idle while others wait for a GPU: stops at {at} unless used"
 
     def _stop(self, key: str, held_too_long: bool = False) -> bool:
         # Before the stop: the spawner names who stopped it from this note, as for the portal's.
@@ -358,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
                 reclaimer.step(time.time())
             except (requests.RequestException, OSError, ApiException, ConfigException) as exc:
                 log.warning("gpuslice reclaimer: the hub or the cluster did not answer (%s); trying again", exc)
-            time.sleep(args.interval)
+            time.sleep(reclaimer.next_look(time.time(), args.interval))
     except KeyboardInterrupt:  # the hub stops its services with SIGINT: end quietly, not with a traceback
         return
 

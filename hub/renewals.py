@@ -12,8 +12,12 @@ Two tasks, run by the ``renewals`` service the hub starts (``python -m hub.renew
 Each task's last success (or, before its first, when it was first scheduled) and interval
 are kept in ``DATA/renewals.json`` and served by the hub at /hub/metrics
 (``gpuslice_renewal_last_success_timestamp_seconds``, ``gpuslice_renewal_interval_seconds``);
-the ``RenewalOverdue`` alert fires when one is late (docs/runbook.md). On Kubernetes the
-chart's CronJobs do the same work and kube-state-metrics reports them.
+the ``RenewalOverdue`` alert fires when one is late (docs/runbook.md).
+
+On Kubernetes the chart runs each task as a CronJob of its own and kube-state-metrics reports
+them: ``gpuslice oncall-config --write-secret`` for the Alertmanager config
+(hub/alertmanager_secret.py), and ``python -m hub.renewals --once idle-notices --kube-values
+FILE`` for the notices, the same ``Notices`` as here, once per run.
 
 The schedule is pure (``due``, ``run_due``): tests drive it with a clock across months.
 """
@@ -27,10 +31,11 @@ import os
 import smtplib
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -38,6 +43,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hub.settings import MONITORING_USER, NoticeMail, Settings, load
+from spawner.quotas import GroupRules
+
+if TYPE_CHECKING:
+    from hub.kube_values import KubeValues
 
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
@@ -179,13 +188,17 @@ Mailer = Callable[[Mapping[str, str], str, NoticeMail], list[str]]
 
 @dataclass
 class Notices:
-    """Last week's idle-holder notices, from Prometheus, into ``folder`` and through the relay."""
+    """Last week's idle-holder notices, from Prometheus, into ``folder`` and through the relay.
 
-    settings: Settings
+    It needs Prometheus's history (the hub's allocations, the exporter's per-process memory and
+    the cards' utilization), the classes (for the class column) and the relay: no ledger, no hub
+    API, so it runs wherever Prometheus can be reached."""
+
+    groups: Sequence[GroupRules]
+    relay: NoticeMail
     folder: Path
     query_range: QueryRange
     mail: Mailer
-    min_idle_h: float = 2.0
     step_s: int = 300
 
     def __call__(self, now: datetime) -> str:
@@ -195,12 +208,11 @@ class Notices:
         week = last_week(now)
         start = now - timedelta(weeks=2)
         samples = usage.samples_from_prometheus(self.query_range, start, now, self.step_s)
-        rows = usage.usage(samples, self.step_s, usage.group_members(self.settings.groups))
-        notices = usage.idle_notices(rows, week, self.min_idle_h)
+        rows = usage.usage(samples, self.step_s, usage.group_members(self.groups))
+        notices = usage.idle_notices(rows, week, self.relay.min_idle_hours)
         write_notices(notices, self.folder / week)
-        if self.settings.notice_mail is None:  # the settings refuse weekly without a relay: never here
-            raise RuntimeError("notice_mail is not set")
-        self.mail(notices, week, self.settings.notice_mail)
+        sent = self.mail(notices, week, self.relay)
+        log.warning("gpuslice renewals: %d idle-holder notices for %s mailed", len(sent), week)
         return week
 
 
@@ -224,7 +236,7 @@ def tasks_for(settings: Settings, data_dir: Path, query_range: QueryRange, maile
         tasks.append(Task(CONFIG_TASK, DAY_S, daily, renew_alertmanager_config(settings, folder, reload)))
     relay = settings.notice_mail
     if relay is not None and relay.weekly:
-        notices = Notices(settings, data_dir / "notices", query_range, mailer, relay.min_idle_hours)
+        notices = Notices(settings.groups, relay, data_dir / "notices", query_range, mailer)
         tasks.append(Task(NOTICES_TASK, WEEK_S, last_week, notices))
     return tasks
 
@@ -242,13 +254,57 @@ def state_path(data_dir: Path) -> Path:
     return data_dir / "renewals.json"
 
 
+def kube_notices(values: KubeValues, folder: Path, query_range: QueryRange, mailer: Mailer = smtp_mailer) -> Notices:
+    """The chart's CronJob (templates/monitoring/idle-notices.yaml): the notices of the chart's noticeMail, from
+    its monitoring.prometheusUrl. The CronJob is its schedule and kube-state-metrics its record: one run, no state."""
+    relay = values.notice_mail
+    if relay is None or not relay.weekly:
+        raise SystemExit("gpuslice renewals: noticeMail.weekly is off in the chart's values: nothing to mail")
+    if not values.prometheus_url:
+        raise SystemExit("gpuslice renewals: the notices need Prometheus's history: set monitoring.prometheusUrl")
+    return Notices(values.groups, relay, folder, query_range, mailer)
+
+
+def run_once_on_kubernetes(values_path: Path, folder: Path) -> int:
+    from prometheus_api_client import PrometheusConnect
+
+    from hub.kube_values import KubeValuesError, load_kube_values
+
+    try:
+        values = load_kube_values(values_path)
+    except KubeValuesError as exc:
+        print(f"gpuslice renewals: {exc}", file=sys.stderr)
+        return 2
+    query_range = PrometheusConnect(values.prometheus_url or "http://unset", disable_ssl=False).custom_query_range
+    notices = kube_notices(values, folder, query_range)
+    try:
+        notices(datetime.now(UTC))
+    except Exception as exc:  # the Job fails: kube-state-metrics records no success, RenewalOverdue follows
+        print(f"gpuslice renewals: {NOTICES_TASK} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hub.renewals", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, help="the settings file (none: the defaults)")
-    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--data-dir", type=Path, help="the platform's data folder (the service; not with --once)")
     parser.add_argument("--check-every", type=float, default=300.0, help="seconds between looks at what is due")
+    parser.add_argument(
+        "--once", choices=[NOTICES_TASK], help="on Kubernetes (the chart's CronJob): run this task once and exit"
+    )
+    parser.add_argument("--kube-values", type=Path, help="with --once: the chart's values (the hub ConfigMap)")
+    parser.add_argument(
+        "--notices-dir", type=Path, default=Path("/tmp/notices"), help="with --once: where the notices are written"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.once:
+        if not args.kube_values:
+            parser.error("--once needs --kube-values")
+        raise SystemExit(run_once_on_kubernetes(args.kube_values, args.notices_dir))
+    if not args.data_dir:
+        parser.error("--data-dir is needed (or --once on Kubernetes)")
     settings = load(args.config)
     tasks = tasks_for(settings, args.data_dir, prometheus_query_range(settings, args.data_dir))
     log.warning("gpuslice renewals: %s", ", ".join(t.name for t in tasks) or "nothing to renew")

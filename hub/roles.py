@@ -15,6 +15,8 @@ PORTAL_READS = ("list:users", "read:users", "read:servers", "list:groups", "read
 # (within each user's permissions: an admin's all, anyone else's their own) stopping.
 PORTAL_OAUTH_SCOPES = ["read:users:groups!user", "read:users!user", "servers!user", "delete:servers"]
 READS_METRICS = ("read:metrics",)
+# `gpuslice class ...` changing a running hub's classes (hub/classes_api.py): as an admin of groups.
+CHANGES_CLASSES = ("admin:groups", "list:users", "read:users")
 # `gpuslice top` on the hub's machine: reads who holds what, idle times and the line; changes nothing.
 TOP_READS = ("list:users", "read:users", "read:servers", "read:users:activity", "read:metrics", "list:groups")
 # Every user may open the portal (what they see there is checked per request).

@@ -304,9 +304,13 @@ class StoreStatus:
 
 def gpuslice_stores(data_dir: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     """gpuslice's own versioned SQLite stores in ``data_dir``: name -> (file, schema steps)."""
+    from spawner.class_store import SCHEMA_STEPS as CLASS_STEPS
     from spawner.ledger import SCHEMA_STEPS as LEDGER_STEPS
 
-    return {"ledger": (data_dir / "ledger.sqlite", LEDGER_STEPS)}
+    return {
+        "ledger": (data_dir / "ledger.sqlite", LEDGER_STEPS),
+        "class store": (data_dir / "classes.sqlite", CLASS_STEPS),  # the classes that change live
+    }
 
 
 def store_statuses(data_dir: Path, market_url: str) -> list[StoreStatus]:

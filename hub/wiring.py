@@ -12,6 +12,9 @@ address and token); everything else is wired here, once:
 * the idle culler, where gpuslice runs it (z2jh runs its own, ``cull.*``);
 * the GPU line's hub side: its pages and API (hub/line_api.py, hub/templates) and the
   ``gpu-reclaimer`` service that gives idle GPU servers to it after a warning (hub/reclaimer.py);
+* classes that change in the running hub, where the hub keeps a class store: the store its
+  spawners read at every spawn, seeded with the configured classes at each start, its API
+  (hub/classes_api.py) and the ``gpuslice-cli`` service `gpuslice class` changes it with;
 * the portal service and its OAuth scopes, and the metrics reader;
 * services only one hub runs (``HubParts.managed``): the single machine's incident recorder
   (portal/recorder.py) and renewals (hub/renewals.py), built by ``incident_recorder`` and
@@ -33,15 +36,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from hub import roles
-from hub.accounts import passwords_path
+from hub.accounts import passwords_path, roster_names, service_token
 from hub.activity import clamp_future_activity
-from hub.line_api import LINE_HANDLERS
+from hub.classes import CLI_SERVICE
+from hub.classes_api import CLASSES_HANDLERS
+from hub.line_api import LINE_HANDLERS, SLOW_SPAWN_TIMEOUT_S
 from hub.logins import LOOPBACK
 from hub.reclaimer import max_hold_options
 from hub.settings import CULLER_TIMEOUT_S, Platform, Settings, SettingsError
 from spawner import environ
 from spawner.checked import problems
-from spawner.quotas import classes
+from spawner.class_store import ClassStore
+from spawner.quotas import DEFAULT_GROUP, GroupRules, classes
 from spawner.waitline import warning_lead
 
 TEMPLATES = Path(roles.__file__).parent / "templates"  # from the package: kube_config.py is copied out of it
@@ -53,6 +59,15 @@ class Accounts:
 
     data_dir: Path
     known_names: frozenset[str]  # admins and class members: their first password comes from gpuslice
+
+
+@dataclass(frozen=True)
+class LiveClasses:
+    """Classes that change in the running hub (hub/classes_api.py), kept in a class store (spawner/class_store.py)."""
+
+    store: Path  # the class store's SQLite file
+    data_dir: Path  # where invite codes and passwords are (hub/accounts.py): members added live get codes
+    cli_token: str = ""  # the gpuslice-cli service's token (`gpuslice class` on the hub's machine); empty: none
 
 
 @dataclass(frozen=True)
@@ -69,14 +84,17 @@ class HubParts:
     portal: Mapping[str, Any] | None = None  # the portal service's own keys (url, token, command); None: no portal
     metrics_token: str = ""  # a token that may read /hub/metrics (Prometheus'); empty: none
     top_token: str = ""  # `gpuslice top`'s read-only token on one machine; empty: none (admins use their own)
+    classes: LiveClasses | None = None  # None: the classes are the configured ones, changed by a restart
     managed: tuple[dict[str, Any], ...] = ()  # services only this hub runs (the single machine's recorder, renewals)
 
 
 def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
     """Wire JupyterHub's config ``c`` for ``platform`` (adds to what is there, never doubles a service)."""
+    groups = _live_classes(c, platform, parts.classes) if parts.classes is not None else platform.groups
     _spawner(c, platform, parts)
     if parts.accounts is not None:
-        _accounts(c, platform, parts.accounts)
+        _accounts(c, platform, parts.accounts, groups)
+    _hub_groups(c, groups)
     # Activity is what each server reports (running code, saving, terminals: spawner/lab/
     # jupyter_server_config.py), not the proxy's traffic: an open JupyterLab page polls its server
     # every few seconds, so a server left open on a screen would never look idle to the reclaimer
@@ -85,8 +103,13 @@ def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
     clamp_future_activity()  # and never later than now: a forged report buys no idle-free hour (hub/activity.py)
     # Our pages first (the spawn page's words for the line, the home page's reclaim warning).
     c.JupyterHub.template_paths = [str(TEMPLATES), *(p for p in _listed(c.JupyterHub, "template_paths") if p)]
-    c.JupyterHub.extra_handlers = [*_listed(c.JupyterHub, "extra_handlers"), *LINE_HANDLERS]
-    for service, scopes in _services(platform, parts):
+    handlers = [*LINE_HANDLERS, *(CLASSES_HANDLERS if parts.classes is not None else [])]
+    there = _listed(c.JupyterHub, "extra_handlers")
+    c.JupyterHub.extra_handlers = [*there, *(h for h in handlers if h not in there)]
+    # Start that waits in line shows its place on the spawn page within seconds, not after JupyterHub's
+    # slow_spawn_timeout of 10 s (a refusal still comes back to the form within it).
+    _tornado_settings(c, slow_spawn_timeout=SLOW_SPAWN_TIMEOUT_S)
+    for service, scopes in _services(platform, parts, groups):
         _add_service(c, service, scopes)
     if parts.portal is not None:
         _add_role(c, roles.USER_ROLE)
@@ -95,29 +118,59 @@ def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
 def _spawner(c: Any, platform: Platform, parts: HubParts) -> None:
     spawner = c[parts.spawner]
     spawner.gpu_groups = list(platform.groups)  # classes' rules and the default rules (spawner/quotas.py)
+    if parts.classes is not None:
+        spawner.gpu_classes_path = str(parts.classes.store)  # the classes read at every spawn: they change live
     spawner.gpu_ledger_path = parts.ledger_path
     spawner.gpu_idle_timeout = platform.gpu_idle_timeout  # the line's estimated starts count on reclaiming
     spawner.gpu_culler_timeout = platform.idle_timeout  # the culler's: its stops are named
 
 
-def _accounts(c: Any, platform: Platform, accounts: Accounts) -> None:
+def _live_classes(c: Any, platform: Platform, live: LiveClasses) -> tuple[GroupRules, ...]:
+    """The class store at the hub's start, the configured classes taken in (spawner/class_store.py ``seed``),
+    for its API; the rules that hold now: the store's classes and the configured default rules."""
+    store = ClassStore(live.store)
+    store.seed(classes(platform.groups))
+    _tornado_settings(c, gpuslice_classes_path=str(live.store), gpuslice_data_dir=str(live.data_dir))
+    return (*store.groups(), *(g for g in platform.groups if g.name == DEFAULT_GROUP))
+
+
+def _tornado_settings(c: Any, **settings: Any) -> None:
+    there = c.JupyterHub.get("tornado_settings", None) if hasattr(c.JupyterHub, "get") else None
+    c.JupyterHub.tornado_settings = {**dict(there or {}), **settings}
+
+
+def _accounts(c: Any, platform: Platform, accounts: Accounts, groups: tuple[GroupRules, ...]) -> None:
     """Admins log in with the password gpuslice gave them, class members join once at /hub/join with
     their invite code; with open sign-up a new name, and only a new one, sets its password."""
+    known = {*accounts.known_names, *roster_names((), classes(groups))}  # a class made live: its people too
     c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
     c.GpusliceAuthenticator.dbm_path = str(passwords_path(accounts.data_dir))  # kept across restarts
     c.GpusliceAuthenticator.create_users = platform.open_signup
     c.GpusliceAuthenticator.data_dir = str(accounts.data_dir)  # invite codes (invites.dbm), beside the passwords
-    c.GpusliceAuthenticator.known_names = set(accounts.known_names)
+    c.GpusliceAuthenticator.known_names = known
     c.GpusliceAuthenticator.trusted_proxies = [*LOOPBACK, *platform.trusted_proxies]  # failed logins per client
     c.Authenticator.admin_users = set(platform.admin_users)
     if platform.open_signup:
         c.Authenticator.allow_all = True
-    else:
-        c.Authenticator.allowed_users = set(accounts.known_names)
-    c.JupyterHub.load_groups = {g.name: {"users": list(g.members)} for g in classes(platform.groups)}
+    else:  # and the hub users a class's change made since (JupyterHub allows existing users)
+        c.Authenticator.allowed_users = known
 
 
-def _services(platform: Platform, parts: HubParts) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+def _hub_groups(c: Any, groups: tuple[GroupRules, ...]) -> None:
+    """The classes as JupyterHub groups (the portal and the line read their members there), beside the
+    groups the config already names (z2jh's)."""
+    there = c.JupyterHub.get("load_groups", None) if hasattr(c.JupyterHub, "get") else None
+    found = {name: list((group or {}).get("users") or []) for name, group in dict(there or {}).items()}
+    for rules in classes(groups):
+        users = found.setdefault(rules.name, [])
+        users += [m for m in rules.members if m not in users]
+    if found:
+        c.JupyterHub.load_groups = {name: {"users": users} for name, users in found.items()}
+
+
+def _services(
+    platform: Platform, parts: HubParts, groups: tuple[GroupRules, ...]
+) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
     """Each managed service with the scopes of its role."""
     run = list(parts.run_module)
     found: list[tuple[dict[str, Any], tuple[str, ...]]] = []
@@ -127,7 +180,7 @@ def _services(platform: Platform, parts: HubParts) -> list[tuple[dict[str, Any],
             "command": [*run, "jupyterhub_idle_culler", f"--timeout={platform.idle_timeout}"],
         }
         found.append((culler, roles.STOPS_IDLE_SERVERS))
-    found.append((reclaimer_service(platform, parts), roles.STOPS_IDLE_SERVERS))
+    found.append((reclaimer_service(platform, parts, groups), roles.STOPS_IDLE_SERVERS))
     if parts.portal is not None:
         portal = {
             "name": "portal",
@@ -140,6 +193,8 @@ def _services(platform: Platform, parts: HubParts) -> list[tuple[dict[str, Any],
         found.append(({"name": "prometheus", "api_token": parts.metrics_token}, roles.READS_METRICS))
     if parts.top_token:
         found.append(({"name": "gpuslice-top", "api_token": parts.top_token}, roles.TOP_READS))
+    if parts.classes is not None and parts.classes.cli_token:
+        found.append(({"name": CLI_SERVICE, "api_token": parts.classes.cli_token}, roles.CHANGES_CLASSES))
     found += [(dict(service), ()) for service in parts.managed]  # they need nothing of the hub's API
     return found
 
@@ -183,9 +238,12 @@ def renewals_service(settings_file: str, data_dir: Path, run_module: tuple[str, 
     }
 
 
-def reclaimer_service(platform: Platform, parts: HubParts) -> dict[str, Any]:
+def reclaimer_service(
+    platform: Platform, parts: HubParts, groups: tuple[GroupRules, ...] | None = None
+) -> dict[str, Any]:
     """The gpu-reclaimer as a JupyterHub managed service, looking every tenth of the idle timeout (30 s at most),
-    with each class's max_hold (a bound however used a slice looks)."""
+    with each class's max_hold (a bound however used a slice looks; ``groups``: the rules at the hub's start,
+    default the configured ones)."""
     idle_timeout_s = platform.gpu_idle_timeout
     return {
         "name": "gpu-reclaimer",
@@ -197,7 +255,7 @@ def reclaimer_service(platform: Platform, parts: HubParts) -> dict[str, Any]:
             f"--gpu-idle-timeout={idle_timeout_s}",
             f"--warn-before={warning_lead(idle_timeout_s)}",
             f"--interval={min(30.0, idle_timeout_s / 10)}",
-            *max_hold_options(platform.groups),
+            *max_hold_options(platform.groups if groups is None else groups),
         ],
         **({"environment": dict(parts.service_env)} if parts.service_env else {}),
     }
@@ -250,17 +308,20 @@ def configure_z2jh_hub(c: Any, get_config: Callable[..., Any]) -> None:
     except ValidationError as exc:
         raise SettingsError(f"custom.gpuslice, cull.timeout and KubeGpuSpawner.gpu_groups: {problems(exc)}") from None
     env = environ.read()
+    ledger_path = str(c.KubeGpuSpawner.get("gpu_ledger_path") or "/srv/jupyterhub/gpuslice-ledger.sqlite")
+    volume = Path(ledger_path).parent  # the hub's volume: the class store and invite codes beside the line
     configure_hub(
         c,
         platform,
         HubParts(
             spawner="KubeGpuSpawner",
-            ledger_path=str(c.KubeGpuSpawner.get("gpu_ledger_path") or "/srv/jupyterhub/gpuslice-ledger.sqlite"),
+            ledger_path=ledger_path,
             run_module=(sys.executable, "-m"),
             reclaimer_args=(f"--kube-namespace={env.pod_namespace}",),
             service_env=env.in_cluster_api,
             run_culler=False,
             portal={} if "portal" in (get_config("hub.services", {}) or {}) else None,
+            classes=LiveClasses(volume / "gpuslice-classes.sqlite", volume, service_token(volume, CLI_SERVICE)),
         ),
     )
     if not culling:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ValidationError
 
@@ -17,8 +18,9 @@ from spawner import environ
 from spawner.inventory import Allocation, Inventory
 from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
-from spawner.shares import format_bytes
+from spawner.shares import ShareError, format_bytes, parse_quantity
 from spawner.waitline import Manager, WaitStats
+from spawner.words import INSTANT, parse_instant
 
 
 @dataclass(frozen=True)
@@ -207,8 +209,8 @@ def wait_rows(stats: list[WaitStats]) -> list[dict[str, object]]:
             "waits": s.waits,
             "placed": s.placed,
             "left without a GPU": s.waits - s.placed,
-            "p50 wait": duration_text(s.p50_s),
-            "p95 wait": duration_text(s.p95_s),
+            "typical wait": duration_text(s.p50_s),
+            "19 in 20 waited at most": duration_text(s.p95_s),
             "longest": duration_text(s.longest_s),
         }
         for s in stats
@@ -224,8 +226,8 @@ def wait_scope_text(manager: Manager, days: int) -> str:
     else:
         whose = "your own requests only"
     return (
-        f"Time in the GPU line from joining it to being placed or leaving it, per day (UTC) and class, the last"
-        f" {days} days: {whose}. p50/p95: half / 95% of the waits were this long or shorter."
+        f"How long requests waited in the GPU line, from joining it to getting a GPU or leaving, per day (UTC)"
+        f" and class, over the last {days} days: {whose}. Typical: half of the waits were shorter."
     )
 
 
@@ -235,18 +237,60 @@ def ago_text(when: datetime | None, now_ts: float) -> str:
 
 
 def slice_text(row: ServerRow, hold: Held | None, *, failed: bool = False) -> str:
-    """What the server holds: from the ledger while it runs, else what it asked for."""
+    """What the server holds: from the ledger while it runs, else what it asked for ("4 GiB", never "4GiB")."""
     if hold is not None:
-        return "whole card" if hold.whole else format_bytes(hold.memory_bytes)
+        return "whole GPU" if hold.whole else format_bytes(hold.memory_bytes)
     if row.state == "stopped" and not failed:
         return ""
     if row.gpus:
-        return f"{row.gpus} whole GPU(s)"
-    return "CPU only" if row.gpu_memory in ("0", "") else row.gpu_memory
+        return f"{row.gpus} whole GPU{'' if row.gpus == 1 else 's'}"
+    if row.gpu_memory in ("0", ""):
+        return "CPU only"
+    if not re.search(r"[A-Za-z]", row.gpu_memory):
+        return f"{row.gpu_memory} of a GPU"  # a share of a card ("0.5")
+    try:
+        return format_bytes(parse_quantity(row.gpu_memory))
+    except ShareError:
+        return row.gpu_memory
 
 
-def local_time(timestamp: float) -> datetime:
-    return datetime.fromtimestamp(timestamp).astimezone()
+def zone(name: str | None) -> tzinfo:
+    """The reader's time zone, as their browser names it (st.context.timezone); UTC when unknown."""
+    try:
+        return ZoneInfo(name) if name else UTC
+    except (ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
+def clock_text(timestamp: float, now_ts: float, where: tzinfo) -> str:
+    """A time in the reader's zone, as short as it can be: "09:41", "yesterday 09:41", "Tue 24 Nov 09:41"."""
+    when, now = datetime.fromtimestamp(timestamp, where), datetime.fromtimestamp(now_ts, where)
+    suffix = "" if where is not UTC else " UTC"  # a reader whose zone is unknown reads which clock it is
+    days = (now.date() - when.date()).days
+    if days == 0:
+        return f"{when:%H:%M}{suffix}"
+    if days == 1:
+        return f"yesterday {when:%H:%M}{suffix}"
+    if days == -1:
+        return f"tomorrow {when:%H:%M}{suffix}"
+    return f"{when:%a %d %b %H:%M}{suffix}"
+
+
+def when_text(timestamp: float, now_ts: float, where: tzinfo) -> str:
+    """ "09:41 (in 4 min)", "09:12 (25 min ago)": the clock and how far off."""
+    off = timestamp - now_ts
+    if abs(off) < 60:
+        away = "now"
+    elif off > 0:
+        away = f"in {duration_text(off)}"
+    else:
+        away = f"{duration_text(-off)} ago"
+    return f"{clock_text(timestamp, now_ts, where)} ({away})"
+
+
+def times_in_words(text: str, now_ts: float, where: tzinfo) -> str:
+    """A message's instants (spawner/words.py) as the reader's clock and how far off."""
+    return INSTANT.sub(lambda m: when_text(parse_instant(m.group(0)), now_ts, where), text)
 
 
 EntryT = TypeVar("EntryT", bound=BaseModel)

@@ -78,8 +78,9 @@ def private_tmpfs(target: str, size: int, keep: list[str]) -> None:
         for path in kept:
             relative = path.relative_to(target)
             (Path(target) / relative).mkdir(parents=True, exist_ok=True)
-            # --no-canonicalize: the path through the old tree is meant; resolved by name it would be the new one
-            _mount("--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{old}/{relative}", str(path))
+            # --no-canonicalize: the path through the old tree is meant; resolved by name it would be the new one.
+            # --rbind: with the mounts under it (the models bound read-only into the home come along, still read-only)
+            _mount("--no-canonicalize", "--rbind", f"/proc/{os.getpid()}/fd/{old}/{relative}", str(path))
     finally:
         os.close(old)
 
@@ -106,12 +107,13 @@ def _mount(*args: str) -> None:
 def main(argv: list[str]) -> None:
     plan = parse(argv)
     join_cgroups(plan.cgroups)
+    # The models first: their sources may be under /tmp (a data folder there), which the private /tmp hides.
+    for target, source in plan.models:
+        bind_read_only(source, target)
     if plan.tmp_bytes:
         private_tmpfs("/tmp", plan.tmp_bytes, plan.keep)
     if plan.shm_bytes:
         private_tmpfs("/dev/shm", plan.shm_bytes, [])
-    for target, source in plan.models:
-        bind_read_only(source, target)
     if plan.user:
         become(plan.user)
     os.execvp(plan.command[0], plan.command)

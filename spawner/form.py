@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,16 +60,21 @@ class SliceChoice:
 
 
 def group_limits(group: GroupQuota, usage: Usage) -> str:
-    """A group's rules in a sentence: "slices up to 4 GiB, 36 GiB of the group's 40 GiB budget left"."""
+    """A group's rules in a sentence: "slices up to 4 GiB; 4 GiB of the class's 8 GiB budget free now"."""
     limits = []
     if group.max_slice_bytes is not None:
         limits.append(f"slices up to {format_bytes(group.max_slice_bytes)}")
     if group.budget_bytes is not None:
         left = max(0, group.budget_bytes - usage.group_bytes.get(group.name, 0))
-        limits.append(f"{format_bytes(left)} of the group's {format_bytes(group.budget_bytes)} budget left")
+        budget = format_bytes(group.budget_bytes)
+        if left:
+            limits.append(f"{format_bytes(left)} of the class's {budget} GPU budget free now")
+        else:
+            limits.append(f"the class's {budget} GPU budget is all in use now")
     if group.servers_per_user is not None:
-        limits.append(f"{group.servers_per_user} server(s) per person")
-    return ", ".join(limits) or "no limits"
+        count = group.servers_per_user
+        limits.append(f"{count} server{'' if count == 1 else 's'} per person")
+    return "; ".join(limits) or "no limits"
 
 
 @dataclass(frozen=True)
@@ -82,22 +87,6 @@ class FormChoice:
 
 
 WHOLE_PREFIX = "gpus:"
-
-
-@dataclass(frozen=True)
-class WaitOffer:
-    """After a refusal for room or budget: the buttons that start something else now, or wait."""
-
-    asked: str  # what was asked, in words ("8 GiB of one GPU")
-    fits_bytes: int  # the largest slice that would start now (0: none)
-
-    @property
-    def fits_value(self) -> str:
-        return _value(self.fits_bytes)
-
-    @property
-    def fits_label(self) -> str:
-        return format_bytes(self.fits_bytes)
 
 
 def form_gpu_value(request: GpuRequest, largest_card: int) -> str:
@@ -116,23 +105,41 @@ def split_gpu_choice(value: str) -> tuple[str, str]:
     return value, "0"
 
 
-def whole_gpus_allowed(groups: list[GroupQuota], most_cards: int) -> int:
-    """The most whole GPUs any of the user's groups allows one server (0: offer none)."""
+def whole_gpus_allowed(groups: list[GroupQuota], most_cards: int, card_bytes: int) -> int:
+    """The most whole GPUs any of the user's groups could ever grant one server (0: offer none).
+
+    A group's ``max_gpus`` and its budget both count: a class whose budget is 8 GiB can never
+    hold a 16 GiB card, so the form does not offer one.
+    """
     if not groups:
         return most_cards
-    return max(most_cards if g.max_gpus is None else min(g.max_gpus, most_cards) for g in groups)
+
+    def allowed(group: GroupQuota) -> int:
+        cards = most_cards if group.max_gpus is None else min(group.max_gpus, most_cards)
+        if group.budget_bytes is not None and card_bytes:
+            cards = min(cards, group.budget_bytes // card_bytes)
+        return cards
+
+    return max(allowed(g) for g in groups)
+
+
+def _whole_gpus(count: str) -> str:
+    return f"{count} whole GPU{'' if count == '1' else 's'}"
 
 
 # API words in refusals -> the labels the form shows. Order matters: the longer phrases first.
-_FORM_WORDS = (
+_FORM_WORDS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     (re.compile(r'ask for gpu_memory "0" \(CPU only\)'), 'choose "No GPU (CPU only)"'),
     (re.compile(r"(ask for )?gpus=1 \(and gpu_memory \"0\"\)"), "choose 1 whole GPU"),
-    (re.compile(r"for whole cards with gpus=(\d+)"), r"for \1 whole GPU(s)"),
+    (re.compile(r"for whole cards with gpus=(\d+)"), lambda m: f"for {_whole_gpus(m.group(1))}"),
     (re.compile(r"for a whole card with gpus=1"), "for 1 whole GPU"),
-    (re.compile(r"ask for gpus=(\d+)"), r"choose \1 whole GPU(s)"),
-    (re.compile(r"gpus=(\d+)"), r"\1 whole GPU(s)"),
+    (re.compile(r"ask for gpus=(\d+)"), lambda m: f"choose {_whole_gpus(m.group(1))}"),
+    (re.compile(r"gpus=(\d+)"), lambda m: _whole_gpus(m.group(1))),
     (re.compile(r"\bgpu_memory\b"), "GPU memory"),
     (re.compile(r"\bgpus\b(?! \()"), "whole GPUs"),
+    # The form has no box to type in: what to type becomes what to choose.
+    (re.compile(r"[;,]? [Tt]ype\b.*$"), ". Choose a size from the GPU list."),
+    (re.compile(r"^[Tt]ype\b.*$"), "Choose a size from the GPU list."),
 )
 
 
@@ -159,45 +166,43 @@ def _default_gpu(source: FormSource, groups: list[GroupQuota], slices: list[int]
     return _value(slices[0]) if slices else "0"
 
 
+def _slice_label(size: int, startable_now: int) -> str:
+    """ "4 GiB of one GPU", marked when none can start now: Start then waits in line for it."""
+    words = f"{format_bytes(size)} of one GPU"
+    return words if size <= startable_now else f"{words} (busy now: Start joins the line)"
+
+
 def render_spawn_form(
     source: FormSource,
     inventory: Inventory,
     groups: list[GroupQuota],
     usage: Usage,
-    ceiling: int,
+    *,
+    allowed: int,
+    startable_now: int,
     most_cards: int,
-    simulated_source: str | None,
+    simulated: bool,
     previous: FormChoice | None = None,
-    offer: WaitOffer | None = None,
 ) -> str:
-    """The form: GPUs with free memory, the user's group rules, and only the choices allowed now.
+    """The form: GPUs with free memory, the user's group rules, and every choice the rules can grant.
 
-    ``most_cards``: whole GPUs the user may ask for (0: none offered). ``simulated_source``
-    says why the GPUs are simulated ("NVML: no driver"); None on real GPUs. ``previous``:
-    the choices to keep (the form shown again after a refusal). ``offer``: the refusal's
-    buttons (CPU only now, the largest slice that fits now, wait in line).
+    ``allowed``: the largest slice the user's rules could ever grant (what is offered);
+    ``startable_now``: the largest that would start now (the larger ones are marked: Start
+    waits in line for them). ``most_cards``: whole GPUs the rules can grant (0: none offered).
+    ``simulated``: no NVIDIA GPU here, the GPUs are simulated. ``previous``: the choices to
+    keep (the form shown again after a refusal).
     """
     previous = previous or FormChoice()
-    sizes = sorted(set(slice_choices(ceiling)) | {min(g.max_slice_bytes, ceiling) for g in groups if g.max_slice_bytes})
+    sizes = sorted(set(slice_choices(allowed)) | {min(g.max_slice_bytes, allowed) for g in groups if g.max_slice_bytes})
     sizes = [s for s in sizes if s > 0]
     wholes = [f"{WHOLE_PREFIX}{n}" for n in range(1, most_cards + 1)]
     offered = {"0", *wholes, *(_value(c) for c in sizes)}
-    chosen_gpu = previous.gpu if previous.gpu in offered else _default_gpu(source, groups, sizes, ceiling)
-    slices = [SliceChoice(_value(c), f"{format_bytes(c)} of one GPU") for c in sizes]
-    if (
-        previous.gpu
-        and previous.gpu not in offered
-        and not previous.gpu.startswith(WHOLE_PREFIX)
-        and previous.gpu != "0"
-    ):
-        # Refused because others took what was left meanwhile: keep it chosen, marked, beside the reason.
-        shown = re.sub(r"(?<=\d)(?=[KMGT]iB)", " ", previous.gpu)
-        slices.append(SliceChoice(previous.gpu, f"{shown} of one GPU (more than is left now)"))
-        chosen_gpu = previous.gpu
+    chosen_gpu = previous.gpu if previous.gpu in offered else _default_gpu(source, groups, sizes, allowed)
+    slices = [SliceChoice(_value(c), _slice_label(c, startable_now)) for c in sizes]
     images = sorted(source.launchable_images(), key=lambda i: i.slug)
     chosen_image = previous.image if previous.image in {i.slug for i in images} else source.gpu_default_image
     return _TEMPLATES.get_template("spawn_form.html").render(
-        simulated_source=simulated_source,
+        simulated=simulated,
         gpus=[
             {
                 "index": g.index,
@@ -210,12 +215,12 @@ def render_spawn_form(
         ],
         groups=[{"name": g.name, "limits": group_limits(g, usage)} for g in groups],
         slices=slices,
-        wholes=[SliceChoice(w, f"{n} whole GPU{'s' if n > 1 else ''}") for n, w in enumerate(wholes, start=1)],
+        some_wait=any(c > startable_now for c in sizes),
+        wholes=[SliceChoice(w, _whole_gpus(str(n))) for n, w in enumerate(wholes, start=1)],
         chosen_gpu=chosen_gpu,
         images=images,
         default_image=chosen_image,
         models=list(source.approved_models()),
         chosen_models=previous.models if previous.models is not None else source.selected_models(),
-        offer=offer,
         slice_note=(inventory.slice_note or slice_note(inventory.backend)) if slices else "",
     )

@@ -453,7 +453,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     async def _check_and_place(self) -> None:
         """The request checked against the group rules and placed on the cluster's view, now or
         after waiting in the line (refused: GpuRefused)."""
-        self._gpu_pod, self._gpu_stages, self._gpu_offer = None, [], None
+        self._gpu_pod, self._gpu_stages = None, []
         self._gpu_request, self._gpu_placement = None, None
         await self._refresh_view()
         try:

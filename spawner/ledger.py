@@ -36,6 +36,7 @@ from spawner.inventory import Allocation
 from spawner.placement import Demand
 from spawner.sqlite_schema import migrate
 from spawner.waitline import HELD_TOO_LONG, Entry, Reservation, Wait, put_first
+from spawner.words import INSTANT, instant
 
 # Step 1 is the schema as it stood when the stores were first versioned (spawner/sqlite_schema.py);
 # a change to the tables is a new step appended to SCHEMA_STEPS, never an edit of an old one.
@@ -171,18 +172,21 @@ def stop_message(
         return f"stopped by {last.message}"
     if idle_timeout_s and last_activity is not None and now - last_activity >= idle_timeout_s:
         return f"stopped by the idle culler: no activity for {int(now - last_activity) // 60} min"
-    return "stopped (from JupyterHub: its home page, its API or its shutdown)"
+    return "stopped from the hub: by its owner or an admin, or when the platform shut down"
 
 
-def reclaim_notice(latest: ServerEvent | None, now: float, lead_s: float) -> str | None:
+def reclaim_notice(latest: ServerEvent | None, now: float, stop_after_s: float, grace_s: float = 15.0) -> str | None:
     """What to tell a server's owner while the GPU line's reclaimer has warned it (None: nothing).
 
-    ``latest``: the server's latest event; a ``warned`` one stands for ``lead_s`` seconds (then
-    the server is stopped, or it was used again and the warning lapsed).
+    ``latest``: the server's latest event; a ``warned`` one announces the stop ``stop_after_s``
+    after it, and stands until then and ``grace_s`` more, while the stop is under way (then the
+    server is stopped, or it was used again and the warning lapsed).
     """
-    if latest is None or latest.kind != "warned" or not 0 <= now - latest.created < lead_s:
+    if latest is None or latest.kind != "warned" or not 0 <= now - latest.created < stop_after_s + grace_s:
         return None
-    at = time.strftime("%H:%M:%S UTC", time.gmtime(latest.created + lead_s))
+    # The time the warning announced (the reader's pages show it in their own time).
+    announced = INSTANT.search(latest.message)
+    at = announced.group(0) if announced else instant(latest.created + stop_after_s)
     if latest.message.startswith(HELD_TOO_LONG):
         return (
             f"Others wait and you have held this GPU as long as your class allows: this server stops at {at}."
@@ -191,7 +195,7 @@ def reclaim_notice(latest: ServerEvent | None, now: float, lead_s: float) -> str
     # Short enough for JupyterLab's notification, which cuts messages after 140 characters. What
     # counts as use: spawner/lab/jupyter_server_config.py (an open page alone does not).
     return (
-        f"Idle while others wait for a GPU: this server will be stopped at {at} unless you run a cell or save."
+        f"Idle while others wait for a GPU: this server stops at {at} unless you run a cell or save."
         " Save your work now."
     )
 

@@ -21,7 +21,7 @@ from traitlets import Instance, Unicode
 from spawner import environ
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, ServerProcess, stop_message
-from spawner.line import WaitingLineMixin, usage_of
+from spawner.line import WAITING_PROGRESS, WaitingLineMixin, usage_of
 from spawner.placement import Choice, Demand
 from spawner.processes import Proc, identify, running
 from spawner.quotas import Usage
@@ -142,7 +142,6 @@ class LedgerGpuMixin(WaitingLineMixin):
         budget: the holds are then None and ``start`` waits for its turn.
         """
         self._gpu_stages = []
-        self._gpu_offer = None
         self._gpu_request = None
         try:
             request, image = self.gpu_request()
@@ -393,7 +392,11 @@ class LedgerGpuMixin(WaitingLineMixin):
             since = since if since is not None else (stages[0].at if stages else None)
             for stage in stages[sent:]:
                 took = stage.at - (since if since is not None else stage.at)
-                yield {"progress": stage.progress, "message": f"{stage.message} ({took:.1f} s)"}
+                waiting = stage.progress == WAITING_PROGRESS  # a place in line: no step's duration to tell
+                yield {
+                    "progress": stage.progress,
+                    "message": stage.message if waiting else f"{stage.message} ({took:.1f} s)",
+                }
                 since, sent = stage.at, sent + 1
                 if stage.progress == 20 and not warned and self._gpu_spec is not None:
                     for warning in self._gpu_spec.warnings:

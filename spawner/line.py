@@ -2,8 +2,10 @@
 
 ``WaitingLineMixin`` takes a spawn's turn in the line kept in the SQLite ledger (``Ledger.take_turn``:
 the holds, the line and this request read and written in one transaction), waits there with its
-position, people ahead and an estimated start in the progress, raises JupyterHub's start_timeout
-so JupyterHub never gives up first, and offers the refusal's three choices (``WaitOffer``). A
+position and an estimated start in the progress, and raises JupyterHub's start_timeout so JupyterHub
+never gives up first. The spawn form always waits: Start with a size that is busy joins the line at
+once (its page offers a server without a GPU meanwhile); the REST API waits when asked ("wait":
+true) and is otherwise refused with its choices. A
 backend says what the cluster holds: the local one from the ledger's own rows
 (``spawner.lifecycle.LedgerGpuMixin``), Kubernetes from its pods and the placements whose pods
 are not listed yet (``spawner.kube.KubeGpuSpawner``).
@@ -14,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from traitlets import Float, Integer, Unicode
 
 from spawner import metrics
-from spawner.form import WaitOffer, in_form_words
+from spawner.form import in_form_words
 from spawner.inventory import Inventory
 from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice
 from spawner.mixin import GpuShareMixin, asked_bytes
@@ -34,15 +36,22 @@ from spawner.waitline import (
     LINE_MAX_WAIT_S,
     Entry,
     Reservation,
+    activity_report_interval,
     admit,
     budget_holding_back,
     estimated_start,
+    expected_end,
     never_fits,
     positions,
+    stop_at,
     warning_lead,
 )
+from spawner.words import instant, place_words
 
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
+STOP_KINDS = ("stopped", "died", "failed", "refused")  # the events that say why a server is not running
+STOP_TOLD_S = 86400  # a stop older than a day is not news on the home page
+LINE_WORDS = "Waiting in line for"  # how a waiting spawn's progress message begins (the waiting page looks for it)
 
 
 class LeftLineError(Exception):
@@ -104,23 +113,25 @@ class WaitingLineMixin(GpuShareMixin):
 
     def _refused(self, refusal: GpuRefused) -> None:
         metrics.SPAWN_REFUSED.labels(reason=refusal.refusal).inc()
-        if refusal.waitable:
+        if refusal.waitable:  # only the REST API without "wait": the form always waits
             metrics.SPAWN_OFFERED_LINE.labels(reason=refusal.refusal).inc()
-            fits = self.largest_fit_now()
-            refusal.jupyterhub_message += " " + self._choices_text(fits)
-            if self._gpu_request is not None:
-                self._gpu_offer = WaitOffer(self._gpu_request[0].describe(), fits)
+            refusal.jupyterhub_message += " " + self._choices_text(self.largest_fit_now())
         if self._from_form():
             refusal.jupyterhub_message = in_form_words(refusal.jupyterhub_message)
         self._record("refused", 100, refusal.jupyterhub_message)
 
     def _choices_text(self, fits: int) -> str:
-        """What the user can do instead, now: CPU only, ``fits`` (the largest slice that fits), or wait."""
-        if self._from_form():
-            slice_now = f" start {format_bytes(fits)} now," if fits else ""
-            return f"Or: start CPU-only now,{slice_now} or wait in line for it (the buttons below keep your choices)."
+        """What an API caller can do instead, now: CPU only, ``fits`` (the largest slice that fits), or wait."""
         slice_now = f' start {format_bytes(fits)} now (gpu_memory "{quantity_text(fits)}");' if fits else ""
         return f'Or: start CPU-only now (gpu_memory "0");{slice_now} or wait in line for it (add "wait": true).'
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        """The form's choices; a GPU asked for from the form waits in line when none is free (never refused
+        for room or budget, never started without one silently)."""
+        options: dict[str, Any] = super().options_from_form(formdata)
+        if options.get("gpu_memory") not in ("0", "") or str(options.get("gpus", "0")) != "0":
+            options["wait"] = True
+        return options
 
     def largest_fit_now(self) -> int:
         """The largest slice this user could start now (free on one card and within their groups)."""
@@ -143,8 +154,26 @@ class WaitingLineMixin(GpuShareMixin):
         except LedgerError:
             return None
         latest = history[-1] if history else None
-        said = reclaim_notice(latest, time.time(), self.gpu_warning_lead)
+        said = reclaim_notice(latest, time.time(), self.gpu_stop_after)
         return (said, latest.created) if said and latest else None
+
+    def gpu_stop_reason(self) -> tuple[str, str] | None:
+        """Why this server last stopped, or could not start, and when (an instant), for its owner's home
+        page: its latest event, when that is a stop or a refusal of the last day (None: nothing to tell)."""
+        try:
+            history = self._ledger.history(self._key)
+        except LedgerError:
+            return None
+        latest = history[-1] if history else None
+        if latest is None or latest.kind not in STOP_KINDS or time.time() - latest.created > STOP_TOLD_S:
+            return None
+        return latest.message, instant(latest.created)
+
+    @property
+    def gpu_stop_after(self) -> float:
+        """Seconds from the reclaimer's warning to the stop it announces (hub/reclaimer.py keeps to it)."""
+        lead = self.gpu_warning_lead
+        return stop_at(0.0, lead, activity_report_interval(lead))
 
     def _wants_to_wait(self) -> bool:
         return str((self.user_options or {}).get("wait", "")).lower() in {"true", "1", "on", "yes"}  # type: ignore[attr-defined]
@@ -220,7 +249,9 @@ class WaitingLineMixin(GpuShareMixin):
         asked = asked_bytes(request, inventory)
         others = [h for h in holds if h.key != self._key]
         servers = len({h.key for h in others if h.user == self.user.name})  # type: ignore[attr-defined]
-        decision = check(request, asked, image, self._quota_groups(), Usage(user_servers=servers))  # budgets aside
+        # Budgets aside: the line admits within them (a budget the request exceeds in all is never_fits').
+        rules = [replace(q, budget_bytes=None) for q in self._quota_groups()]
+        decision = check(request, asked, image, rules, Usage(user_servers=servers))
         if not decision.allowed:
             raise GpuRefused(403, str(decision), "quota")
         arrived, priority = (mine.arrived, mine.priority) if mine else (now, 0)
@@ -272,17 +303,27 @@ class WaitingLineMixin(GpuShareMixin):
         return f"Your place in the GPU line was {who}; no GPU is held. Start again to wait once more."
 
     def _place_in_line(self, request: GpuRequest) -> str:
-        """Position, people ahead and an estimated start, in words (from the last turn's look at the line)."""
-        now = time.time()
-        position = self._gpu_line_view.position if self._gpu_line_view else 1
-        eta = self.gpu_estimated_start(now)
-        when = time.strftime("%H:%M UTC", time.gmtime(eta)) if eta is not None else "unknown"
-        words = f"waiting in line for {request.describe()}: position {position}, {position - 1} ahead;"
-        words += f" estimated start {when}"
-        if self._gpu_line_view and self._gpu_line_view.budget_group:
-            budget = budgets(self.gpu_group_rules).get(self._gpu_line_view.budget_group)
-            in_all = f" of {format_bytes(budget)}" if budget else ""
-            words += f"; your class {self._gpu_line_view.budget_group} holds its whole GPU budget{in_all} now"
+        """The place and the expected start, in words (from the last turn's look at the line).
+
+        Starts with ``LINE_WORDS``: the waiting page knows its own words by it. The time is an
+        instant the pages show in the reader's own clock (spawner/words.py).
+        """
+        view = self._gpu_line_view
+        position = view.position if view else 1
+        eta = self.gpu_estimated_start(time.time())
+        words = f"{LINE_WORDS} {request.describe()}. {place_words(position)}"
+        if eta is not None:
+            # The servers before it end then if left idle: sooner if someone stops, later if they keep working.
+            words += f" Expected start: {instant(eta)}, sooner if someone stops their server."
+        else:
+            words += " No start time can be told yet: it depends on when others stop their servers."
+        if view and view.budget_group:
+            budget = budgets(self.gpu_group_rules).get(view.budget_group)
+            in_all = f" ({format_bytes(budget)})" if budget else ""
+            words += (
+                f" Your class {view.budget_group} is using its whole GPU budget{in_all} now:"
+                " you start when a classmate stops."
+            )
         return words
 
     def gpu_estimated_start(self, now: float) -> float | None:
@@ -303,12 +344,19 @@ class WaitingLineMixin(GpuShareMixin):
         return sum(g.memory_bytes for g in self.form_state()[0].gpus() if g.healthy)
 
     def _frees_at(self, holds: list[Held], now: float) -> list[float]:
-        """When each GPU server is expected to end at the latest if idle: last activity plus the idle timeout."""
+        """When each GPU server ends at the latest while anyone waits, from the line's state: a warned one at
+        its announced stop, else at the stop it would be warned of once idle for the idle timeout."""
         activity = self._last_activity()
-        return [activity.get(key, now) + self.gpu_idle_timeout for key in {h.key for h in holds}]
+        warned = {key: e.created for key, e in self._ledger.latest_events().items() if e.kind == "warned"}
+        lead = self.gpu_warning_lead
+        report_every = activity_report_interval(lead)
+        return [
+            expected_end(activity.get(key, now), warned.get(key), self.gpu_idle_timeout, lead, report_every)
+            for key in {h.key for h in holds}
+        ]
 
     def _last_activity(self) -> dict[str, float]:
-        """Each running server's last activity from JupyterHub's database (empty outside a hub)."""
+        """Each running server's last activity (else its start) from JupyterHub's database (empty outside a hub)."""
         db = getattr(self, "db", None)
         if db is None:
             return {}
@@ -316,9 +364,9 @@ class WaitingLineMixin(GpuShareMixin):
 
         found = {}
         for spawner in db.query(orm.Spawner).filter(orm.Spawner.server_id.isnot(None)):
-            if spawner.last_activity is not None:
-                stamp = spawner.last_activity.replace(tzinfo=datetime.UTC).timestamp()
-                found[f"{spawner.user.name}/{spawner.name}"] = stamp
+            last = spawner.last_activity or spawner.started
+            if last is not None:
+                found[f"{spawner.user.name}/{spawner.name}"] = last.replace(tzinfo=datetime.UTC).timestamp()
         return found
 
     def run_pre_spawn_hook(self) -> Any:

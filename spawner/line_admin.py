@@ -1,16 +1,16 @@
 """The GPU line as people manage it: who waits where, wait times, put first, cancel, reserve.
 
-Read and changed in the ledger's SQLite file, for whoever holds it: the portal on one machine
-(portal/data/cluster.py) and the hub's line API on Kubernetes (hub/line_api.py), where the
-file is on the hub's volume. Who may see what is ``Viewer.sees`` (spawner/scope.py's
-``Scope``); who may change what is ``may_manage`` (spawner/waitline.py), checked again inside
-the ledger's transaction. The JSON forms are what the hub's API sends and the portal reads.
+Read and changed in the ledger's SQLite file by the hub's line API (hub/line_api.py), on both
+backends: the portal asks the hub, and never opens the file itself. Who may see what is
+``Viewer.sees`` (spawner/scope.py's ``Scope``); who may change what is ``may_manage``
+(spawner/waitline.py), checked again inside the ledger's transaction. The JSON forms are what
+the hub's API sends and the portal reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -70,15 +70,6 @@ def waiting_line(ledger_path: Path, viewer: Viewer, now: float, holds: Iterable[
         if viewer.sees(e.user)
     ]
     return sorted(rows, key=lambda w: w.position)
-
-
-def with_estimates(rows: Iterable[Waiting], told: Iterable[Waiting]) -> list[Waiting]:
-    """``rows`` with the estimated starts the hub ``told`` (it holds the waiting spawns), by user and server.
-
-    A request the hub did not tell about keeps an unknown start (None).
-    """
-    starts = {(w.user, w.server): w.estimated_start for w in told}
-    return [replace(w, estimated_start=starts.get((w.user, w.server))) for w in rows]
 
 
 def wait_times(ledger_path: Path, manager: Manager, since: float) -> list[WaitStats]:

@@ -16,13 +16,24 @@ from typing import Any
 from traitlets import Any as AnyTrait
 from traitlets import Integer, List, TraitError, Unicode, default, validate
 
-from spawner.form import FormChoice, WaitOffer, form_gpu_value, render_spawn_form, whole_gpus_allowed
+from spawner.class_store import ClassStore
+from spawner.form import FormChoice, form_gpu_value, render_spawn_form, whole_gpus_allowed
 from spawner.gpus import DEFAULT_SIMULATE, Machine, machine
 from spawner.images import ImagesMixin
 from spawner.inventory import Inventory
 from spawner.ledger import Held, server_key
 from spawner.placement import Choice, ClusterState, Demand, arrived_counts, explain, known_workload, make_policy
-from spawner.quotas import GroupQuota, GroupRules, GroupRulesError, Usage, check, largest_slice, read_groups, rules_for
+from spawner.quotas import (
+    DEFAULT_GROUP,
+    GroupQuota,
+    GroupRules,
+    GroupRulesError,
+    Usage,
+    check,
+    largest_slice,
+    read_groups,
+    rules_for,
+)
 from spawner.request import OPTION_KEYS, GpuRefused, options_from_form, read_request
 from spawner.shares import (
     DEFAULT_SMALLEST_SLICE,
@@ -63,6 +74,11 @@ class GpuShareMixin(ImagesMixin):
         Members come from JupyterHub groups; users in none get the group named "default" (or the
         built-in default rules: a small slice, no whole cards, one server).""",
     ).tag(config=True)
+    gpu_classes_path = Unicode(
+        "",
+        help="""The class store (spawner/class_store.py) the hub and `gpuslice class` share: the classes' rules
+        are read from it at every spawn, so classes change without a restart. Empty: gpu_groups as configured.""",
+    ).tag(config=True)
     gpu_default_memory = Unicode("0", help='gpu_memory when a request names none ("0": CPU only).').tag(config=True)
     gpu_smallest_slice = Unicode(
         quantity_text(DEFAULT_SMALLEST_SLICE),
@@ -80,7 +96,6 @@ class GpuShareMixin(ImagesMixin):
     gpu_option_keys = OPTION_KEYS
     _gpu_starting = False
     _gpu_models: dict[str, Path] | None = None
-    _gpu_offer: WaitOffer | None = None  # the last refusal's buttons, for the form shown again
 
     # -- helpers over JupyterHub's spawner attributes ---------------------------------
 
@@ -107,13 +122,20 @@ class GpuShareMixin(ImagesMixin):
 
     @property
     def gpu_group_rules(self) -> list[GroupRules]:
-        """``gpu_groups`` as the GroupRules they were read into."""
-        return [rules for rules in self.gpu_groups if isinstance(rules, GroupRules)]
+        """The groups' rules now: the class store's classes when there is one (they change live) with the
+        configured ``default`` rules; else ``gpu_groups`` as the GroupRules they were read into."""
+        configured = [rules for rules in self.gpu_groups if isinstance(rules, GroupRules)]
+        if not self.gpu_classes_path:
+            return configured
+        return [*ClassStore(self.gpu_classes_path).groups(), *(g for g in configured if g.name == DEFAULT_GROUP)]
 
     def _quota_groups(self) -> list[GroupQuota]:
-        """The rules that hold for this user: their groups' in configured order, else the default rules."""
-        mine = [g.name for g in self.user.groups]  # type: ignore[attr-defined]
-        return [rules.quota for rules in rules_for(mine, self.gpu_group_rules)]
+        """The rules that hold for this user: their classes' (their hub groups' or those whose ``members``
+        name them: a member added live) in configured order, else the default rules."""
+        name = self.user.name  # type: ignore[attr-defined]
+        rules = self.gpu_group_rules
+        mine = [g.name for g in self.user.groups] + [g.name for g in rules if name in g.members]  # type: ignore[attr-defined]
+        return [group.quota for group in rules_for(mine, rules)]
 
     # -- reading the request ------------------------------------------------------------
 
@@ -164,24 +186,22 @@ class GpuShareMixin(ImagesMixin):
         return lambda spawner: spawner.render_form()
 
     def render_form(self) -> str:
-        """The spawn form: free memory per GPU, quota left, and the choices allowed now."""
+        """The spawn form: free memory per GPU, the class's rules, and every choice they can grant."""
         inventory, usage = self.form_state()
         groups = self._quota_groups()
         largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
-        ceiling = largest_slice(groups, usage, largest_card)
+        largest_free = max((g.free_bytes for g in inventory.gpus() if g.healthy), default=0)
         machine_ = self._machine
-        simulated = machine_.source.removeprefix("simulated (").removesuffix(")") if machine_.simulated else None
-        most_cards = whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus))
         return render_spawn_form(
             self,
             inventory,
             groups,
             usage,
-            ceiling,
-            most_cards,
-            simulated,
-            self._previous_choice(largest_card),
-            self._gpu_offer,
+            allowed=largest_slice(groups, Usage(), largest_card),  # what the rules grant, whoever holds what
+            startable_now=min(largest_free, largest_slice(groups, usage, largest_card)),
+            most_cards=whole_gpus_allowed(groups, self.gpu_max_cards or len(machine_.gpus), largest_card),
+            simulated=machine_.simulated,
+            previous=self._previous_choice(largest_card),
         )
 
     def _previous_choice(self, largest_card: int) -> FormChoice | None:

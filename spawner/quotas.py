@@ -22,12 +22,22 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, ValidationError, WithJsonSchema, field_validator, model_validator
 
-from sizes import parse_quantity
-from spawner.checked import Checked, Count, Duration, Limit, Names, UserNames, duration_seconds, problems
+from sizes import SizeError, parse_quantity
+from spawner.checked import (
+    AMOUNT_PATTERN,
+    Checked,
+    Count,
+    Duration,
+    Limit,
+    Names,
+    UserNames,
+    duration_seconds,
+    problems,
+)
 from spawner.shares import GpuRequest, RequestKind, format_bytes
 
 
@@ -112,11 +122,19 @@ def _first_failure(
     if group.budget_bytes is not None and slice_bytes:
         held = usage.group_bytes.get(group.name, 0)
         left = max(0, group.budget_bytes - held)
-        if slice_bytes > left:
+        budget, asked = format_bytes(group.budget_bytes), format_bytes(slice_bytes)
+        if slice_bytes > group.budget_bytes:
+            return "budget", f"{label} has a GPU budget of {budget} in all, less than the {asked} you asked for."
+        if slice_bytes > left and not left:
             return "budget", (
-                f"{label} has a GPU budget of {format_bytes(group.budget_bytes)}, {format_bytes(held)} of it in use: "
-                f"{format_bytes(left)} left, less than the {format_bytes(slice_bytes)} you asked for."
-                + (f" Ask for {format_bytes(left)} or less." if left else " Wait for classmates to stop their servers.")
+                f"{label}'s GPU budget of {budget} is all in use by its members now."
+                " Wait for classmates to stop their servers."
+            )
+        if slice_bytes > left:
+            held_text, left_text = format_bytes(held), format_bytes(left)
+            return "budget", (
+                f"{label}'s GPU budget is {budget} and its members hold {held_text}: {left_text} left,"
+                f" less than the {asked} you asked for. Ask for {left_text} or less."
             )
     return None
 
@@ -140,6 +158,44 @@ def largest_slice(groups: Sequence[GroupQuota], usage: Usage, card_bytes: int) -
             limit = 0
         best = max(best, limit)
     return best
+
+
+_SLICES = re.compile(r"^\s*(\d+)\s+slices?(?:\s+of\s+(.+?))?\s*$", re.IGNORECASE)
+SLICES_PATTERN = r"^\s*[0-9]+\s+[sS][lL][iI][cC][eE][sS]?(\s+[oO][fF]\s+.+)?\s*$"  # as JSON schema (no flags)
+
+
+def size_rule(text: str, max_slice: str | None = None) -> int:
+    """A size rule in bytes: "8GiB", or a budget in slices: "2 slices of 4 GiB", or "2 slices" of the
+    group's ``max_slice``; SizeError saying how to write it."""
+    counted = _SLICES.match(text)
+    if not counted:
+        return parse_quantity(text)
+    count, of = int(counted.group(1)), counted.group(2) or max_slice
+    if of is None:
+        raise SizeError(f'{text!r} says how many slices but not of what size: write "{count} slices of 4GiB"')
+    return count * parse_quantity(of)
+
+
+def _budget(value: Any) -> Any:
+    """A budget as an amount of memory or in slices ("2 slices", "2 slices of 4 GiB"); 0 allowed: none."""
+    if value is None:
+        return None
+    counted = _SLICES.match(str(value))
+    try:
+        if counted is None:
+            parse_quantity(str(value))
+        elif counted.group(2):
+            parse_quantity(counted.group(2))
+    except SizeError as exc:
+        raise ValueError(str(exc)) from None
+    return str(value)
+
+
+Budget = Annotated[
+    str | None,
+    BeforeValidator(_budget),
+    WithJsonSchema({"type": "string", "anyOf": [{"pattern": AMOUNT_PATTERN}, {"pattern": SLICES_PATTERN}]}),
+]
 
 
 class GroupRulesError(ValueError):
@@ -168,7 +224,7 @@ class GroupRules(Checked):
     profiles: Names = ()  # KubeSpawner profiles this group may choose (Kubernetes)
     max_slice: Limit = None
     max_gpus: Count = None
-    budget: Limit = None
+    budget: Budget = None  # an amount of memory, or slices: "2 slices" (of max_slice), "2 slices of 4GiB"
     servers_per_user: Count = None
     images: Names | None = None  # image-market ids; None: any
     max_hold: Duration = None  # while others wait for a GPU: longest one server holds its slice (2h, 90min, s)
@@ -179,6 +235,15 @@ class GroupRules(Checked):
         if isinstance(data, Mapping):
             return {rule_key(str(k)): v for k, v in data.items()}
         return data
+
+    @model_validator(mode="after")
+    def _slices_of_a_size(self) -> GroupRules:
+        if self.budget is not None and self.max_slice is None:
+            try:
+                size_rule(self.budget)
+            except SizeError as exc:
+                raise ValueError(f"budget: {exc}, or set max_slice") from None
+        return self
 
     @field_validator("members", "teachers")
     @classmethod
@@ -198,7 +263,7 @@ class GroupRules(Checked):
             name=self.name,
             max_slice_bytes=size(self.max_slice),
             max_gpus=self.max_gpus,
-            budget_bytes=size(self.budget),
+            budget_bytes=None if self.budget is None else size_rule(self.budget, self.max_slice),
             servers_per_user=self.servers_per_user,
             allowed_images=None if self.images is None else frozenset(self.images),
             max_hold_s=None if self.max_hold is None else duration_seconds(self.max_hold),

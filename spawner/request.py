@@ -74,14 +74,10 @@ def options_from_form(formdata: dict[str, list[str]], default_memory: str, defau
     gpu_memory, gpus = first("gpu_memory", default_memory), first("gpus", "0")
     if "gpu" in formdata:  # the form's one GPU select: "0", a slice ("4GiB") or whole cards ("gpus:2")
         gpu_memory, gpus = split_gpu_choice(first("gpu", "0"))
-    if "gpu_now" in formdata:  # a refusal's "start CPU-only now" / "start 4 GiB now" button
-        gpu_memory, gpus = split_gpu_choice(first("gpu_now", "0"))
     options: dict[str, Any] = {
         "gpu_memory": gpu_memory,
         "gpus": gpus,
         "image": first("image", default_image),
         "models": list(formdata.get("models") or []),
     }
-    if first("wait", "") == "on":  # a refusal's "Wait in line" button (local backend)
-        options["wait"] = True
     return options

@@ -215,14 +215,31 @@ def activity_report_interval(warn_before: float) -> int:
     return max(1, min(300, int(warn_before / 6)))
 
 
-def stop_due(warned_at: float, now: float, warn_before: float, report_every: float) -> bool:
-    """Whether a warned server, idle as far as the hub knows, may be stopped now.
+def stop_at(warned_at: float, warn_before: float, report_every: float) -> float:
+    """When a server warned at ``warned_at`` is stopped if it stays idle: the time its warning announces.
 
-    The warning promises "stopped at ``warned_at + warn_before`` unless used". A use made just
-    before that moment reaches the hub up to one activity report later, so the stop waits
-    that long too: whatever the owner did before the announced time is seen first.
+    ``warn_before`` after the warning, and one activity report later: a use made just before
+    then reaches the hub up to one report later, so whatever the owner did first is seen.
     """
-    return now >= warned_at + warn_before + ACTIVITY_REPORT_JITTER * report_every
+    return warned_at + warn_before + ACTIVITY_REPORT_JITTER * report_every
+
+
+def stop_due(warned_at: float, now: float, warn_before: float, report_every: float) -> bool:
+    """Whether a warned server, idle as far as the hub knows, may be stopped now (its announced time)."""
+    return now >= stop_at(warned_at, warn_before, report_every)
+
+
+def expected_end(
+    last_activity: float, warned_at: float | None, idle_timeout: float, warn_before: float, report_every: float
+) -> float:
+    """The latest a GPU server ends while anyone waits, from the line's state (not from the clock).
+
+    Warned: the stop its warning announced. Else: if it stays idle, it is warned ``warn_before``
+    before its idle timeout and stopped at that warning's announced time.
+    """
+    if warned_at is not None:
+        return stop_at(warned_at, warn_before, report_every)
+    return stop_at(last_activity + idle_timeout - warn_before, warn_before, report_every)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,30 @@ def _drives_a_browser(path: Path) -> bool:
     return _BROWSER_MODULES[path]
 
 
+# The modules whose tests take minutes (`scripts/test --durations=40` lists them), run first: spread
+# over the workers from the start, they no longer leave one worker busy at the end while the
+# others wait (the suite's wall time is the busiest worker's).
+_LONGEST_FIRST = (
+    "kube/test_chart_containers.py",
+    "kube/test_kubespawner_suite.py",
+    "e2e/test_service.py",
+    "bench/test_classroom.py",
+    "e2e/test_local_platform.py",
+    "e2e/test_attacker.py",
+    "bench/test_classday_real.py",
+    "e2e/test_monitoring_faults.py",
+    "hub/test_cli.py",
+    "e2e/test_visual.py",
+)
+
+
+def _longest_first(item: pytest.Item) -> int:
+    path = str(item.path)
+    return next((i for i, name in enumerate(_LONGEST_FIRST) if path.endswith(name)), len(_LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_longest_first)  # stable: the others keep their order
     tests = Path(__file__).parent
     for item in items:
         path = Path(str(item.path))

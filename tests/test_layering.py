@@ -39,10 +39,12 @@ LAYERS: dict[str, int] = {
     "spawner.anomaly": CORE,  # per-card anomaly models (scikit-learn): series in, findings out
     "spawner.usage": CORE,  # utilization reports: GPU-hours per user, class and week (CLI and portal)
     "spawner.scope": CORE,  # whose servers and names a viewer may see (the portal and the hub's line API)
+    "spawner.words": CORE,  # times and places in the words people read (instants the pages localize)
     "spawner.cgroups": CORE,  # a server's limits and device rules, and each cgroup layout's files
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
+    "spawner.class_store": LOWER,  # the classes the running hub keeps (the hub, its spawners and the CLI share it)
     "spawner.sqlite_schema": LOWER,  # versioned schemas of our SQLite stores (the ledger, incidents)
     "spawner.line_admin": LOWER,  # reading and managing the GPU line in the ledger (the portal and the hub's API)
     "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)

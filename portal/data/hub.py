@@ -230,3 +230,57 @@ def _refusal(response: requests.Response) -> str:
     if response.status_code in (401, 403):
         return f"HTTP {response.status_code}, {_message(response)}"
     return f"the hub answered HTTP {response.status_code}: {_message(response)}"
+
+
+# The classes, as the running hub keeps them (hub/classes_api.py): read with the portal's token (all of
+# them) or a reader's (the classes they teach), changed with the reader's (the hub checks who may).
+CLASSES_PATH = "/gpuslice/classes"
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    rules: dict[str, Any]  # {"name", "members", "teachers", "max_slice", "budget", ...}
+    joined: tuple[str, ...]  # members who chose their password
+    invited: tuple[str, ...]  # members with an invite code waiting
+
+    @property
+    def name(self) -> str:
+        return str(self.rules["name"])
+
+    @property
+    def members(self) -> list[str]:
+        return [str(m) for m in self.rules.get("members") or ()]
+
+    @property
+    def teachers(self) -> list[str]:
+        return [str(t) for t in self.rules.get("teachers") or ()]
+
+
+def classes(client: HubClient) -> list[ClassInfo]:
+    response = client.get_response(CLASSES_PATH)
+    if response.status_code == 404:
+        raise SourceUnavailableError("The classes: the hub serves no classes API (/hub/api/gpuslice/classes)")
+    if response.status_code != 200:
+        raise SourceUnavailableError(f"The classes: {_refusal(response)}")
+    try:
+        return [
+            ClassInfo(dict(c["rules"]), tuple(c.get("joined") or ()), tuple(c.get("invited") or ()))
+            for c in response.json()["classes"]
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SourceUnavailableError(f"The classes: the hub's answer is not one this portal reads ({exc})") from exc
+
+
+def class_action(client: HubClient, body: dict[str, Any]) -> dict[str, Any]:
+    """Ask the hub to change a class; PermissionError (the hub refused, why) or ValueError (it cannot be)."""
+    response = client.post(CLASSES_PATH, body)
+    if response.status_code == 403:
+        raise PermissionError(f"The hub refused: {_message(response)}")
+    if response.status_code == 400:
+        raise ValueError(_message(response))
+    if response.status_code != 200:
+        raise SourceUnavailableError(f"The classes: {_refusal(response)}")
+    answer = response.json()
+    if not isinstance(answer, dict):
+        raise SourceUnavailableError(f"The classes: the hub answered {answer!r}, not an object")
+    return answer

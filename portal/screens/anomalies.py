@@ -2,8 +2,9 @@
 
 import streamlit as st
 
-from portal import sources, views
+from portal import views
 from portal.data.prometheus import MetricsUnavailableError
+from portal.sources import metrics
 
 identity = st.session_state["identity"]
 st.title("Anomalies")
@@ -16,9 +17,9 @@ st.caption(
     "work collapsed. They learn each card from its first two of the last three days."
 )
 try:
-    findings = sources.anomalies(identity)
-    start, history = sources.card_history()
-    platform = sources.platform_load() if any(f.kind == "utilization collapsed" for _, f, _ in findings) else {}
+    findings = metrics.anomalies(identity)
+    start, history = metrics.card_history()
+    platform = metrics.platform_load() if any(f.kind == "utilization collapsed" for _, f, _ in findings) else {}
 except MetricsUnavailableError as exc:
     st.warning(f"Prometheus is unavailable: {exc}.")
     st.stop()

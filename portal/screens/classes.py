@@ -2,17 +2,21 @@ import time
 
 import streamlit as st
 
-from portal import sources, views
+from portal import views
+from portal.sources import classes, servers
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Classes")
-rules = {g.name: g.quota for g in sources.group_rules()}
-groups = sources.visible_groups(identity)
-_, holds = sources.inventory(identity)
-rows = views.class_rows(groups, rules, holds, sources.servers(identity), idle_after_s=1800, now_ts=time.time())
+rules = {g.name: g.quota for g in classes.group_rules()}
+groups = classes.visible_groups(identity)
+_, holds = servers.inventory(identity)
+rows = views.class_rows(groups, rules, holds, servers.servers(identity), idle_after_s=1800, now_ts=time.time())
 if not rows:
-    st.info("No classes yet: `gpuslice class add NAME roster.csv` adds one.")
+    if identity.admin:
+        st.info("No classes yet: add one on the Teaching page, or with `gpuslice class add NAME roster.csv`.")
+    else:
+        st.info("You are in no class.")
 for row in rows:
     with st.container(border=True):
         st.subheader(row.name)

@@ -1,15 +1,16 @@
 import streamlit as st
 
-from portal import charts, sources, views
+from portal import charts, views
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
+from portal.sources import metrics, servers
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("GPUs")
-inventory, _ = sources.inventory(identity)
+inventory, _ = servers.inventory(identity)
 readings: dict[tuple[str, str], GpuReading] | None
 try:
-    readings = sources.gpu_readings()
+    readings = metrics.gpu_readings()
 except MetricsUnavailableError as exc:
     st.warning(f"Live readings are unavailable: {exc}. Showing allocations only.")
     readings = None
@@ -20,7 +21,7 @@ st.plotly_chart(charts.allocation_bars(rows), width="stretch")
 if readings is not None:
     hours = st.segmented_control("Utilization over", [1, 6, 24], default=1, format_func=lambda h: f"{h} h") or 1
     try:
-        series = sources.utilization_heatmap(hours, per_node=len(rows) > 64)
+        series = metrics.utilization_heatmap(hours, per_node=len(rows) > 64)
     except MetricsUnavailableError as exc:
         st.warning(f"History is unavailable: {exc}.")
     else:

@@ -5,8 +5,10 @@ import streamlit as st
 
 from market.catalog import FRAMEWORKS, ImageEntry
 from market.store import Image, MarketError
-from portal import sources, views
+from portal import views
 from portal.data import markets
+from portal.sources import classes, clients, servers
+from portal.sources import markets as market_data
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
@@ -15,22 +17,22 @@ st.caption("Curated notebook environments. Launch one to start your server with 
 if "published" in st.session_state:
     st.success(st.session_state.pop("published"))
 try:
-    store = sources.market()
+    store = market_data.market()
     cards = markets.image_cards(
-        store, identity, sources.my_groups(identity), sources.image_usage(), platform_prefix=sys.prefix
+        store, identity, classes.my_groups(identity), servers.image_usage(), platform_prefix=sys.prefix
     )
 except MarketError as exc:
     st.error(f"The market is unavailable: {exc}")
     st.stop()
 
-mine = [s for s in sources.servers(identity) if s.user == identity.name and s.name == ""]
+mine = [s for s in servers.servers(identity) if s.user == identity.name and s.name == ""]
 busy = next((s for s in mine if s.state in ("running", "starting", "stopping")), None)
 if busy is not None:
     st.info(f"Your server is {busy.state} with image {busy.image}. Stop it on the Jobs page to launch another.")
 
-inventory, _ = sources.inventory(identity)
+inventory, _ = servers.inventory(identity)
 largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)
-gpu_values, gpu_default = markets.launch_choices(sources.group_rules(), sources.my_groups(identity), largest_card)
+gpu_values, gpu_default = markets.launch_choices(classes.group_rules(), classes.my_groups(identity), largest_card)
 gpu_choice = st.selectbox(
     "GPU for the server you launch",
     gpu_values,
@@ -70,11 +72,11 @@ for card in shown:
         elif action.button("Launch", key=f"launch-{image.slug}", type="primary", disabled=busy is not None):
             try:
                 started = markets.launch(
-                    sources.acting_client(identity), store, identity, image.slug, gpu_memory=gpu_choice
+                    clients.acting_client(identity), store, identity, image.slug, gpu_memory=gpu_choice
                 )
                 action.success(started)
                 action.markdown(f"[Open your server]({markets.server_url(identity)})")
-                sources.forget_servers()
+                servers.forget_servers()
             except markets.MarketRefusedError as exc:
                 action.error(str(exc))
         if identity.admin:

@@ -8,10 +8,11 @@ from datetime import UTC, datetime
 
 import streamlit as st
 
-from portal import sources, views
+from portal import views
 from portal.data.incident_store import Recorded
 from portal.data.prometheus import MetricsUnavailableError
 from portal.incidents import Silence, acknowledgements, timeline
+from portal.sources import alerts
 
 identity = st.session_state["identity"]
 st.title("Incidents")
@@ -19,7 +20,7 @@ if not identity.admin:  # the page is not listed for others; this stops a direct
     st.error("Incidents are about the platform and go to its admins.")
     st.stop()
 try:
-    recorded, silences = sources.incidents(identity)
+    recorded, silences = alerts.incidents(identity)
 except MetricsUnavailableError as exc:  # the store cannot be opened
     st.warning(f"The incident store is unavailable: {exc}.")
     st.stop()
@@ -61,25 +62,25 @@ def show(record: Recorded, silences: list[Silence]) -> None:
             hours = st.number_input("Silence for hours", 0.5, 72.0, 2.0, 0.5, key=f"ack-hours-{incident.id}")
             if st.form_submit_button("Acknowledge", type="primary"):
                 try:
-                    sources.acknowledge(identity, incident, comment, hours)
+                    alerts.acknowledge(identity, incident, comment, hours)
                 except MetricsUnavailableError as exc:
                     st.error(f"Alertmanager is unavailable, so nothing was acknowledged: {exc}.")
                 else:
                     st.rerun()  # the store has Alertmanager's silences already: the timeline shows it
-    notes = sources.incident_notes(identity, incident.id)
+    notes = alerts.incident_notes(identity, incident.id)
     st.markdown(f"**Notes** ({len(notes)})")
     for note in notes:
         st.markdown(f"- {when(note.at)} · **{views.plain(note.author)}**: {views.plain(note.text)}")
     with st.form(f"note-{incident.id}", clear_on_submit=True):
         text = st.text_area("Add a note", key=f"note-text-{incident.id}")
         if st.form_submit_button("Add note"):
-            _save(lambda: sources.add_incident_note(identity, incident.id, text))
+            _save(lambda: alerts.add_incident_note(identity, incident.id, text))
     if record.summary:
         st.markdown(f"**Post-incident summary** by {views.plain(record.summary_by)}: {views.plain(record.summary)}")
     with st.form(f"summary-{incident.id}"):
         summary = st.text_area("Post-incident summary", record.summary, key=f"summary-text-{incident.id}")
         if st.form_submit_button("Save summary"):
-            _save(lambda: sources.set_incident_summary(identity, incident.id, summary))
+            _save(lambda: alerts.set_incident_summary(identity, incident.id, summary))
 
 
 if not recorded:

@@ -1,17 +1,21 @@
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
+import pandas as pd
 import streamlit as st
 
-from portal import sources, views
+from portal import views
 from portal.data.errors import SourceUnavailableError
+from portal.sources import classes, clients, line, servers
 from spawner.line_admin import Waiting
 from spawner.quotas import classes as class_rules
 from spawner.shares import format_bytes, parse_quantity
 from spawner.waitline import may_manage
+from spawner.words import ordinal
 
 identity = st.session_state["identity"]
+where = views.zone(st.context.timezone)  # the reader's own clock
 st.title("Jobs")
 left, right = st.columns([2, 1])
 search = left.text_input("Search user or image")
@@ -23,22 +27,24 @@ def _label(job: views.JobRow) -> str:
 
 
 def _act(action: Callable[[], object], done: str) -> None:
-    """Run what the reader asked; a refusal (checked in the data layer) shows as an error."""
+    """Run what the reader asked; a refusal (checked in the data layer or by the hub) shows as an error."""
     try:
         action()
-    except PermissionError as exc:
+    except (PermissionError, ValueError) as exc:
         st.error(str(exc))
+    except SourceUnavailableError as exc:
+        st.error(f"{exc}. Nothing was changed; try again in a moment.")
     else:
         st.success(done)
 
 
-@st.fragment(run_every=sources.REFRESH_S)
+@st.fragment(run_every=clients.REFRESH_S)
 def live_table() -> list[views.JobRow]:
     """The table and the reasons, re-read twice a second without reloading the page."""
     now = time.time()
     try:
         jobs = views.job_rows(
-            sources.servers(identity), sources.inventory(identity)[1], sources.server_events(identity), now_ts=now
+            servers.servers(identity), servers.inventory(identity)[1], servers.server_events(identity), now_ts=now
         )
     except SourceUnavailableError as exc:  # inside a fragment the app's handler does not see it
         st.error(f"{exc}. This page needs it; reload in a moment.")
@@ -57,7 +63,7 @@ def live_table() -> list[views.JobRow]:
                 "age": views.duration_text(j.age_s),
                 "idle": views.duration_text(j.idle_s),
                 "progress": j.progress,
-                "why": j.detail,
+                "why": views.times_in_words(j.detail, now, where),
                 "last activity": views.ago_text(j.last_activity, now),
             }
             for j in shown
@@ -72,7 +78,10 @@ def live_table() -> list[views.JobRow]:
     explained = [j for j in shown if j.detail and j.state in ("pending", "refused", "failed", "stopped")]
     if explained:  # the full reason, wrapped: a table cell cuts it at its width
         st.markdown(
-            "\n".join(f"- **{views.plain(_label(j))}** ({j.state}): {views.plain(j.detail)}" for j in explained)
+            "\n".join(
+                f"- **{views.plain(_label(j))}** ({j.state}): {views.plain(views.times_in_words(j.detail, now, where))}"
+                for j in explained
+            )
         )
     return shown
 
@@ -83,12 +92,20 @@ with st.expander("History of a server"):
     chosen = st.selectbox("Server", shown, format_func=_label, key="history")
     if chosen is not None:
         try:
-            history = sources.server_history(identity, chosen.user, chosen.server)
+            history = servers.server_history(identity, chosen.user, chosen.server)
         except PermissionError as exc:
             st.error(str(exc))
         else:
+            now = time.time()
             st.dataframe(
-                [{"when": views.local_time(e.created), "event": e.kind, "message": e.message} for e in history],
+                [
+                    {
+                        "when": views.clock_text(e.created, now, where),
+                        "event": e.kind,
+                        "message": views.times_in_words(e.message, now, where),
+                    }
+                    for e in history
+                ],
                 hide_index=True,
                 width="stretch",
             )
@@ -97,71 +114,78 @@ stoppable = [j for j in shown if j.state in ("running", "pending") and (identity
 if stoppable:
     choice = st.selectbox("Stop a server", stoppable, format_func=_label)
     if st.button("Stop", type="primary") and choice is not None:
-        _act(lambda: sources.stop_server(identity, choice.user, choice.server), f"Stopping {_label(choice)}.")
+        _act(lambda: servers.stop_server(identity, choice.user, choice.server), f"Stopping {_label(choice)}.")
 
-st.subheader("Queue")
-waiting = sources.waiting_line(identity)
-if not waiting:
-    st.caption("Nobody waits for a GPU." if identity.admin else "You are not waiting for a GPU.")
-else:
-    st.dataframe(
-        [
-            {
-                "position": w.position,
-                "user": w.user,
-                "server": w.server or "(default)",
-                "asked for": w.asked,
-                "group": w.group or "",
-                "since": views.local_time(w.since),
-                "waiting": views.duration_text(time.time() - w.since),
-                "estimated start": views.local_time(w.estimated_start) if w.estimated_start is not None else None,
-                "note": "spawn lost (hub restarted?): keeps its place, starts when asked again" if w.away else "",
-            }
-            for w in waiting
-        ],
-        hide_index=True,
-        width="stretch",
-    )
-    st.caption(
-        "Estimated start: the hub's estimate, when as many GPU servers as are ahead will have ended"
-        " at the latest if left idle (the GPU idle timeout). Empty when unknown: the spawn is not"
-        " waiting in this hub (hub restarted), or fewer GPU servers run than are ahead."
-    )
-
-manager = sources.line_manager(identity)
+manager = line.line_manager(identity)
 
 
 def _waiting_label(w: Waiting) -> str:
-    return f"{w.position}. {w.user}/{w.server or '(default)'}: {w.asked}"
+    return f"{ordinal(w.position)}: {w.user}/{w.server or '(default)'}, {w.asked}"
 
 
-# Admins change any request; a class's teachers the requests charged to their class (the
-# data layer checks again inside the ledger's transaction: these lists are only what to offer).
-manageable = [w for w in waiting if may_manage(manager, w.group) is None]
-if manageable:
-    chosen_wait = st.selectbox("Waiting request", manageable, format_func=_waiting_label, key="waiting")
-    first_col, cancel_col = st.columns(2)
-    if first_col.button("Put first") and chosen_wait is not None:
-        _act(
-            lambda: sources.put_first(identity, chosen_wait.user, chosen_wait.server),
-            f"{views.plain(chosen_wait.user)} goes first.",
-        )
-    if cancel_col.button("Cancel the request") and chosen_wait is not None:
-        _act(
-            lambda: sources.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),
-            f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.",
-        )
+@st.fragment(run_every=clients.REFRESH_S)
+def live_queue() -> None:
+    """The GPU line, re-read like the table above: someone placed leaves it within a second."""
+    st.subheader("Queue", anchor="queue")
+    try:
+        waiting = line.waiting_line(identity)
+    except SourceUnavailableError as exc:
+        st.error(f"The queue cannot be read now: {exc}.")
+        return
+    if not waiting:
+        st.caption("Nobody waits for a GPU." if manager.admin else "Nobody you can see waits for a GPU.")
+        return
+    now = time.time()
+    rows = [
+        {
+            "place": ordinal(w.position),
+            "user": w.user,
+            "server": w.server or "(default)",
+            "asked for": w.asked,
+            "class": w.group or "",
+            "waiting for": views.duration_text(now - w.since),
+            "expected start": views.when_text(w.estimated_start, now, where) if w.estimated_start else "not known",
+            "note": "its page was closed when the hub restarted: starts when asked again" if w.away else "",
+        }
+        for w in waiting
+    ]
+    # A plain table: every word in the page itself (read aloud, found by a search), not drawn on a canvas.
+    st.table(pd.DataFrame(rows).set_index("place"))
+    st.caption(
+        "Expected start: at the latest, when as many GPU servers as are ahead have stopped, each left idle"
+        " until it is reclaimed for the line. Not known: fewer servers run than are ahead."
+    )
+    # Admins change any request; a class's teachers the requests charged to their class (the
+    # hub checks again: these lists are only what to offer).
+    manageable = [w for w in waiting if may_manage(manager, w.group) is None]
+    if manageable:
+        chosen_wait = st.selectbox("Waiting request", manageable, format_func=_waiting_label, key="waiting")
+        first_col, cancel_col = st.columns(2)
+        if first_col.button("Put first") and chosen_wait is not None:
+            _act(
+                lambda: line.put_first(identity, chosen_wait.user, chosen_wait.server),
+                f"{views.plain(chosen_wait.user)} goes first.",
+            )
+        if cancel_col.button("Cancel the request") and chosen_wait is not None:
+            _act(
+                lambda: line.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),
+                f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.",
+            )
+
+
+live_queue()
 
 st.subheader("Reserved GPU memory")
-booked = sources.reservations(identity)
+booked = line.reservations(identity)
+now = time.time()
 if booked:
     st.dataframe(
         [
             {
                 "class": r.group,
                 "GPU memory": format_bytes(r.memory_bytes),
-                "from": views.local_time(r.start),
-                "until": views.local_time(r.end),
+                "from": views.clock_text(r.start, now, where),
+                "until": views.clock_text(r.end, now, where),
                 "by": r.by,
             }
             for r in booked
@@ -172,22 +196,22 @@ if booked:
 else:
     st.caption("No GPU memory is reserved for a class.")
 
-classes = sorted({rule.name for rule in class_rules(sources.group_rules())} if manager.admin else set(manager.classes))
-if classes:
+taught = sorted({rule.name for rule in class_rules(classes.group_rules())} if manager.admin else set(manager.classes))
+if taught:
     with st.form("reserve"):
-        st.caption("Keep GPU memory for a class's students for a time (UTC): others cannot take it meanwhile.")
-        group = st.selectbox("Class", classes)
-        size_text = st.text_input("GPU memory", "8GiB")
-        now_utc = datetime.now(UTC)
-        day = st.date_input("Day", now_utc.date())
-        start_time = st.time_input("From (UTC)", now_utc.time().replace(second=0, microsecond=0))
+        st.caption("Keep GPU memory for a class's students for a time: others cannot take it meanwhile.")
+        group = st.selectbox("Class", taught)
+        size_text = st.text_input("GPU memory", "8 GiB")
+        local_now = datetime.now(where)
+        day = st.date_input("Day", local_now.date())
+        start_time = st.time_input(f"From ({local_now:%Z} time)", local_now.time().replace(second=0, microsecond=0))
         hours = st.number_input("For hours", min_value=0.25, max_value=24.0, value=2.0, step=0.25)
         if st.form_submit_button("Reserve"):
-            start = datetime.combine(day, start_time, tzinfo=UTC)
+            start = datetime.combine(day, start_time, tzinfo=where)
             try:
-                size = parse_quantity(size_text.strip())
+                size = parse_quantity(size_text.strip().replace(" ", ""))
                 end = start + timedelta(hours=hours)
-                sources.reserve(identity, group or "", size, start.timestamp(), end.timestamp())
+                line.reserve(identity, group or "", size, start.timestamp(), end.timestamp())
             except (ValueError, PermissionError) as exc:  # a size that is not one, a window that does not fit
                 st.error(f"Not reserved: {exc}")
             else:
@@ -199,4 +223,4 @@ if classes:
         )
         if st.button("Remove the reservation") and dropped is not None and dropped.id is not None:
             reservation, group_name = dropped.id, dropped.group
-            _act(lambda: sources.drop_reservation(identity, reservation), f"Removed the reservation for {group_name}.")
+            _act(lambda: line.drop_reservation(identity, reservation), f"Removed the reservation for {group_name}.")

@@ -2,15 +2,16 @@ import streamlit as st
 
 from market.catalog import ModelEntry
 from market.store import MarketError, Model
-from portal import sources, views
+from portal import views
 from portal.data import markets
+from portal.sources import markets as market_data
 from spawner.shares import format_bytes
 
 identity = st.session_state["identity"]
 st.title("Model market")
 st.caption("Models you can mount read-only into your next notebook server, at ~/models/<id>.")
 try:
-    store = sources.market()
+    store = market_data.market()
     models = markets.visible_models(store, identity)
     chosen = set(store.selected_models(identity.name))
 except MarketError as exc:
@@ -56,7 +57,7 @@ for model in shown:
                 st.rerun()
 
 with st.expander("Propose a model"):
-    root = sources.models_root()
+    root = market_data.models_root()
     st.caption(f"Copy its files into a folder under {root} first; an admin reviews each proposal.")
     with st.form("propose"):
         left, right = st.columns(2)
@@ -89,7 +90,7 @@ with st.expander("Propose a model"):
             if entry is not None and entry.path is not None:
                 proposal = Model.from_entry(entry, entry.path, None, 0)
                 try:
-                    saved = markets.propose_model(store, identity, proposal, root, sources.proposals_per_hour())
+                    saved = markets.propose_model(store, identity, proposal, root, market_data.proposals_per_hour())
                 except markets.MarketRefusedError as exc:
                     st.error(str(exc))
                 else:

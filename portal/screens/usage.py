@@ -2,13 +2,13 @@
 
 import streamlit as st
 
-from portal import sources
 from portal.data.prometheus import MetricsUnavailableError
+from portal.sources import classes, metrics
 from spawner import usage
 
 identity = st.session_state["identity"]
 st.title("GPU usage")
-scope = sources.scope(identity)
+scope = classes.scope(identity)
 whose = "everyone's" if scope.everyone else ("your classes'" if scope.teaches else "your")
 st.caption(
     f"Showing {whose} GPU-hours. A GPU-hour is one whole card for an hour; *used* means the card was busy while "
@@ -16,9 +16,9 @@ st.caption(
 )
 weeks = st.selectbox("Weeks", [1, 2, 4, 8], index=2)
 try:
-    rows = sources.usage_rows(identity, weeks)
+    rows = metrics.usage_rows(identity, weeks)
 except MetricsUnavailableError as exc:
-    st.warning(f"Prometheus is unavailable: {exc}.")
+    st.warning(f"Usage is not available right now{f': {exc}' if identity.admin else ''}.")
     st.stop()
 if not rows:
     st.info("No GPU slices were held in these weeks.")

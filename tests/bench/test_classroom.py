@@ -27,3 +27,6 @@ def test_portal_sessions_keep_answering_while_a_small_class_spawns() -> None:
     assert portal["idle"]["pages"] == 2 * 2 * 4  # 2 rounds of 4 pages each
     assert portal["during_class"]["pages"] > 0 and portal["during_class"]["failures"] == {}, portal
     assert 0 < portal["during_class"]["p50_s"] <= portal["during_class"]["max_s"]
+    assert set(portal["idle"]["first_paint_p95_s"]) == {
+        f"{page} (admin)" for page in ("Overview", "Jobs", "GPUs", "Classes")
+    }

@@ -50,7 +50,7 @@ def test_login_spawn_with_a_slice_through_the_form_reach_it_and_stop(platform: P
     # The hub's API does not say who asked (the portal and the idle culler are named).
     assert platform.last_event("alice/") == (
         "stopped",
-        "stopped (from JupyterHub: its home page, its API or its shutdown)",
+        "stopped from the hub: by its owner or an admin, or when the platform shut down",
     )
 
 

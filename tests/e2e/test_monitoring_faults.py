@@ -93,7 +93,7 @@ def test_monitoring_down_spawning_and_the_portal_go_on_and_it_recovers(make_plat
         first = pid_of(platform, "prometheus")
         os.kill(first, signal.SIGSTOP)
         spawn(platform, "cy")
-        page_shows(page, platform.url, "", "Metrics are unavailable right now", "Servers running")
+        page_shows(page, platform.url, "", "GPU readings are not available right now", "Servers running")
         page.screenshot(path=str(ARTIFACTS / "overview-prometheus-down.png"), full_page=True)
         page_shows(page, platform.url, "jobs", "cy", "bob")
 
@@ -102,6 +102,6 @@ def test_monitoring_down_spawning_and_the_portal_go_on_and_it_recovers(make_plat
         wait_for(lambda: pid_of(platform, "prometheus") != first, "gpuslice up to start Prometheus again", 30)
         wait_for(targets_up, "every scrape target up after the restart", 90)
         page_shows(page, platform.url, "", "GPU memory in use")
-        assert page.locator("text=Metrics are unavailable right now").count() == 0
+        assert page.locator("text=GPU readings are not available right now").count() == 0
         browser.close()
     webhook.server.shutdown()

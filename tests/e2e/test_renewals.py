@@ -7,6 +7,9 @@ for three simulated weeks, from a real Prometheus holding those weeks' history.
 
 import shutil
 import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from email.message import Message
 from pathlib import Path
@@ -167,9 +170,9 @@ def history(end_s: int, weeks: int) -> str:
     return "\n".join([*lines, "# EOF", ""])
 
 
-def test_the_weekly_notice_goes_out_once_a_week_for_three_weeks(tmp_path: Path) -> None:
-    now = datetime.now(UTC)
-    end_s = int(now.timestamp()) // 300 * 300
+@contextmanager
+def prometheus_with_history(tmp_path: Path, end_s: int) -> Iterator[str]:
+    """A real Prometheus holding five weeks of ``history`` up to ``end_s``: its URL."""
     (tmp_path / "data.om").write_text(history(end_s, weeks=5))
     backfill = subprocess.run(
         ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "data.om"), str(tmp_path / "tsdb")],
@@ -191,14 +194,32 @@ def test_the_weekly_notice_goes_out_once_a_week_for_three_weeks(tmp_path: Path) 
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    try:
+        wait_for(lambda: _up(f"http://127.0.0.1:{prom_port}/-/ready"), "Prometheus", 60)
+        yield f"http://127.0.0.1:{prom_port}"
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+
+
+@contextmanager
+def smtp_relay() -> Iterator[tuple[Inbox, int]]:
     inbox, smtp_port = Inbox(), free_port()
     relay = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
     relay.start()
     try:
-        wait_for(lambda: _up(f"http://127.0.0.1:{prom_port}/-/ready"), "Prometheus", 60)
+        yield inbox, smtp_port
+    finally:
+        relay.stop()
+
+
+def test_the_weekly_notice_goes_out_once_a_week_for_three_weeks(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    end_s = int(now.timestamp()) // 300 * 300
+    with prometheus_with_history(tmp_path, end_s) as prometheus_url, smtp_relay() as (inbox, smtp_port):
         from prometheus_api_client import PrometheusConnect
 
-        query = PrometheusConnect(f"http://127.0.0.1:{prom_port}", disable_ssl=True).custom_query_range
+        query = PrometheusConnect(prometheus_url, disable_ssl=True).custom_query_range
         settings = from_mapping(
             {
                 "notice_mail": {
@@ -224,7 +245,55 @@ def test_the_weekly_notice_goes_out_once_a_week_for_three_weeks(tmp_path: Path) 
         assert {to for recipients, _ in inbox.received for to in recipients} == {"ann@students.example.org"}
         assert states[NOTICES_TASK].done_for == weeks[-1] and states[NOTICES_TASK].error == ""
         assert sorted(p.name for p in (tmp_path / "notices").iterdir()) == weeks  # the files too, per week
-    finally:
-        relay.stop()
-        prometheus.terminate()
-        prometheus.wait(timeout=30)
+
+
+def test_the_charts_cronjob_mails_last_weeks_notice_from_the_charts_values(tmp_path: Path) -> None:
+    """What the CronJob <release>-gpuslice-idle-notices runs, with the hub ConfigMap helm renders from noticeMail."""
+    from tests.helm.test_chart import run_helm
+    from tests.helm.test_kube_values import rendered_values
+
+    if run_helm("version").returncode != 0:
+        pytest.skip("helm is missing: run scripts/setup")
+    now = datetime.now(UTC)
+    with prometheus_with_history(tmp_path, int(now.timestamp()) // 300 * 300) as prometheus_url:
+        with smtp_relay() as (inbox, smtp_port):
+            relay = {
+                "smtp_smarthost": f"127.0.0.1:{smtp_port}",
+                "smtp_from": "gpuslice@example.org",
+                "address": "{user}@students.example.org",
+                "weekly": True,
+            }
+            values = rendered_values(tmp_path, {"noticeMail": relay, "monitoring": {"prometheusUrl": prometheus_url}})
+            job = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "hub.renewals",
+                    "--once=idle-notices",
+                    f"--kube-values={values}",
+                    f"--notices-dir={tmp_path / 'notices'}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert job.returncode == 0, job.stderr
+            week = renewals.last_week(now)
+            assert [message["Subject"] for _, message in inbox.received] == [f"Your idle GPU slices in {week}"]
+            assert inbox.received[0][0] == ["ann@students.example.org"]  # bob computed: no notice
+            assert sorted(p.name for p in (tmp_path / "notices" / week).iterdir()) == ["ann.txt"]
+        # The relay gone: the run fails (the Job fails, kube-state-metrics records no success).
+        failed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hub.renewals",
+                "--once=idle-notices",
+                f"--kube-values={values}",
+                f"--notices-dir={tmp_path / 'again'}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert failed.returncode == 1 and "idle-notices failed" in failed.stderr, failed.stderr

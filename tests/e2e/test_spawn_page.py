@@ -49,16 +49,28 @@ def test_the_form_offers_what_the_class_allows_with_its_slice_chosen(school: Pla
     assert "run as the same account and can read each other's files" in page
 
 
-def test_a_refusal_shows_the_reason_in_the_forms_words_and_keeps_the_choice(school: Platform) -> None:
+def test_from_the_form_a_busy_size_waits_in_line_and_a_size_never_granted_is_refused_in_its_words(
+    school: Platform,
+) -> None:
     tom = school.login("tom")
     assert tom.api("POST", "/users/tom/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
     tom.wait_ready("tom")
     sam = school.login("sam")
     sam.get(f"{school.url}/hub/spawn")
-    refused = sam.post(f"{school.url}/hub/spawn", data={"gpu": "2GiB", "image": "default", "_xsrf": sam.xsrf()})
+    # 1 GiB of the class's budget is left: 2 GiB from the form waits in line for it (no refusal to read
+    # first, never a server without a GPU in its place): the spawn page, pending.
+    waiting = sam.post(f"{school.url}/hub/spawn", data={"gpu": "2GiB", "image": "default", "_xsrf": sam.xsrf()})
+    assert waiting.status_code == 200 and waiting.url.endswith("/hub/spawn-pending/sam"), waiting.url
+    assert sam.api("GET", "/users/sam").json()["servers"][""]["pending"] == "spawn"
+    assert sam.api("DELETE", "/users/sam/server").status_code in (202, 204)  # leaves the line
+    deadline = time.monotonic() + 30
+    while sam.api("GET", "/users/sam").json()["servers"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    sam.get(f"{school.url}/hub/spawn")
+    refused = sam.post(f"{school.url}/hub/spawn", data={"gpu": "8GiB", "image": "default", "_xsrf": sam.xsrf()})
     assert refused.status_code == 403
-    assert "1 GiB left, less than the 2 GiB you asked for" in _error(refused.text)
-    assert _selected(refused.text, "gpu") == ["2GiB"]  # not the default 4 GiB
+    assert "allows slices up to 4 GiB; you asked for 8 GiB. Ask for 4 GiB or less." in _error(refused.text)
+    assert _selected(refused.text, "gpu") == ["4GiB"]  # the class's own slice chosen again
     # The API's words (gpu_memory, gpus=) never reach the form's page.
     both = sam.post(
         f"{school.url}/hub/spawn",

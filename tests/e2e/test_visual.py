@@ -102,23 +102,21 @@ def test_every_page_and_the_spawn_flow_at_two_sizes_has_nothing_cut_off_or_overl
             page.goto(f"{school.url}/hub/spawn")
             page.wait_for_selector("select[name=gpu]", timeout=30_000)
             problems[f"spawn-form-cara-{size}"] = _shoot(page, f"spawn-form-cara-{size}")
-            # The form offers only what fits the class's budget (2 GiB left beside alice's and bob's). Ask
-            # for 4 GiB as a page loaded before a classmate took the room would: the refusal's choices.
-            page.evaluate(
-                "() => { const s = document.querySelector('select[name=gpu]');"
-                " s.add(new Option('4 GiB', '4GiB')); s.value = '4GiB'; }"
-            )
-            largest = "4GiB"
+            # 2 GiB of the class's budget is left beside alice's and bob's: the class's 4 GiB slice is
+            # still offered (marked busy), and Start with it joins the line at once: the waiting page.
+            page.select_option("select[name=gpu]", "4GiB")
             page.click("#spawn_form button[type=submit]:not([hidden])")
             try:
-                page.wait_for_selector(".gpuslice-offer", timeout=60_000)
+                page.wait_for_selector("#gpuslice-line:not([hidden])", timeout=60_000)
             except Exception:
-                page.screenshot(path=str(ARTIFACTS / f"debug-refusal-{size}.png"), full_page=True)
-                raise AssertionError(f"no refusal for {largest} at {page.url}") from None
-            problems[f"spawn-refused-cara-{size}"] = _shoot(page, f"spawn-refused-cara-{size}")
+                page.screenshot(path=str(ARTIFACTS / f"debug-waiting-{size}.png"), full_page=True)
+                raise AssertionError(f"no place in line for 4 GiB at {page.url}") from None
+            problems[f"spawn-waiting-cara-{size}"] = _shoot(page, f"spawn-waiting-cara-{size}")
+            page.click("#stop-server-btn")  # Leave the line
+            page.wait_for_selector("text=You left the line.", timeout=60_000)
             page.goto(f"{school.url}/hub/spawn")
             page.wait_for_selector("select[name=gpu]", timeout=30_000)
-            if size == "laptop":  # the smallest slice: the form keeps the refused 4 GiB as the choice
+            if size == "laptop":  # the smallest slice starts now
                 smallest = page.eval_on_selector_all(
                     "select[name=gpu] optgroup[label='A slice of one GPU'] option", "options => options[0].value"
                 )

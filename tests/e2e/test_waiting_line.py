@@ -56,7 +56,7 @@ def test_the_third_student_waits_and_starts_by_itself_when_a_slice_frees(make_pl
 
     waiting = sessions["s3"].api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True})
     assert waiting.status_code in (201, 202), waiting.text  # JupyterHub answers once the spawn is slow
-    assert "position 1, 0 ahead" in progress_until(platform, token, "s3", "position")
+    assert "You are next in line." in progress_until(platform, token, "s3", "in line")
     assert [key for key, _ in line(platform)] == ["s3/"]
     assert sessions["s3"].api("GET", "/users/s3").json()["servers"][""]["pending"] == "spawn"
 
@@ -93,7 +93,7 @@ def test_the_line_survives_a_hub_kill_9_and_stopping_the_spawn_leaves_it(make_pl
     assert [key for key, _, _ in platform.ledger()] == ["s1/"]
 
 
-def test_in_the_browser_the_third_student_waits_from_the_refusal_and_lands_in_jupyterlab(make_platform: object) -> None:
+def test_in_the_browser_the_third_student_waits_from_start_and_lands_in_jupyterlab(make_platform: object) -> None:
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.browser import ARGS, CHROMIUM, login
@@ -115,10 +115,9 @@ def test_in_the_browser_the_third_student_waits_from_the_refusal_and_lands_in_ju
         page.goto(f"{platform.url}/hub/spawn")
         page.select_option("#gpu", "4GiB")
         page.click(".feedback-container button[type=submit]")  # JupyterHub's Start
-        page.wait_for_selector("text=Wait in line for 4 GiB of one GPU", timeout=60_000)
-        assert "Start CPU-only now" in page.content()
-        page.click("text=Wait in line for 4 GiB of one GPU")
-        page.wait_for_selector("text=position 1, 0 ahead", timeout=60_000)  # the spawn page's progress log
+        # No refusal to read first: Start joins the line at once, with the place on the same page.
+        page.wait_for_selector("#gpuslice-place:has-text('You are next in line.')", timeout=60_000)
+        assert page.is_visible("text=Start without a GPU now instead")
         assert [key for key, _ in line(platform)] == ["s3/"]
         assert admin_api(platform, token, "DELETE", "/users/s1/server").status_code in (202, 204)
         page.wait_for_url("**/user/s3/lab**", timeout=120_000)  # nobody pressed anything
@@ -322,8 +321,8 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
         student.goto(f"{platform.url}/hub/spawn")
         student.select_option("#gpu", "4GiB")
         student.click(".feedback-container button[type=submit]")
-        student.click("text=Wait in line for 4 GiB of one GPU", timeout=60_000)
-        student.wait_for_selector("#gpuslice-place:has-text('position 2, 1 ahead')", timeout=60_000)
+        second = "#gpuslice-place:has-text('You are 2nd in line: 1 person is before you.')"
+        student.wait_for_selector(second, timeout=60_000)
         assert student.inner_text("#stop-server-btn") == "Leave the line"
         student.screenshot(path=str(shots / "waiting-page-student-laptop.png"), full_page=True)
 
@@ -339,7 +338,7 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
         waiter.wait_for_selector("text=cancelled by admin (admin) in the portal", timeout=60_000)
         assert not waiter.is_visible("text=Your server is starting up")
         waiter.screenshot(path=str(shots / "waiting-page-cancelled-laptop.png"), full_page=True)
-        student.wait_for_selector("#gpuslice-place:has-text('position 1, 0 ahead')", timeout=60_000)
+        student.wait_for_selector("#gpuslice-place:has-text('You are next in line.')", timeout=60_000)
 
         mine = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
         login(mine, platform, "s3")
@@ -366,23 +365,23 @@ PRESS_START_SOON = (
 )
 
 
-def started_or_offered(page: Any, user: str) -> str | None:
-    """``started`` once the page follows the spawn to the user's server, ``offered`` once it shows
-    the refusal's choices; None while neither (the page may be between two documents)."""
+def started_or_waiting(page: Any, user: str) -> str | None:
+    """``started`` once the page follows the spawn to the user's server, ``waiting`` once it shows
+    its place in line; None while neither (the page may be between two documents)."""
     from playwright.sync_api import Error as PlaywrightError
 
     if f"/user/{user}/" in page.url:
         return "started"
     try:
-        return "offered" if page.locator("text=Wait in line for 4 GiB of one GPU").count() else None
+        return "waiting" if page.locator("#gpuslice-line:not([hidden]) #gpuslice-place").count() else None
     except PlaywrightError:
         return None  # navigating
 
 
 def test_in_the_browser_three_students_of_a_two_slice_class_press_start_together(make_platform: object) -> None:
     """A class with a budget of two 4 GiB slices, on two 16 GiB cards (the budget is what is short):
-    s1, s2 and s3 press Start at once. Two start; the third is offered the line, waits with a
-    position, and when a classmate stops from the hub's home page, lands in JupyterLab by itself."""
+    s1, s2 and s3 press Start at once. Two start; the third's first page is its place in line, and
+    when a classmate stops from the hub's home page, it lands in JupyterLab by itself."""
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.browser import ARGS, CHROMIUM, login
@@ -408,28 +407,27 @@ def test_in_the_browser_three_students_of_a_two_slice_class_press_start_together
         deadline = time.monotonic() + 180
         while len(outcome) < len(students) and time.monotonic() < deadline:
             for user, page in pages.items():
-                if user not in outcome and (seen := started_or_offered(page, user)):
+                if user not in outcome and (seen := started_or_waiting(page, user)):
                     outcome[user] = seen
             time.sleep(0.5)
         started = sorted(user for user, seen in outcome.items() if seen == "started")
-        offered = [user for user, seen in outcome.items() if seen == "offered"]
-        assert len(started) == 2 and len(offered) == 1, outcome
-        third = pages[offered[0]]
-        assert "Start CPU-only now" in third.inner_text(".gpuslice-offer")
+        waiting = [user for user, seen in outcome.items() if seen == "waiting"]
+        assert len(started) == 2 and len(waiting) == 1, outcome
+        third = pages[waiting[0]]
         held = platform.ledger()
         assert sorted(key for key, _, _ in held) == [f"{user}/" for user in started]  # the budget held, under the race
-        third.click("text=Wait in line for 4 GiB of one GPU")
-        third.wait_for_selector("#gpuslice-place:has-text('position 1, 0 ahead')", timeout=60_000)
+        third.wait_for_selector("#gpuslice-place:has-text('You are next in line.')", timeout=60_000)
+        assert third.is_visible("text=Start without a GPU now instead")
         # What holds it back is the class's budget, not the GPUs (24 GiB of them are free): the page says so.
-        assert "your class ml101 holds its whole GPU budget of 8 GiB now" in third.inner_text("#gpuslice-place")
+        assert "Your class ml101 is using its whole GPU budget (8 GiB) now" in third.inner_text("#gpuslice-place")
         third.screenshot(path=str(shots / "class-budget-third-student-waits.png"), full_page=True)
-        assert [key for key, _ in line(platform)] == [f"{offered[0]}/"]
+        assert [key for key, _ in line(platform)] == [f"{waiting[0]}/"]
 
         classmate = pages[started[0]]
         classmate.goto(f"{platform.url}/hub/home")
         classmate.click("#stop")  # the hub home page's Stop My Server
-        third.wait_for_url(f"**/user/{offered[0]}/lab**", timeout=120_000)  # nobody pressed anything there
+        third.wait_for_url(f"**/user/{waiting[0]}/lab**", timeout=120_000)  # nobody pressed anything there
         third.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         browser.close()
-    assert sorted(key for key, _, _ in platform.ledger()) == sorted([f"{started[1]}/", f"{offered[0]}/"])
+    assert sorted(key for key, _, _ in platform.ledger()) == sorted([f"{started[1]}/", f"{waiting[0]}/"])
     assert line(platform) == []

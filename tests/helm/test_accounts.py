@@ -3,7 +3,6 @@
 import asyncio
 import base64
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,7 +11,7 @@ from firstuseauthenticator import FirstUseAuthenticator
 
 from hub.accounts import GpusliceAuthenticator
 from tests.helm.test_chart import render
-from tests.hub.test_kube_config import load_kube_config
+from tests.hub.test_kube_config import load_kube_config, login_page
 
 pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
@@ -48,7 +47,7 @@ def test_with_an_external_database_the_password_store_is_on_the_claim(tmp_path: 
 
 
 def login(authenticator: FirstUseAuthenticator, user: str, password: str) -> str | None:
-    handler = SimpleNamespace(custom_login_error="")
+    handler = login_page()  # what the authenticator reads of JupyterHub's login handler
     return asyncio.run(authenticator.authenticate(handler, {"username": user, "password": password}))
 
 

@@ -79,12 +79,34 @@ def test_the_renew_cronjob_may_update_that_one_secret_and_no_other(tmp_path: Pat
     assert elsewhere == {("Role", "gs-gpuslice-renew-alertmanager"), ("RoleBinding", "gs-gpuslice-renew-alertmanager")}
 
 
-def test_renewing_without_naming_the_secret_says_which_value_to_set(tmp_path: Path) -> None:
+def test_naming_the_secret_renews_it_by_default_and_renew_false_stops_it(tmp_path: Path) -> None:
+    config = {"secretName": "gs-alertmanager", "secretNamespace": "monitoring"}
+    objects = rendered(tmp_path, {"monitoring": {"alertmanagerConfig": config}})
+    job = one(objects, "CronJob", "gs-gpuslice-renew-alertmanager")
+    assert job["spec"]["schedule"] == "17 3 * * *"
+    assert one(objects, "Role", "gs-gpuslice-renew-alertmanager")["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gs-alertmanager"], "verbs": ["get", "update"]}
+    ]
+    (tmp_path / "off").mkdir()
+    off = rendered(tmp_path / "off", {"monitoring": {"alertmanagerConfig": {**config, "renew": False}}})
+    assert not [o for o in off if "renew-alertmanager" in o["metadata"]["name"]]
+
+
+def install_notes(tmp_path: Path, values: dict[str, Any]) -> str:
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump({"monitoring": {"alertmanagerConfig": {"renew": True}}}))
-    result = run_helm("template", "gs", str(CHART), "--values", str(path))
-    assert result.returncode != 0
-    assert "monitoring.alertmanagerConfig.renew needs secretName" in result.stderr
+    path.write_text(yaml.safe_dump(values))
+    result = run_helm("install", "gs", str(CHART), "--dry-run=client", "--namespace", "jupyter", "--values", str(path))
+    assert result.returncode == 0, result.stderr
+    return " ".join(result.stdout.partition("NOTES:")[2].split())
+
+
+def test_a_rotation_nobody_renews_is_pointed_out_at_install(tmp_path: Path) -> None:
+    oncall = {"rotation": [{"name": "bob", "email": "bob@example.org"}], "smtp_smarthost": "m:25", "smtp_from": "a@b.c"}
+    warning = "this release does not renew it: it runs out unless you write it again"
+    assert warning in install_notes(tmp_path, {"monitoring": {"oncall": oncall}})
+    renewed = {"oncall": oncall, "alertmanagerConfig": {"secretName": "gs-alertmanager"}}
+    notes = install_notes(tmp_path, {"monitoring": renewed})
+    assert "gpuslice is installed" in notes and "runs out" not in notes
 
 
 @pytest.mark.parametrize("bad", [{"alertmanagerConfig": {"renw": True}}, {"incidentRecorder": {"port": "x"}}])
@@ -94,9 +116,10 @@ def test_the_schema_refuses_a_misspelt_or_wrong_value(tmp_path: Path, bad: dict[
     assert run_helm("template", "gs", str(CHART), "--values", str(path)).returncode != 0
 
 
-def test_all_features_renders_both(tmp_path: Path) -> None:
+def test_all_features_renders_the_cronjobs_and_the_recorder(tmp_path: Path) -> None:
     result = run_helm("template", "gs", str(CHART), "--namespace", "jupyter", "--values", str(ALL_FEATURES))
     assert result.returncode == 0, result.stderr
     kinds = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(result.stdout) if o}
     assert ("CronJob", "gs-gpuslice-renew-alertmanager") in kinds
+    assert ("CronJob", "gs-gpuslice-idle-notices") in kinds
     assert ("Secret", "gs-gpuslice-incident-recorder") in kinds

@@ -180,6 +180,36 @@ def test_a_lost_code_is_renewed_and_the_old_one_stops_working(
     assert "carol," not in capsys.readouterr().out  # joined: a password is never replaced by a code
 
 
+def test_a_new_class_leaves_the_comment_before_the_next_key_where_it_was(tmp_path: Path) -> None:
+    settings = tmp_path / "gpuslice.yaml"
+    settings.write_text(
+        "groups:\n  ml101:\n    members: [zoe]\n    max_slice: 4GiB\n# where alerts go\nmonitoring:\n  enabled: false\n"
+    )
+    roster = tmp_path / "r.csv"
+    roster.write_text("alice\n")
+    assert main(["class", "add", "cv202", str(roster), "--config", str(settings), "--teachers", "Tina, tom"]) == 0
+    text = settings.read_text()
+    assert text.index("cv202") < text.index("# where alerts go") < text.index("monitoring:"), text
+    assert load(settings).groups[1] == GroupRules(name="cv202", teachers=("tina", "tom"), members=("alice",))
+    assert main(["class", "remove", "cv202", "--config", str(settings)]) == 0
+    text = settings.read_text()
+    assert "cv202" not in text and text.index("ml101") < text.index("# where alerts go") < text.index("monitoring:")
+
+
+@pytest.mark.process  # asks a port where no hub listens
+def test_without_a_running_hub_the_class_waits_in_the_file_for_the_next_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hub.classes import tell_running_hub
+    from hub.settings import from_mapping
+
+    settings = from_mapping({"data_dir": str(tmp_path / "data"), "hub_port": 9}, "t")
+    assert "no hub has run" in tell_running_hub(settings, {"action": "remove-class", "name": "x"})
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "gpuslice-cli-hub-token").write_text("t")
+    assert "no hub is running now" in tell_running_hub(settings, {"action": "remove-class", "name": "x"}, 2)
+
+
 def test_teachers_from_the_option_or_the_roster_get_invite_codes_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

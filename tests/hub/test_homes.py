@@ -66,3 +66,15 @@ def test_the_hub_home_page_shows_the_home_warning_escaped() -> None:
     shown = page.render(user=user, gpuslice_home_notice="over <b>10 GiB</b>")
     assert "gpuslice-home-notice" in shown and "over &lt;b&gt;10 GiB&lt;/b&gt;" in shown and "HOME" in shown
     assert "gpuslice-home-notice" not in page.render(user=user, gpuslice_home_notice=None)
+
+
+def test_a_home_made_after_the_last_walk_is_added_up_at_the_next_look(tmp_path: Path) -> None:
+    (tmp_path / "ann").mkdir()
+    sizes = HomeSizes(lambda: homes("none", tmp_path), interval_s=3600)
+    sizes.refresh()
+    (tmp_path / "ann" / "f").write_bytes(b"x" * MiB)
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "f").write_bytes(b"x" * MiB)
+    latest = sizes.latest()
+    assert latest["bob"] >= MiB  # new: walked now
+    assert latest["ann"] < MiB  # known: its walk waits for the interval

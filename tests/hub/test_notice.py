@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from hub.notice import home_notices, next_look_s, notices
 from spawner.ledger import ServerEvent, reclaim_notice
-from spawner.waitline import warning_lead
+from spawner.waitline import activity_report_interval, stop_at, warning_lead
 
 WARNED_AT = 1_763_900_000.0  # 2025-11-23 12:13:20 UTC
 
@@ -16,18 +16,22 @@ def warned(at: float = WARNED_AT) -> ServerEvent:
     return ServerEvent("ann/", "warned", 100, "idle while others wait for a GPU: stopped in 180 s unless used", at)
 
 
-def test_a_warning_stands_from_the_warned_event_until_its_lead_is_over() -> None:
-    said = reclaim_notice(warned(), WARNED_AT + 10, lead_s=180)
+def test_a_warning_stands_from_the_warned_event_until_the_stop_it_announces_is_done() -> None:
+    stop_after = stop_at(0.0, 180.0, activity_report_interval(180.0))  # 180 s, and one activity report
+    assert stop_after == 180.0 + 1.1 * 30
+    said = reclaim_notice(warned(), WARNED_AT + 10, stop_after)
     assert said == (
-        "Idle while others wait for a GPU: this server will be stopped at 12:16:20 UTC unless you run a cell or save."
+        "Idle while others wait for a GPU: this server stops at 2025-11-23T12:16:53Z unless you run a cell or save."
         " Save your work now."
-    )
+    )  # an instant: the pages show it in the reader's own clock
     assert len(said) <= 140  # JupyterLab's notification shows no more
-    assert reclaim_notice(warned(), WARNED_AT + 180, lead_s=180) is None  # stopped by now, or used again
-    assert reclaim_notice(warned(), WARNED_AT - 1, lead_s=180) is None
-    assert reclaim_notice(None, WARNED_AT, lead_s=180) is None
+    # It stands past the announced time while the stop is under way (the warning must not leave first).
+    assert reclaim_notice(warned(), WARNED_AT + stop_after + 5, stop_after) == said
+    assert reclaim_notice(warned(), WARNED_AT + stop_after + 15, stop_after) is None  # stopped by now, or used again
+    assert reclaim_notice(warned(), WARNED_AT - 1, stop_after) is None
+    assert reclaim_notice(None, WARNED_AT, stop_after) is None
     stopping = ServerEvent("ann/", "stopping", 90, "the GPU line's reclaimer", WARNED_AT + 1)
-    assert reclaim_notice(stopping, WARNED_AT + 2, lead_s=180) is None  # the last event is not the warning
+    assert reclaim_notice(stopping, WARNED_AT + 2, stop_after) is None  # the last event is not the warning
 
 
 def test_the_lead_is_three_minutes_or_a_third_of_a_short_timeout() -> None:

@@ -1,6 +1,7 @@
 """hub/reclaimer.py's reading of JupyterHub's users and of the GPUs (the service itself runs in
 tests/e2e/test_waiting_line.py, and on Kubernetes in tests/kube/test_kube_line.py)."""
 
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -8,6 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pynvml
+import pytest
+import requests
 
 from hub.exporter import Owner
 from hub.reclaimer import (
@@ -23,7 +26,7 @@ from spawner.gpus import GpuSample, nvml_samples
 from spawner.ledger import Held, Ledger, reclaim_notice
 from spawner.placement import Demand
 from spawner.quotas import read_groups
-from spawner.waitline import HELD_TOO_LONG, Entry, Holder
+from spawner.waitline import HELD_TOO_LONG, Entry, Holder, activity_report_interval, stop_at
 from tests.hub.test_exporter import RecordedNvml
 
 GiB = 2**30
@@ -249,3 +252,45 @@ def test_without_a_max_hold_or_anyone_waiting_a_busy_server_keeps_its_slice(tmp_
 def test_the_reclaimer_is_given_each_classs_max_hold_in_seconds() -> None:
     groups = read_groups({"ml101": {"max_hold": "2h"}, "cv202": {}, "lab": {"maxHold": 5400}})
     assert max_hold_options(groups) == ["--max-hold=ml101=7200", "--max-hold=lab=5400"]
+
+
+class ReclaimingHub(requests.Session):
+    """JupyterHub's users API as the reclaimer reads it, with one idle GPU server; the stops it was sent."""
+
+    def __init__(self, idle_since: str) -> None:
+        super().__init__()
+        self.users = [{"name": "ann", "servers": {"": {"ready": True, "last_activity": idle_since}}}]
+        self.stopped: list[str] = []
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
+        response = requests.Response()
+        response.status_code = 200
+        if str(method) == "DELETE":
+            self.stopped.append(str(url))
+            response.status_code = 204
+        response._content = json.dumps(self.users).encode()
+        return response
+
+
+def test_the_warning_says_when_the_stop_comes_and_the_stop_comes_then(tmp_path: Path) -> None:
+    """Announced at the warning; the reclaimer looks again at that moment (not up to an interval later)."""
+    from spawner.words import INSTANT, parse_instant
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    waiter = Entry("bo/", "bo", Demand(slice_units=float(4 * GiB)), 4 * GiB, None, 0.0, seen=1e12)
+    ledger.take_turn("bo/", lambda holds, line, mine, reservations: (None, waiter))
+    idle_since = 1795417200.0  # 2026-11-23T07:00:00Z
+    hub = ReclaimingHub("2026-11-23T07:00:00Z")
+    reclaimer = Reclaimer("http://hub", "token", ledger, 900, 180, gpu_holds=lambda: {"ann/": Hold(None, None)})
+    reclaimer.session = hub
+    warned_at = idle_since + 900 - 180 + 3  # the first look after the warning is due
+    assert reclaimer.step(warned_at) == []
+    [warning] = [e for e in ledger.history("ann/") if e.kind == "warned"]
+    said = INSTANT.search(warning.message)
+    assert said is not None, warning.message
+    announced = parse_instant(said.group(0))
+    assert announced == int(stop_at(warned_at, 180, activity_report_interval(180)))  # whole seconds in words
+    assert reclaimer.next_look(warned_at + 1, 30.0) == 30.0  # nothing due within the interval
+    assert reclaimer.next_look(announced - 4, 30.0) == pytest.approx(4, abs=1)  # the next look is at the stop
+    assert reclaimer.step(announced - 2) == [] and hub.stopped == []
+    assert reclaimer.step(announced + 1) == ["ann/"] and hub.stopped == ["http://hub/users/ann/server"]

@@ -125,3 +125,20 @@ def test_the_weekly_notice_is_a_setting_of_the_relay() -> None:
     assert [t.name for t in tasks] == [NOTICES_TASK]  # no Alertmanager config here: nothing else to renew
     with pytest.raises(Exception, match="min_idle_hours"):
         from_mapping({"notice_mail": {**relay, "min_idle_hours": -1}}, "t")
+
+
+def test_the_charts_notice_job_takes_the_classes_and_relay_of_the_values_and_refuses_what_cannot_work() -> None:
+    from hub.kube_values import KubeValues
+
+    base = {"notebookImage": "n", "proxyApiUrl": "http://p", "groups": {"ml101": {"members": ["ann"]}}}
+    relay = {"smtp_smarthost": "mail:25", "smtp_from": "gpuslice@example.org", "weekly": True}
+    values = KubeValues.model_validate({**base, "prometheusUrl": "http://prom:9090", "noticeMail": relay})
+    notices = renewals.kube_notices(values, Path("/tmp/n"), lambda *a: [], lambda *a: [])
+    assert notices.relay == values.notice_mail and [g.name for g in notices.groups] == ["ml101"]
+    not_weekly = KubeValues.model_validate(
+        {**base, "prometheusUrl": "http://p", "noticeMail": {**relay, "weekly": False}}
+    )
+    with pytest.raises(SystemExit, match=r"noticeMail\.weekly is off"):
+        renewals.kube_notices(not_weekly, Path("/tmp/n"), lambda *a: [])
+    with pytest.raises(SystemExit, match=r"set monitoring\.prometheusUrl"):
+        renewals.kube_notices(KubeValues.model_validate({**base, "noticeMail": relay}), Path("/tmp/n"), lambda *a: [])

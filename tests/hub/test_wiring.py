@@ -62,8 +62,9 @@ def test_the_single_machine_config_goes_through_the_one_wiring(tmp_path: Path, m
     found = services(c)
     # renewals: the single machine renews its Alertmanager config and notices itself (hub/renewals.py);
     # no incident-recorder here: gpuslice up did not start monitoring, so it made no webhook token.
-    assert set(found) == {"idle-culler", "gpu-reclaimer", "portal", "renewals", "gpuslice-top"}
+    assert set(found) == {"idle-culler", "gpu-reclaimer", "portal", "renewals", "gpuslice-top", "gpuslice-cli"}
     assert f"--ledger={tmp_path / 'data' / 'ledger.sqlite'}" in found["gpu-reclaimer"]["command"]
+    assert c.LocalGpuSpawner.gpu_classes_path == str(tmp_path / "data" / "classes.sqlite")
     assert c.JupyterHub.extra_handlers and str(REPO / "hub" / "templates") in c.JupyterHub.template_paths
     assert c.LocalGpuSpawner.gpu_groups[0].name == "ml101" and c.GpusliceAuthenticator.create_users is False
 
@@ -107,11 +108,11 @@ def z2jh_config(values: dict[str, Any]) -> Any:
     return get_config
 
 
-def z2jh_hub() -> Config:
-    """What z2jh's own jupyterhub_config.py has set when the extraConfig runs."""
+def z2jh_hub(volume: Path) -> Config:
+    """What z2jh's own jupyterhub_config.py has set when the extraConfig runs (its volume: ``volume``)."""
     c = Config()
     c.KubeGpuSpawner.gpu_groups = [{"name": "ml101", "max_slice": "4GiB", "budget": "40GiB"}]
-    c.KubeGpuSpawner.gpu_ledger_path = "/srv/jupyterhub/gpuslice-ledger.sqlite"
+    c.KubeGpuSpawner.gpu_ledger_path = str(volume / "gpuslice-ledger.sqlite")
     c.JupyterHub.services = [
         {"name": "jupyterhub-idle-culler", "command": ["python3", "-m", "jupyterhub_idle_culler"]},
         {"name": "portal", "url": "http://gpuslice-portal:8502", "api_token": "z2jh-made"},
@@ -120,9 +121,11 @@ def z2jh_hub() -> Config:
     return c
 
 
-def test_z2jh_keeps_its_culler_and_tokens_and_gets_the_same_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_z2jh_keeps_its_culler_and_tokens_and_gets_the_same_wiring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("POD_NAMESPACE", "jhub")
-    c = z2jh_hub()
+    c = z2jh_hub(tmp_path)
     values = {
         "cull": {"enabled": True, "timeout": 3600},
         "custom": {"gpuslice": {"gpuIdleTimeout": 300}},
@@ -130,7 +133,8 @@ def test_z2jh_keeps_its_culler_and_tokens_and_gets_the_same_wiring(monkeypatch: 
     }
     configure_z2jh_hub(c, z2jh_config(values))
     found = services(c)
-    assert set(found) == {"jupyterhub-idle-culler", "portal", "gpu-reclaimer"}  # z2jh's culler, not a second
+    # z2jh's culler, not a second; `gpuslice class` in the hub's pod changes the classes live
+    assert set(found) == {"jupyterhub-idle-culler", "portal", "gpu-reclaimer", "gpuslice-cli"}
     assert found["portal"]["api_token"] == "z2jh-made"  # z2jh's token kept, our scopes added
     assert found["portal"]["oauth_client_allowed_scopes"] == roles.PORTAL_OAUTH_SCOPES
     assert "--kube-namespace=jhub" in found["gpu-reclaimer"]["command"]
@@ -141,24 +145,24 @@ def test_z2jh_keeps_its_culler_and_tokens_and_gets_the_same_wiring(monkeypatch: 
     assert "authenticator_class" not in c.JupyterHub  # z2jh's own logins
 
 
-def test_z2jh_refuses_a_reclaimer_its_culler_would_beat() -> None:
+def test_z2jh_refuses_a_reclaimer_its_culler_would_beat(tmp_path: Path) -> None:
     """The rule the chart checked alone now holds for z2jh's cull.timeout too."""
     values = {"cull": {"enabled": True, "timeout": 600}, "custom": {"gpuslice": {"gpuIdleTimeout": 900}}}
     with pytest.raises(SettingsError, match=r"gpuIdleTimeout \(900 s\) must be below cull.timeout \(600 s\)"):
-        configure_z2jh_hub(z2jh_hub(), z2jh_config(values))
-    bad_rules = z2jh_hub()
+        configure_z2jh_hub(z2jh_hub(tmp_path), z2jh_config(values))
+    bad_rules = z2jh_hub(tmp_path)
     bad_rules.KubeGpuSpawner.gpu_groups = [{"name": "ml101", "max_slise": "4GiB"}]
     with pytest.raises(SettingsError, match=r"max_slise \(did you mean max_slice\?\)"):
         configure_z2jh_hub(bad_rules, z2jh_config({}))
 
 
-def test_z2jh_refuses_custom_keys_that_are_z2jhs_own() -> None:
+def test_z2jh_refuses_custom_keys_that_are_z2jhs_own(tmp_path: Path) -> None:
     """Sign-up and admins are z2jh's authenticator's, the culler's timeout cull.timeout: not custom.gpuslice's."""
     values = {"custom": {"gpuslice": {"openSignup": False, "gpuIdleTimout": 300}}}
     with pytest.raises(
         SettingsError, match=r"unknown key\(s\) gpuIdleTimout \(did you mean gpuIdleTimeout\?\), openSignup"
     ):
-        configure_z2jh_hub(z2jh_hub(), z2jh_config(values))
+        configure_z2jh_hub(z2jh_hub(tmp_path), z2jh_config(values))
 
 
 def test_every_hub_gives_the_reclaimer_each_classs_max_hold_and_keeps_no_activity_from_the_future() -> None:
@@ -177,3 +181,30 @@ def test_every_hub_gives_the_reclaimer_each_classs_max_hold_and_keeps_no_activit
     user = orm.User(name="ann")  # what JupyterHub's activity API does with a stamp 59 minutes ahead
     user.last_activity = datetime.now(UTC).replace(tzinfo=None) + timedelta(minutes=59)
     assert user.last_activity <= datetime.now(UTC).replace(tzinfo=None)
+
+
+def test_a_hub_with_a_class_store_takes_its_classes_and_serves_their_api(tmp_path: Path) -> None:
+    """The store seeded with the settings' classes; a class made live before this start is a JupyterHub group
+    and its people are known names; the classes API and `gpuslice class`'s service are added once."""
+    from hub.classes_api import CLASSES_HANDLERS
+    from hub.wiring import LiveClasses
+    from spawner.class_store import ClassStore
+
+    store = ClassStore(tmp_path / "classes.sqlite")
+    store.change("cv202", lambda rules: {"members": ["dee"], "teachers": ["tom"]})  # made live, the hub down
+    c = Config()
+    live = LiveClasses(store.path, tmp_path, cli_token="cli")
+    configure_hub(c, SETTINGS, HubParts(**{**LOCAL.__dict__, "classes": live}))
+    assert [g["name"] for g in store.classes()] == ["cv202", "ml101"]  # the settings' class taken in
+    assert c.LocalGpuSpawner.gpu_classes_path == str(store.path)
+    assert c.JupyterHub.load_groups == {"ml101": {"users": ["ann"]}, "cv202": {"users": ["dee"]}}
+    assert {"dee", "tom", "ann", "teacher"} <= c.GpusliceAuthenticator.known_names == c.Authenticator.allowed_users
+    assert services(c)["gpuslice-cli"]["api_token"] == "cli"
+    assert {"name": "gpuslice-cli", "scopes": list(roles.CHANGES_CLASSES)}.items() <= next(
+        r for r in c.JupyterHub.load_roles if r["name"] == "gpuslice-cli"
+    ).items()
+    assert c.JupyterHub.extra_handlers.count(CLASSES_HANDLERS[0]) == 1
+    assert c.JupyterHub.tornado_settings["gpuslice_classes_path"] == str(store.path)
+    assert c.JupyterHub.tornado_settings["slow_spawn_timeout"] == 2  # the place in line within seconds of Start
+    configure_hub(c, SETTINGS, HubParts(**{**LOCAL.__dict__, "classes": live}))  # twice: nothing doubled
+    assert c.JupyterHub.extra_handlers.count(CLASSES_HANDLERS[0]) == 1 and len(c.JupyterHub.services) == 4

@@ -65,8 +65,8 @@ def test_the_third_student_waits_with_no_pod_and_starts_by_itself_and_a_fourth_l
     assert 'or wait in line for it (add "wait": true)' in refused.json()["message"]
 
     assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
-    waiting = kube.progress_until("s3", "waiting in line")[-1]
-    assert "waiting in line for 4 GiB of one GPU: position 1, 0 ahead; estimated start" in waiting
+    waiting = kube.progress_until("s3", "Waiting in line")[-1]
+    assert "Waiting in line for 4 GiB of one GPU. You are next in line. Expected start: " in waiting
     assert line(one_card) == ["s3/"]
     assert pods(one_card) == ["jupyter-s1", "jupyter-s2"]  # no pod for s3: the scheduler never sees it
 
@@ -76,7 +76,7 @@ def test_the_third_student_waits_with_no_pod_and_starts_by_itself_and_a_fourth_l
     assert "1 request(s) wait in line for a GPU before yours" in jumped.json()["message"]
     # s4 waits behind s3, then gives up: stopping the pending spawn leaves the line, nothing is created.
     assert kube.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
-    assert "position 2, 1 ahead" in kube.progress_until("s4", "waiting in line")[-1]
+    assert "You are 2nd in line: 1 person is before you." in kube.progress_until("s4", "Waiting in line")[-1]
     assert kube.api("DELETE", "/users/s4/server").status_code in (202, 204)
     deadline = time.monotonic() + 30
     while line(one_card) != ["s3/"]:
@@ -96,10 +96,10 @@ def test_after_a_hub_kill_9_the_line_is_intact_and_the_request_keeps_its_place(o
     kube = one_card.hub
     two_classmates_run(one_card)
     assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
-    kube.progress_until("s3", "waiting in line")
+    kube.progress_until("s3", "Waiting in line")
     time.sleep(0.5)
     assert kube.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
-    kube.progress_until("s4", "position 2, 1 ahead")
+    kube.progress_until("s4", "You are 2nd in line: 1 person is before you.")
     before = {e.key: e.arrived for e in Ledger(one_card.root / "ledger.sqlite").line()}
 
     assert one_card.process is not None
@@ -117,7 +117,7 @@ def test_after_a_hub_kill_9_the_line_is_intact_and_the_request_keeps_its_place(o
         assert time.monotonic() < deadline, "the lost spawn stayed pending after the restart"
         time.sleep(0.5)
     assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)
-    assert "position 1, 0 ahead" in kube.progress_until("s3", "waiting in line")[-1]
+    assert "You are next in line." in kube.progress_until("s3", "Waiting in line")[-1]
     assert kube.api("DELETE", "/users/s2/server").status_code in (202, 204)
     kube.wait_ready("s3", timeout_s=90)
     assert [e.key for e in Ledger(one_card.root / "ledger.sqlite").line()] == ["s4/"]
@@ -204,9 +204,9 @@ def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(o
     # (round-robin between users), in the Queue as in the spawns' own progress.
     second = kube.api("POST", "/users/s1/servers/lab", json={"gpu_memory": "4GiB", "wait": True})
     assert second.status_code in (201, 202), second.text
-    kube.progress_until("s1", "waiting in line", server="lab")
+    kube.progress_until("s1", "Waiting in line", server="lab")
     assert kube.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
-    kube.progress_until("s3", "position 1, 0 ahead")
+    kube.progress_until("s3", "You are next in line.")
     admin = portal_token(kube, "line-admin", admin=True)  # an admin user in tests/kube/jupyterhub_config.py
     student = portal_token(kube, "s4")
 
@@ -231,8 +231,11 @@ def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(o
     assert line_api(kube, teacher).json()["line"] == []
     refused = line_api(kube, teacher, "POST", {"action": "put-first", "user": "s3", "server": ""})
     assert refused.status_code == 403 and "tina teaches ml101, not default" in refused.json()["message"]
-    for anonymous in (None, kube.token):  # no token; a service's (the portal's own is one)
-        assert line_api(kube, anonymous).status_code == 403
+    assert line_api(kube, None).status_code == 403  # no token
+    # A service that may read every user (the portal's own token is one) reads every place, as it
+    # reads every user's servers (the portal narrows both to each reader), and changes nothing.
+    assert "s3" in [w["user"] for w in line_api(kube, kube.token).json()["line"]]
+    for anonymous in (None, kube.token):
         assert line_api(kube, anonymous, "POST", {"action": "put-first", "user": "s3", "server": ""}).status_code == 403
     assert line(one_card) == ["s3/"]
 

@@ -9,9 +9,10 @@ import pytest
 
 from market import seeding
 from market.store import Image, Model, Store
-from portal import sources
 from portal.data import markets
 from portal.identity import Identity
+from portal.sources import classes, clients, servers
+from portal.sources import markets as market_data
 from spawner.quotas import read_groups
 from tests.portal.test_pages import fakes, run  # noqa: F401  (fixture)
 
@@ -47,17 +48,18 @@ def market(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fakes: dict[str, obj
     for slug in ("pytorch", "jax"):  # "installed" here: they run from the platform's environment
         store.save_image(replace(store.image(slug), local_path="@platform"), actor="root")  # type: ignore[type-var]
     hub = RecordingHub()
-    monkeypatch.setattr(sources, "market", lambda: store)
-    monkeypatch.setattr(sources, "models_root", lambda: tmp_path / "models")
-    monkeypatch.setattr(sources, "image_usage", lambda: {"default": 3})
+    monkeypatch.setattr(market_data, "market", lambda: store)
+    monkeypatch.setattr(market_data, "models_root", lambda: tmp_path / "models")
+    monkeypatch.setattr(servers, "image_usage", lambda: {"default": 3})
     # The portal's service token may not start servers (the real hub answers 403): a launch
     # goes through the reader's own client (issue 13).
-    monkeypatch.setattr(sources, "hub_client", lambda: RecordingHub(403, "the portal service may not start servers"))
-    monkeypatch.setattr(sources, "acting_client", lambda identity: hub)
+    monkeypatch.setattr(clients, "hub_client", lambda: RecordingHub(403, "the portal service may not start servers"))
+    monkeypatch.setattr(clients, "acting_client", lambda identity: hub)
     monkeypatch.setattr(
-        sources, "group_rules", lambda: read_groups([{"name": "ml101", "max_slice": "4GiB", "members": ["ann"]}])
+        classes, "group_rules", lambda: read_groups([{"name": "ml101", "max_slice": "4GiB", "members": ["ann"]}])
     )
-    monkeypatch.setattr(sources, "my_groups", lambda identity: {"ml101"} if identity.name == "ann" else set())
+    monkeypatch.setattr(classes, "teaches", lambda identity: identity.admin)
+    monkeypatch.setattr(classes, "my_groups", lambda identity: {"ml101"} if identity.name == "ann" else set())
     store.hub = hub  # type: ignore[attr-defined]
     yield store
 

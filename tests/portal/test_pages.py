@@ -4,25 +4,26 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from portal import auth, sources, views
+from portal import auth, views
 from portal.data.alertmanager import AlertRow
 from portal.data.errors import SourceUnavailableError
-from portal.data.hub import ServerRow
+from portal.data.hub import ClassInfo, ServerRow
 from portal.data.incident_store import IncidentStore
 from portal.data.prometheus import GpuReading, MetricsUnavailableError
 from portal.identity import Identity
 from portal.incidents import Alert, Incident, Notification, Silence
+from portal.sources import alerts, classes, clients, line, metrics, servers
+from spawner.class_store import ClassStore
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held, Ledger, ServerEvent
-from spawner.quotas import read_groups
 from spawner.usage import UsageRow
+from tests.portal.line_hub import serve_line
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
@@ -51,12 +52,12 @@ def fake_inventory() -> tuple[object, list[Held]]:
 
 
 @pytest.fixture
-def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+def fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, object]]:
     # Cached reads (the line, the hub's users) live in this process across tests: each test starts empty.
     st.cache_data.clear()
     state: dict[str, object] = {"identity": Identity("teacher", admin=True), "metrics_down": False, "stopped": []}
 
-    def metrics(value: object) -> object:
+    def readings(value: object) -> object:
         def call(*args: object) -> object:
             if state["metrics_down"]:
                 raise MetricsUnavailableError("Prometheus did not answer (ConnectionError)")
@@ -65,10 +66,10 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
         return call
 
     monkeypatch.setattr(auth, "require_identity", lambda: state["identity"])
-    monkeypatch.setattr(sources, "_all_inventory", fake_inventory)
-    monkeypatch.setattr(sources, "servers", lambda identity: [s for s in SERVERS if visible(identity, s.user)])
+    monkeypatch.setattr(servers, "_all_inventory", fake_inventory)
+    monkeypatch.setattr(servers, "servers", lambda identity: [s for s in SERVERS if visible(identity, s.user)])
     monkeypatch.setattr(
-        sources, "server_events", lambda identity: {k: e for k, e in EVENTS.items() if visible(identity, k[:-1])}
+        servers, "server_events", lambda identity: {k: e for k, e in EVENTS.items() if visible(identity, k[:-1])}
     )
 
     def history(identity: Identity, user: str, server: str) -> list[ServerEvent]:
@@ -76,21 +77,21 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
             raise PermissionError("not yours")
         return [EVENTS[f"{user}/{server}"]]
 
-    monkeypatch.setattr(sources, "server_history", history)
-    monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
-    monkeypatch.setattr(sources, "server_counts", lambda: {"running": 5, "starting": 1, "users": 4})
-    monkeypatch.setattr(sources, "gpu_readings", metrics({("localhost", "0"): GpuReading(40, 3 * GiB, 60, 35, 0)}))
+    monkeypatch.setattr(servers, "server_history", history)
+    monkeypatch.setattr(classes, "groups", lambda: {"ml101": ["alice", "bob"]})
+    monkeypatch.setattr(servers, "server_counts", lambda: {"running": 5, "starting": 1, "users": 4})
+    monkeypatch.setattr(metrics, "gpu_readings", readings({("localhost", "0"): GpuReading(40, 3 * GiB, 60, 35, 0)}))
     monkeypatch.setattr(
-        sources, "summary", metrics({"gpuslice:gpu_memory_used_bytes:sum": 0, "gpuslice:gpu_utilization:avg": 20})
+        metrics, "summary", readings({"gpuslice:gpu_memory_used_bytes:sum": 0, "gpuslice:gpu_utilization:avg": 20})
     )
-    monkeypatch.setattr(sources, "trend", metrics([(NOW, 1.0), (NOW, 2.0)]))
-    monkeypatch.setattr(sources, "spawn_success", metrics(0.75))
-    heat = metrics({"localhost GPU 0": [(NOW, 10.0), (NOW, 50.0)]})
-    monkeypatch.setattr(sources, "utilization_heatmap", lambda hours, per_node=False: heat())
+    monkeypatch.setattr(metrics, "trend", readings([(NOW, 1.0), (NOW, 2.0)]))
+    monkeypatch.setattr(metrics, "spawn_success", readings(0.75))
+    heat = readings({"localhost GPU 0": [(NOW, 10.0), (NOW, 50.0)]})
+    monkeypatch.setattr(metrics, "utilization_heatmap", lambda hours, per_node=False: heat())
     monkeypatch.setattr(
-        sources,
-        "active_alerts",
-        metrics(
+        alerts,
+        "_active_alerts",
+        readings(
             [
                 AlertRow(
                     "GpuXidError",
@@ -104,8 +105,17 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
             ]
         ),
     )
-    monkeypatch.setattr(sources, "_usage_rows", lambda weeks: list(USAGE))
+    monkeypatch.setattr(metrics, "_usage_rows", lambda weeks: list(USAGE))
+    # The GPU line: the hub's API over a ledger (empty unless a test puts someone in line).
+    # The hub's classes: a store a test writes its classes to, read through the classes API's double.
+    store = ClassStore(tmp_path / "classes.sqlite")
+    state["classes"] = store
+    state["hub"] = serve_line(
+        monkeypatch, tmp_path / "ledger.sqlite", lambda: classes.group_rules(), lambda: classes.groups(), store
+    )
+    st.cache_resource.clear()  # the deployment: a test's (Kubernetes) must not stay for the next
     yield state
+    st.cache_resource.clear()
 
 
 USAGE = [
@@ -157,15 +167,22 @@ def test_overview(fakes: dict[str, object]) -> None:
 
 def test_a_students_overview_counts_their_own_servers_under_you(fakes: dict[str, object]) -> None:
     fakes["identity"] = Identity("alice")
-    metrics = {m.label: m.value for m in run().metric}
+    at = run()
+    metrics = {m.label: m.value for m in at.metric}
     assert metrics["Your servers running"] == "1" and metrics["Your GPU memory held"] == "4 GiB"
     assert metrics["Servers running"] == "5"  # the cluster's, counted, not only hers
+    # The platform's alerts and incidents are for admins: nothing of them on a student's pages.
+    assert "Alerts firing" not in metrics and "GpuXidError" not in texts(at)
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/alerts.py")
+    with pytest.raises(PermissionError, match="alice may not read the platform's alerts"):
+        alerts.active_alerts(Identity("alice"))
 
 
 def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, object]) -> None:
     fakes["metrics_down"] = True
     at = run()
-    assert "Metrics are unavailable right now" in at.warning[0].value
+    assert "GPU readings are not available right now" in at.warning[0].value
     assert {m.label for m in at.metric} >= {"GPUs", "GPU memory allocated", "Servers running"}
 
 
@@ -176,8 +193,8 @@ def test_a_hub_that_does_not_answer_gets_a_message_not_a_traceback(
     def busy(*args: object) -> object:
         raise SourceUnavailableError("JupyterHub did not answer (timed out)")
 
-    monkeypatch.setattr(sources, "servers", busy)
-    monkeypatch.setattr(sources, "groups", busy)
+    monkeypatch.setattr(servers, "servers", busy)
+    monkeypatch.setattr(classes, "groups", busy)
     at = run(page)  # run() asserts no exception reached the page
     assert "JupyterHub did not answer (timed out). This page needs it; reload in a moment." in texts(at)
 
@@ -205,7 +222,6 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     monkeypatch.setattr(
         hub, "stop_server", lambda client, identity, user, server: stopped.append((identity.name, user, server))
     )
-    monkeypatch.setattr(sources, "hub_client", lambda: None)
     at = run("screens/jobs.py")
     table = at.dataframe[0].value
     assert list(table["user"]) == ["alice", "bob", "carl"]
@@ -213,7 +229,7 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     assert list(table["last activity"])[1:] == ["never", "never"]  # not "None"
     reasons = " ".join(m.value for m in at.markdown).replace("\\", "")  # the full reasons, wrapped
     assert "carl/(default)** (refused): Nothing can hold 12 GiB of one GPU right now." in reasons
-    assert list(table["slice"]) == ["4 GiB", "0.5", "12GiB"]
+    assert list(table["slice"]) == ["4 GiB", "0.5 of a GPU", "12 GiB"]  # sizes written one way
     assert list(table["why"]) == [
         "",
         "placed: 8 GiB of GPU 1 (T4); starting the server",
@@ -245,24 +261,19 @@ def test_jobs_page_for_a_user_shows_only_their_servers_and_events(fakes: dict[st
 def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     from spawner.line_admin import Waiting
 
-    line = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
-    monkeypatch.setattr(sources, "waiting_line", lambda identity: line if identity.admin else [])
+    queue = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
+    monkeypatch.setattr(line, "waiting_line", lambda identity: queue if identity.admin else [])
     at = run("screens/jobs.py")
-    queue = at.dataframe[2].value
-    assert list(queue["position"]) == [1] and list(queue["user"]) == ["dan"]
-    assert list(queue["asked for"]) == ["4 GiB of one GPU"] and list(queue["group"]) == ["ml101"]
+    queue = at.table[0].value
+    assert list(queue.index) == ["1st"] and list(queue["user"]) == ["dan"]
+    assert list(queue["asked for"]) == ["4 GiB of one GPU"] and list(queue["class"]) == ["ml101"]
+    assert list(queue["expected start"]) == ["not known"]
     fakes["identity"] = Identity("carl")
-    assert "You are not waiting for a GPU." in [c.value for c in run("screens/jobs.py").caption]
+    assert "Nobody you can see waits for a GPU." in [c.value for c in run("screens/jobs.py").caption]
 
 
 def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
-    from hub.settings import from_mapping
-
-    monkeypatch.setattr(
-        sources,
-        "settings",
-        lambda: from_mapping({"groups": {"ml101": {"members": ["alice", "bob"], "budget": "16GiB"}}}, "t"),
-    )
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "budget": "16GiB"})
     at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
     metrics = {m.label: m.value for m in at.metric}
@@ -275,7 +286,7 @@ def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch)
     assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # in full, not in a card
     fakes["identity"] = Identity("carol")
     at = run("screens/classes.py")
-    assert "No classes yet" in at.info[0].value
+    assert at.info[0].value == "You are in no class."
 
 
 def test_alerts_page(fakes: dict[str, object]) -> None:
@@ -306,10 +317,10 @@ def test_a_student_sees_no_platform_alert_anywhere(fakes: dict[str, object]) -> 
 
 
 def test_the_data_layer_gives_alerts_to_admins_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sources, "_active_alerts", lambda: [AlertRow("NodeDown", "critical", "", "", "", NOW, "")])
+    monkeypatch.setattr(alerts, "_active_alerts", lambda: [AlertRow("NodeDown", "critical", "", "", "", NOW, "")])
     with pytest.raises(PermissionError, match="alice may not read the platform's alerts"):
-        sources.active_alerts(Identity("alice"))
-    assert [a.name for a in sources.active_alerts(Identity("root", admin=True))] == ["NodeDown"]
+        alerts.active_alerts(Identity("alice"))
+    assert [a.name for a in alerts.active_alerts(Identity("root", admin=True))] == ["NodeDown"]
 
 
 def markdown_text(at: AppTest) -> str:
@@ -325,18 +336,25 @@ def test_no_identity_no_page(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.process
-def test_classes_page_on_kubernetes_reads_the_charts_classes(
+def test_on_kubernetes_the_pages_read_the_charts_settings_and_the_hubs_classes(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from tests.helm.test_kube_values import CLASSES, rendered_values
 
     monkeypatch.setenv("GPUSLICE_BACKEND", "kubernetes")
     monkeypatch.setenv("GPUSLICE_KUBE_VALUES", str(rendered_values(tmp_path, CLASSES)))
-    sources.kube_values.clear()  # type: ignore[attr-defined]
-    assert sources.prometheus_url() == "http://prometheus-operated.monitoring:9090"
+    clients.deployment.clear()  # type: ignore[attr-defined]
+    assert metrics.prometheus_url() == "http://prometheus-operated.monitoring:9090"
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "budget": "16GiB"})  # as the hub seeded it
     at = run("screens/classes.py")
     assert at.subheader[0].value == "ml101"
-    assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"  # the chart's budget
+    assert at.get("progress")[0].proto.text == "4 GiB of the 16 GiB budget held (25%)"
+
+
+def add_class(fakes: dict[str, object], rules: dict[str, object]) -> None:
+    store = fakes["classes"]
+    assert isinstance(store, ClassStore)
+    store.change(str(rules["name"]), lambda _: dict(rules))
 
 
 PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py", "screens/usage.py"]
@@ -348,16 +366,13 @@ def everything(at: AppTest) -> str:
 
 @pytest.fixture
 def two_holders(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
-    from hub.settings import from_mapping
-
     holds = [*HOLDS, Held("bob/", 0, "bob", "", 2 * GiB, group="ml101", pid=11)]
     monkeypatch.setattr(
-        sources,
+        servers,
         "_all_inventory",
         lambda: (build_local(simulated_gpus("2x16GiB:T4"), [(h.gpu_index, h.allocation()) for h in holds]), holds),
     )
-    rules = {"ml101": {"members": ["alice", "bob"], "teachers": ["tina"], "budget": "16GiB"}}
-    monkeypatch.setattr(sources, "settings", lambda: from_mapping({"groups": rules}, "t"))
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "teachers": ["tina"], "budget": "16GiB"})
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -402,7 +417,6 @@ def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "dan", "ml101")
-    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
     at = run("screens/jobs.py")
     next(b for b in at.button if b.label == "Cancel the request").click().run()
     assert not at.exception, at.exception
@@ -417,11 +431,10 @@ def test_the_overview_shows_wait_percentiles_per_class_and_day_in_the_viewers_sc
     for user, group in (("dan", "ml101"), ("eve", "ml101"), ("carl", "cv202")):
         _ledger_with_a_waiter(tmp_path / "ledger.sqlite", user, group)
         assert ledger.leave_line(f"{user}/")
-    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
     at = run()
     rows = at.dataframe[0].value.to_dict("records")
     assert [(r["class"], r["waits"], r["left without a GPU"]) for r in rows] == [("cv202", 1, 1), ("ml101", 2, 2)]
-    assert rows[0]["day"] == NOW.strftime("%Y-%m-%d") and rows[0]["p95 wait"].endswith(" s")
+    assert rows[0]["day"] == NOW.strftime("%Y-%m-%d") and rows[0]["19 in 20 waited at most"].endswith(" s")
     assert "every class" in texts(at)
     st.cache_data.clear()
     fakes["identity"] = Identity("carl")
@@ -438,14 +451,13 @@ def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "carl", "ml101")
-    monkeypatch.setattr(sources, "_ledger_path", lambda: tmp_path / "ledger.sqlite")
     fakes["identity"] = Identity("carl")
     at = run("screens/jobs.py")
     labels = {b.label for b in at.button}
     assert not labels & {"Put first", "Cancel the request", "Remove the reservation"}
     assert not at.get("form")  # no reservation form either
     with pytest.raises(PermissionError, match="carl may not change the GPU line"):
-        sources.cancel_waiting(Identity("carl"), "carl", "")
+        line.cancel_waiting(Identity("carl"), "carl", "")
     assert [e.key for e in ledger.line()] == ["carl/"]
 
 
@@ -481,8 +493,8 @@ def incidents(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_pat
     store.sync([node, xid], [], started + timedelta(seconds=5))
     store.record_notification(Notification("first-line-alice", started + timedelta(seconds=1), (node.key,)), [node])
     manager = RecordingAlertmanager()
-    monkeypatch.setattr(sources, "alertmanager_client", lambda: manager)
-    monkeypatch.setattr(sources, "incident_store", lambda: store)
+    monkeypatch.setattr(alerts, "alertmanager_client", lambda: manager)
+    monkeypatch.setattr(alerts, "incident_store", lambda: store)
     return manager
 
 
@@ -520,7 +532,7 @@ def test_incidents_are_for_admins_only(incidents: RecordingAlertmanager, fakes: 
     assert at.error[0].value == "Incidents are about the platform and go to its admins."
     assert "NodeDown" not in markdown_text(at)
     with pytest.raises(PermissionError, match="alice may not read incidents"):
-        sources.incidents(Identity("alice"))
+        alerts.incidents(Identity("alice"))
 
 
 def test_usage_page_per_viewer_with_worst_holders_trend_and_csv(two_holders: None, fakes: dict[str, object]) -> None:
@@ -551,10 +563,10 @@ def test_an_unwritable_incident_store_is_a_message_not_a_traceback(
     monkeypatch.undo()  # the real incident_store, on a data directory that cannot hold a database
     (tmp_path / "data").write_text("a file where a folder should be")
     monkeypatch.setenv("GPUSLICE_DATA_DIR", str(tmp_path / "data"))
-    sources.settings.clear()  # the settings, with the data folder, are read once per process
-    sources.incident_store.clear()
+    clients.deployment.clear()  # the settings, with the data folder, are read once per process
+    alerts.incident_store.clear()
     with pytest.raises(MetricsUnavailableError, match="give the portal a writable GPUSLICE_DATA_DIR"):
-        sources.incident_store()
+        alerts.incident_store()
 
 
 def test_anomalies_page_shows_each_finding_with_its_evidence(
@@ -584,7 +596,7 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
         "errors": {("n1", "0"): [0.0] * minutes, ("n1", "1"): errors},
         "held": {card: [10.0 * GiB] * minutes for card in cards},
     }
-    monkeypatch.setattr(sources, "card_history", lambda: (NOW - timedelta(days=3), history))
+    monkeypatch.setattr(metrics, "card_history", lambda: (NOW - timedelta(days=3), history))
     at = run("screens/anomalies.py")
     assert [m.value.split(",")[0] for m in at.markdown] == [
         "**hot for its load** on n1 GPU 0",
@@ -598,14 +610,59 @@ def test_anomalies_page_shows_each_finding_with_its_evidence(
     with pytest.raises(ValueError, match="Could not find a navigation page"):
         run("screens/anomalies.py")
     with pytest.raises(PermissionError):
-        sources.anomalies(Identity("alice"))
+        metrics.anomalies(Identity("alice"))
 
 
-def test_on_kubernetes_a_teacher_named_in_the_charts_classes_sees_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The chart's classes, not the single-machine settings (which have none here), say who teaches.
-    chart_classes = read_groups([{"name": "ml101", "teachers": ["tina"]}])
-    monkeypatch.setattr(sources, "_kubernetes", lambda: True)
-    monkeypatch.setattr(sources, "kube_values", lambda: SimpleNamespace(groups=chart_classes))
-    monkeypatch.setattr(sources, "groups", lambda: {"ml101": ["alice", "bob"]})
-    assert sources.scope(Identity("tina")).sees("alice")
-    assert not sources.scope(Identity("bob")).sees("alice")
+def test_a_teacher_named_in_the_hubs_classes_sees_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hub's classes (the chart's or the settings', seeded into its store, and live changes) say who teaches.
+    monkeypatch.setattr(classes, "_all_classes", lambda: [ClassInfo({"name": "ml101", "teachers": ["tina"]}, (), ())])
+    monkeypatch.setattr(classes, "groups", lambda: {"ml101": ["alice", "bob"]})
+    assert classes.scope(Identity("tina")).sees("alice")
+    assert not classes.scope(Identity("bob")).sees("alice")
+
+
+def test_a_teacher_manages_their_class_from_the_teaching_page(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Roster, invites, a student's server stopped, all through the hub (which checks again)."""
+    monkeypatch.setattr(
+        servers, "servers", lambda identity: [s for s in SERVERS if classes.scope(identity).sees(s.user)]
+    )
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "teachers": ["tina"], "budget": "2 slices of 4GiB"})
+    add_class(fakes, {"name": "cv202", "members": ["carl"], "teachers": ["tom"]})
+    fakes["identity"] = Identity("tina")
+    at = run("screens/teaching.py")
+    assert at.title[0].value == "Teaching"
+    assert [o for o in at.selectbox[0].options] == ["ml101"]  # her class only: the hub answered her token so
+    assert at.get("progress")[0].proto.text == "GPU budget: 4 GiB of 8 GiB (2 slices of 4GiB) held now"
+    roster = at.dataframe[0].value
+    assert list(roster["student"]) == ["alice", "bob"] and list(roster["server"]) == ["running", "starting"]
+    at.text_area[0].input("dee\nEve")  # typed, then the form's button: one run, as a browser sends them
+    next(b for b in at.button if b.label == "Add to the class").click().run()
+    assert not at.exception, at.exception
+    store = fakes["classes"]
+    assert isinstance(store, ClassStore)
+    assert store.get("ml101")["members"] == ["alice", "bob", "dee", "eve"]  # type: ignore[index]
+    assert "Nobody's server was stopped" in texts(at) and "`code-dee`" in markdown_text(at)
+    assert at.get("download_button")[0].proto.label == "Download the invite codes"
+    stop = next(b for b in at.button if b.label == "Stop this server")
+    stop.click().run()
+    hub_double = fakes["hub"]["tina"]  # type: ignore[index]
+    assert hub_double.stopped == [("alice", "")]  # through the classes API: the hub stops it with its authority
+
+
+def test_the_teaching_page_is_for_teachers_and_admins_and_a_teacher_stops_only_their_students(
+    fakes: dict[str, object],
+) -> None:
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "teachers": ["tina"]})
+    fakes["identity"] = Identity("alice")
+    with pytest.raises(ValueError, match="Could not find a navigation page"):
+        run("screens/teaching.py")  # not in a student's menu
+    assert classes.taught(Identity("alice")) == []  # the hub gives a student no class to manage
+    with pytest.raises(PermissionError, match="only admins, carl's teachers and carl can"):
+        servers.stop_server(Identity("tina"), "carl", "")
+    with pytest.raises(PermissionError, match="only admins can"):
+        classes.add_class(Identity("tina"), "ml102", {}, ["x"])
+    fakes["identity"] = Identity("root", admin=True)
+    at = run("screens/teaching.py")
+    assert "Add a class" in [e.label for e in at.expander]

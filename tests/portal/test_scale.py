@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from portal import auth, sources
+from portal import auth
 from portal.data import prometheus
 from portal.data.hub import ServerRow
 from portal.identity import Identity
+from portal.sources import alerts, classes, metrics, servers
 from spawner.inventory import Allocation, Gpu, Inventory, Node
 from spawner.ledger import Held
+from tests.portal.line_hub import serve_line
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
@@ -70,22 +72,26 @@ def synthetic() -> tuple[Inventory, list[Held], list[ServerRow]]:
 
 
 @pytest.mark.slow
-def test_pages_at_cluster_scale(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    inventory, holds, servers = synthetic()
-    assert sum(len(n.gpus) for n in inventory.nodes) == 8000 and len(servers) == SERVERS
+def test_pages_at_cluster_scale(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    inventory, holds, rows = synthetic()
+    assert sum(len(n.gpus) for n in inventory.nodes) == 8000 and len(rows) == SERVERS
     prom = CountingPrometheus()
     monkeypatch.setattr(auth, "require_identity", lambda: Identity("admin", admin=True))
-    monkeypatch.setattr(sources, "_all_inventory", lambda: (inventory, holds))
-    monkeypatch.setattr(sources, "servers", lambda identity: servers)
-    monkeypatch.setattr(sources, "server_counts", lambda: {"running": len(servers), "starting": 0, "users": SERVERS})
-    monkeypatch.setattr(sources, "groups", lambda: {f"class{i}": [h.user for h in holds[i::50]] for i in range(50)})
-    monkeypatch.setattr(sources, "gpu_readings", lambda: prometheus.gpu_readings(prom))  # type: ignore[arg-type]
-    monkeypatch.setattr(sources, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
-    monkeypatch.setattr(sources, "trend", lambda expr, hours: prometheus.trend(prom, expr, hours))  # type: ignore[arg-type]
-    monkeypatch.setattr(sources, "active_alerts", lambda identity: [])
-    monkeypatch.setattr(sources, "spawn_success", lambda: prometheus.spawn_success_ratio(prom))  # type: ignore[arg-type]
+    monkeypatch.setattr(servers, "_all_inventory", lambda: (inventory, holds))
+    monkeypatch.setattr(servers, "servers", lambda identity: rows)
+    monkeypatch.setattr(servers, "server_counts", lambda: {"running": len(rows), "starting": 0, "users": SERVERS})
+    monkeypatch.setattr(classes, "groups", lambda: {f"class{i}": [h.user for h in holds[i::50]] for i in range(50)})
+    monkeypatch.setattr(metrics, "gpu_readings", lambda: prometheus.gpu_readings(prom))  # type: ignore[arg-type]
+    monkeypatch.setattr(metrics, "summary", lambda: prometheus.summary(prom))  # type: ignore[arg-type]
+    monkeypatch.setattr(metrics, "trend", lambda expr, hours: prometheus.trend(prom, expr, hours))  # type: ignore[arg-type]
+    monkeypatch.setattr(alerts, "_active_alerts", lambda: [])
+    serve_line(monkeypatch, tmp_path / "ledger.sqlite", classes.group_rules, classes.groups)
+    monkeypatch.setattr(classes, "_all_classes", lambda: [])
+    monkeypatch.setattr(metrics, "spawn_success", lambda: prometheus.spawn_success_ratio(prom))  # type: ignore[arg-type]
     monkeypatch.setattr(
-        sources,
+        metrics,
         "utilization_heatmap",
         lambda hours, per_node: prometheus.per_gpu_trend(prom, "avg by (Hostname)" if per_node else "x", hours),  # type: ignore[arg-type]
     )

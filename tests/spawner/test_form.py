@@ -7,7 +7,6 @@ import pytest
 
 from spawner.form import (
     FormChoice,
-    WaitOffer,
     form_gpu_value,
     in_form_words,
     render_spawn_form,
@@ -16,8 +15,7 @@ from spawner.form import (
 )
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
-from spawner.quotas import GroupQuota, Usage
-from spawner.request import options_from_form
+from spawner.quotas import GroupQuota, Usage, largest_slice
 from spawner.shares import ShareError, parse_request
 
 GiB = 2**30
@@ -35,16 +33,24 @@ def _source(default_memory: str = "0") -> SimpleNamespace:
     )
 
 
-def _form(groups: list[GroupQuota], previous: FormChoice | None = None, default_memory: str = "0") -> str:
+def _form(
+    groups: list[GroupQuota],
+    previous: FormChoice | None = None,
+    default_memory: str = "0",
+    usage: Usage | None = None,
+    startable_now: int | None = None,
+) -> str:
+    allowed = largest_slice(groups, Usage(), 16 * GiB)
     return render_spawn_form(
         _source(default_memory),  # type: ignore[arg-type]
         build_local(MACHINE),
         groups,
-        Usage(),
-        max((g.max_slice_bytes or 16 * GiB for g in groups), default=16 * GiB),
-        whole_gpus_allowed(groups, 2),
-        None,
-        previous,
+        usage or Usage(),
+        allowed=allowed,
+        startable_now=allowed if startable_now is None else startable_now,
+        most_cards=whole_gpus_allowed(groups, 2, 16 * GiB),
+        simulated=False,
+        previous=previous,
     )
 
 
@@ -107,43 +113,51 @@ def test_refusals_use_the_forms_words() -> None:
     assert "1 whole GPU" in in_form_words(str(too_big.value))
 
 
-def test_a_slice_refused_because_others_took_the_rest_stays_chosen_and_marked() -> None:
-    form = _form([GroupQuota("ml101", max_slice_bytes=GiB)], FormChoice(gpu="2GiB"))
-    assert '<option value="2GiB" selected>2 GiB of one GPU (more than is left now)</option>' in form
+def test_with_the_class_budget_full_the_class_slice_is_still_offered_and_chosen_and_start_waits() -> None:
+    ml101 = GroupQuota("ml101", max_slice_bytes=4 * GiB, budget_bytes=8 * GiB)
+    full = Usage(group_bytes={"ml101": 8 * GiB})
+    form = _form([ml101], usage=full, startable_now=0)
+    assert _selected(form, "gpu") == "4GiB"  # what the student came for, never CPU only by default
+    assert '<option value="4GiB" selected>4 GiB of one GPU (busy now: Start joins the line)</option>' in form
+    assert "Start puts you in line for it" in form
+    assert "ml101: slices up to 4 GiB; the class&#39;s 8 GiB GPU budget is all in use now" in form
+    free = _form([ml101], usage=Usage(group_bytes={"ml101": 4 * GiB}))
+    assert "busy now" not in free and "Start puts you in line" not in free
+    assert "4 GiB of the class&#39;s 8 GiB GPU budget free now" in free
 
 
-def test_a_refusal_for_room_offers_three_buttons_that_keep_the_form() -> None:
+def test_options_the_rules_can_never_grant_are_not_offered() -> None:
+    """A class whose budget is 8 GiB can never hold a 16 GiB card, nor a slice above its largest."""
+    form = _form([GroupQuota("ml101", max_slice_bytes=4 * GiB, budget_bytes=8 * GiB)])
+    assert "whole GPU" not in form and "gpus:" not in form
+    assert "8GiB" not in form and "16GiB" not in form
+    assert whole_gpus_allowed([GroupQuota("lab", budget_bytes=32 * GiB)], 4, 16 * GiB) == 2
+    assert whole_gpus_allowed([GroupQuota("lab", budget_bytes=32 * GiB), GroupQuota("staff")], 4, 16 * GiB) == 4
+    assert '<option value="gpus:1">1 whole GPU</option>' in _form([GroupQuota("staff")])
+
+
+def test_the_form_names_no_driver_error_when_its_gpus_are_simulated() -> None:
     form = render_spawn_form(
         _source(),  # type: ignore[arg-type]
         build_local(MACHINE),
         [],
         Usage(),
-        16 * GiB,
-        2,
-        None,
-        FormChoice(gpu="8GiB", image="np"),
-        WaitOffer("8 GiB of one <GPU>", 4 * GiB),
+        allowed=16 * GiB,
+        startable_now=16 * GiB,
+        most_cards=2,
+        simulated=True,
     )
-    cpu_now = '<button type="submit" class="btn btn-outline-secondary" name="gpu_now" value="0">'
-    cpu_now += "Start CPU-only now</button>"
-    assert cpu_now in form
-    assert 'name="gpu_now" value="4GiB">Start 4 GiB now</button>' in form
-    assert 'name="wait" value="on">Wait in line for 8 GiB of one &lt;GPU&gt;</button>' in form
-    assert _selected(form, "gpu") == "8GiB" and _selected(form, "image") == "np"
-    assert "Wait in line" not in _form([])
+    assert "simulated</strong>: this machine has no NVIDIA GPU." in form and "NVML" not in form
 
 
-def test_the_refusal_buttons_become_spawn_options() -> None:
-    form = {"gpu": ["8GiB"], "image": ["np"], "models": ["m"]}
-    assert options_from_form({**form, "wait": ["on"]}, "0", "default") == {
-        "gpu_memory": "8GiB",
-        "gpus": "0",
-        "image": "np",
-        "models": ["m"],
-        "wait": True,
-    }
-    now = options_from_form({**form, "gpu_now": ["4GiB"]}, "0", "default")
-    assert (now["gpu_memory"], now["image"], "wait" in now) == ("4GiB", "np", False)
+def test_refusals_in_the_form_say_choose_not_type_and_count_gpus_in_words() -> None:
+    with pytest.raises(ShareError) as bad:
+        parse_request("lots", 0, largest_card_bytes=16 * GiB, most_cards=4)
+    words = in_form_words(str(bad.value))
+    assert "type" not in words.lower() and words.endswith("Choose a size from the GPU list."), words
+    assert in_form_words("ask for gpus=2") == "choose 2 whole GPUs"
+    assert in_form_words("gpus=1 is too many") == "1 whole GPU is too many"
+    assert "(s)" not in in_form_words("for whole cards with gpus=3")
 
 
 @pytest.mark.parametrize(
@@ -163,9 +177,10 @@ def test_the_form_says_how_a_slice_is_held_on_its_backend(backend: str, says: st
         inventory,
         [],
         Usage(),
-        16 * GiB,
-        2,
-        None,
+        allowed=16 * GiB,
+        startable_now=16 * GiB,
+        most_cards=2,
+        simulated=False,
     )
     note = re.search(r'<p class="help-block gpuslice-slice-note">(.*?)</p>', form, re.S)
     assert note is not None, form
@@ -176,5 +191,14 @@ def test_the_form_says_how_a_slice_is_held_on_its_backend(backend: str, says: st
 def test_a_form_that_offers_no_slice_says_nothing_of_slices() -> None:
     inventory = build_local(MACHINE)
     inventory.backend = "whole"
-    form = render_spawn_form(_source(), inventory, [], Usage(), 16 * GiB, 2, None)  # type: ignore[arg-type]
+    form = render_spawn_form(
+        _source(),  # type: ignore[arg-type]
+        inventory,
+        [],
+        Usage(),
+        allowed=16 * GiB,
+        startable_now=16 * GiB,
+        most_cards=2,
+        simulated=False,
+    )
     assert "gpuslice-slice-note" not in form

@@ -51,14 +51,15 @@ def test_form_escapes_what_admins_and_users_wrote() -> None:
         build_local(gpus),
         [GroupQuota("<img src=x>", max_slice_bytes=4 * GiB)],
         Usage(),
-        4 * GiB,
-        1,
-        "NVML: no driver",
+        allowed=4 * GiB,
+        startable_now=4 * GiB,
+        most_cards=1,
+        simulated=True,
     )
     assert "<script>" not in form and "&lt;script&gt;" in form
     assert "<img" not in form and "<i>T4" not in form and 'x"><b>' not in form
     assert '<option value="4GiB" selected>4 GiB of one GPU</option>' in form
-    assert "(simulated)" in form and "no NVIDIA GPU was found (NVML: no driver)" in form
+    assert "(simulated)" in form and "this machine has no NVIDIA GPU" in form
     assert '<option value="gpus:1">1 whole GPU</option>' in form
     assert '<input type="checkbox" name="models" value="langid-97" checked> &lt;b&gt;langid' in form
 
@@ -112,3 +113,22 @@ def test_a_user_in_no_group_gets_the_default_rules_not_whole_cards(
 def test_bad_group_rules_in_the_config_stop_the_spawner_naming_the_group() -> None:
     with pytest.raises(TraitError, match=r"gpu_groups: groups\.ml101\.max_slice: 'big' is not an amount"):
         LedgerGpuMixin(gpu_groups=[{"name": "ml101", "max_slice": "big"}])
+
+
+def test_a_class_added_to_the_store_holds_at_the_next_spawn_and_the_configured_default_stays(tmp_path: Path) -> None:
+    """The class store (spawner/class_store.py) is read at every spawn: a member added live, in no hub group
+    yet, gets the class's rules; the settings' default rules stay for everyone else."""
+    from spawner.class_store import ClassStore
+
+    store = ClassStore(tmp_path / "classes.sqlite")
+    ledger = tmp_path / "ledger.sqlite"
+    spawner = LocalSpawner(ledger, "dee", [], gpu_memory="8GiB")
+    spawner.gpu_groups = [*RULES, {"name": "default", "max_slice": "2GiB"}]
+    spawner.gpu_classes_path = str(store.path)
+    store.seed(read_groups(spawner.gpu_groups))
+    with pytest.raises(GpuRefused, match="Group 'default' allows slices up to 2 GiB"):
+        spawner.allocate()
+    store.change("ml101", lambda rules: {**(rules or {}), "members": ["dee"]})  # the teacher adds dee
+    assert [g.name for g in spawner.gpu_group_rules] == ["ml101", "default"]
+    _, holds = spawner.allocate()
+    assert holds is not None and [h.group for h in holds] == ["ml101"]

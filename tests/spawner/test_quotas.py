@@ -46,10 +46,14 @@ def test_group_budget_counts_what_classmates_hold() -> None:
     usage = Usage(group_bytes={"ml101": 38 * GiB})
     decision = check(FOUR, 4 * GiB, "pytorch", [CLASS], usage)
     assert decision.rule == "budget"
-    assert "budget of 40 GiB, 38 GiB of it in use: 2 GiB left" in str(decision)
+    assert "GPU budget is 40 GiB and its members hold 38 GiB: 2 GiB left" in str(decision)
     assert "Ask for 2 GiB or less." in str(decision)
     spent = check(FOUR, 4 * GiB, "pytorch", [CLASS], Usage(group_bytes={"ml101": 40 * GiB}))
-    assert "Wait for classmates" in str(spent)
+    assert "budget of 40 GiB is all in use by its members now. Wait for classmates" in str(spent)
+    assert "0 B" not in str(spent)
+    lab = GroupQuota("lab", budget_bytes=40 * GiB)
+    whole_card = check(GpuRequest(gpus=1), 48 * GiB, "pytorch", [lab], Usage())
+    assert str(whole_card) == "Group 'lab' has a GPU budget of 40 GiB in all, less than the 48 GiB you asked for."
 
 
 def test_servers_per_user() -> None:
@@ -86,7 +90,7 @@ def test_users_in_no_group_get_the_finite_default_rules() -> None:
     assert check(FOUR, 4 * GiB, None, [], Usage()).group == "default"
     assert check(FOUR, 4 * GiB, None, [], Usage(user_servers=1)).rule == "servers"
     spent = check(FOUR, 4 * GiB, None, [], Usage(group_bytes={"default": 14 * GiB}))
-    assert spent.rule == "budget" and "GPU budget of 16 GiB" in str(spent)
+    assert spent.rule == "budget" and "GPU budget is 16 GiB" in str(spent)
     assert largest_slice([], Usage(), 80 * GiB) == 4 * GiB
     quota = DEFAULT_RULES.quota
     assert None not in (quota.max_slice_bytes, quota.max_gpus, quota.budget_bytes, quota.servers_per_user)
@@ -153,3 +157,12 @@ def test_bad_group_rules_say_which(rules: object, message: str) -> None:
 def test_a_classs_max_hold_is_read_in_hours_minutes_or_seconds(written: object, seconds: float) -> None:
     assert read_group("ml101", {"maxHold": written}).quota.max_hold_s == seconds
     assert read_group("ml101", {}).quota.max_hold_s is None  # no cap unless the class sets one
+
+
+def test_a_budget_may_be_written_in_slices_and_says_of_what_size() -> None:
+    assert read_group("ml101", {"max_slice": "4GiB", "budget": "2 slices"}).quota.budget_bytes == 8 * GiB
+    assert read_group("ml101", {"budget": "3 slices of 2 GiB"}).quota.budget_bytes == 6 * GiB
+    with pytest.raises(GroupRulesError, match=r"says how many slices but not of what size.*or set max_slice"):
+        read_group("ml101", {"budget": "2 slices"})
+    with pytest.raises(GroupRulesError, match=r"groups.ml101.budget"):
+        read_group("ml101", {"budget": "2 slices of lots"})

@@ -21,7 +21,7 @@ def _idle_for(tmp_path: Path, minutes: int) -> LoadedSpawner:
 
 def test_a_server_idle_past_the_reclaim_timeout_but_not_the_cullers_was_not_culled(tmp_path: Path) -> None:
     kind, _, message = _idle_for(tmp_path, 20)._stop_reason()
-    assert kind == "stopped" and message.startswith("stopped (from JupyterHub"), message
+    assert kind == "stopped" and message.startswith("stopped from the hub"), message
 
 
 def test_a_server_idle_past_the_cullers_timeout_was_culled(tmp_path: Path) -> None:

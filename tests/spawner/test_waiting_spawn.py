@@ -74,8 +74,8 @@ def test_a_waiting_spawn_is_placed_when_a_server_stops(tmp_path: Path) -> None:
         assert later.allocate()[1] is None
         waiting = asyncio.ensure_future(late._wait_in_line(request, "default"))
         also = asyncio.ensure_future(later._wait_in_line(request, "default"))
-        assert "position 1, 0 ahead" in await wait_for_stage(late, "position")
-        assert "position 2, 1 ahead" in await wait_for_stage(later, "position")
+        assert "You are next in line." in await wait_for_stage(late, "Waiting in line")
+        assert "You are 2nd in line: 1 person is before you." in await wait_for_stage(later, "Waiting in line")
         running[0].clear_state()  # a classmate stops: 8 GiB free
         holds = await asyncio.wait_for(waiting, 10)
         assert [(h.key, h.memory_bytes) for h in holds] == [("late/", 8 * GiB)]
@@ -145,7 +145,7 @@ def test_a_spawn_cancelled_by_a_teacher_ends_saying_who_and_holds_nothing(tmp_pa
         request, holds = late.allocate()
         assert holds is None
         waiting = asyncio.ensure_future(late._wait_in_line(request, "default"))
-        await wait_for_stage(late, "position")
+        await wait_for_stage(late, "Waiting in line")
         assert Ledger(ledger).cancel("late/", "teacher tom in the portal") is not None
         with pytest.raises(GpuRefused) as refused:
             await asyncio.wait_for(waiting, 10)
@@ -186,7 +186,7 @@ def test_a_waiting_spawns_words_come_from_its_turns_look_at_the_line_not_another
         request, holds = late.allocate()
         assert holds is None
         waiting = asyncio.ensure_future(late._wait_in_line(request, "default"))
-        assert "position 1, 0 ahead" in await wait_for_stage(late, "position")
+        assert "You are next in line." in await wait_for_stage(late, "Waiting in line")
         await asyncio.sleep(0.2)  # a few more looks
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -219,15 +219,58 @@ def test_a_spawn_held_back_by_its_class_budget_says_so_and_waits_for_its_classma
         request, holds = third.allocate()
         assert holds is None
         waiting = asyncio.ensure_future(third._wait_in_line(request, "default"))
-        words = await wait_for_stage(third, "position")
+        words = await wait_for_stage(third, "Waiting in line")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         return words
 
     words = asyncio.run(scenario())
-    assert "position 1, 0 ahead" in words
-    assert words.endswith("; your class ml101 holds its whole GPU budget of 8 GiB now")
+    assert "You are next in line." in words
+    assert words.endswith(
+        "Your class ml101 is using its whole GPU budget (8 GiB) now: you start when a classmate stops."
+    )
     view = third._gpu_line_view
     assert view is not None and sorted(h.key for h in view.freeing) == ["s1/", "s2/"]
-    assert third.gpu_estimated_start(0.0) == 1000.0 + third.gpu_idle_timeout  # s1's end, not the outsider's
+    # s1's end, not the outsider's: idle for the timeout, then stopped at its warning's announced time.
+    report_allowance = third.gpu_stop_after - third.gpu_warning_lead
+    assert third.gpu_estimated_start(0.0) == 1000.0 + third.gpu_idle_timeout + report_allowance
+
+
+def test_the_form_waits_for_the_gpu_it_asks_for_and_never_starts_without_one_silently(tmp_path: Path) -> None:
+    spawner = Spawner(tmp_path / "ledger.sqlite", "ann")
+    assert spawner.options_from_form({"gpu": ["4GiB"], "image": ["default"]})["wait"] is True
+    assert spawner.options_from_form({"gpu": ["gpus:1"], "image": ["default"]})["wait"] is True
+    assert "wait" not in spawner.options_from_form({"gpu": ["0"], "image": ["default"]})  # nothing to wait for
+
+
+def test_with_the_class_budget_full_the_forms_start_joins_the_line_at_once(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    for user in ("s1", "s2"):
+        classmate(ledger, user, gpu_memory="4GiB").allocate()
+    third = classmate(ledger, "s3", **third_options(tmp_path))
+    _, holds = third.allocate()  # not refused: no "Error" page, no button to press first
+    assert holds is None and [e.key for e in Ledger(ledger).line()] == ["s3/"]
+
+
+def third_options(tmp_path: Path) -> dict[str, Any]:
+    """What the spawn form posts for the class's 4 GiB slice, as the form's own reader turns it into options."""
+    return dict(Spawner(tmp_path / "unused.sqlite", "x").options_from_form({"gpu": ["4GiB"], "image": ["default"]}))
+
+
+def test_a_whole_card_beyond_the_class_budget_is_refused_with_the_budget_in_all_not_0_b_in_use(
+    tmp_path: Path,
+) -> None:
+    """The class holds 8 of its 8 GiB and someone waits: the refusal says the budget can never hold a
+    16 GiB card (it used to say "0 B of it in use: 8 GiB left")."""
+    ledger = tmp_path / "ledger.sqlite"
+    for user in ("s1", "s2"):
+        classmate(ledger, user, gpu_memory="4GiB").allocate()
+    classmate(ledger, "s3", gpu_memory="4GiB", wait=True).allocate()  # waits: the line is not empty
+    whole = classmate(ledger, "s4", gpu_memory="0", gpus=1, wait=True)
+    with pytest.raises(GpuRefused) as refused:
+        whole.allocate()
+    words = refused.value.jupyterhub_message
+    assert "budget of 8 GiB in all, less than the 16 GiB asked for" in words, words
+    assert "0 B" not in words and "in use" not in words
+    assert [e.key for e in Ledger(ledger).line()] == ["s3/"]  # nothing held, nobody added

@@ -19,6 +19,16 @@
     return Promise.resolve(versions[version].get()).then(function (factory) { return factory(); });
   }
 
+  // The warning names its stop as an instant in UTC (spawner/words.py): said in the reader's clock.
+  function inReadersTime(text) {
+    return String(text).replace(/\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ/g, function (stamp) {
+      var when = new Date(stamp);
+      var minutes = Math.round((when - Date.now()) / 60000);
+      var away = minutes <= 0 ? "now" : minutes === 1 ? "in 1 minute" : "in " + minutes + " minutes";
+      return when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) + " (" + away + ")";
+    });
+  }
+
   function pageConfig() {
     var el = document.getElementById("jupyter-config-data");
     return el ? JSON.parse(el.textContent || "{}") : {};
@@ -42,7 +52,7 @@
               (body.notices || []).forEach(function (notice) {
                 if (notice.server !== server || shown[notice.id]) return;
                 shown[notice.id] = true;
-                apputils.Notification.warning(notice.message, { autoClose: false });
+                apputils.Notification.warning(inReadersTime(notice.message), { autoClose: false });
               });
               setTimeout(look, 1000 * (body.next_look_s || 30));
             })
