@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from bench.stats import percentile
-from spawner.placement import ClusterState, Demand, Informed, Policy, Workload, known_workload, make_policy
+from spawner.placement import Choice, ClusterState, Demand, Informed, Policy, Workload, known_workload, make_policy
 from spawner.shares import MiB
 
 MILLI = 1000.0
@@ -210,8 +210,10 @@ def replay(
     seed: int,
     make: PolicyFactory = make_policy,
     knowledge: Knowledge = Knowledge.LIVE,
+    choices: list[Choice | None] | None = None,
 ) -> ReplayResult:
-    """One replay; ``make`` builds the policy (the report passes variants not in POLICIES).
+    """One replay; ``make`` builds the policy (the report passes variants not in POLICIES);
+    ``choices``, when given, receives every decision in order (None: no place).
 
     Live, before each decision the policy is handed ``known_workload`` of the arrivals so far
     (placed or failed: a pod that found no place stays pending, and the extender sees it) and
@@ -234,6 +236,8 @@ def replay(
         choice = policy.choose(state, demand)
         timings.append((time.perf_counter_ns() - start) / 1000)
         seen[demand] += 1
+        if choices is not None:
+            choices.append(choice)
         if choice is None:
             failed += 1
             continue

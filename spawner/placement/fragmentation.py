@@ -36,16 +36,17 @@ class Workload:
         total = sum(counts.values())
         if total == 0:
             raise ValueError("a workload needs at least one demand")
-        kept: list[tuple[Demand, int]] = []
-        covered = 0
         # Most popular first; equal counts in a fixed order, so that the same demands in any
         # arrival order make the same workload (and the same floating-point sums).
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], rank_key(item[0])))
-        for demand, count in ranked[:max_types]:
-            kept.append((demand, count))
-            covered += count
-            if covered >= coverage * total:
-                break
+        ranked = sorted(counts.items(), key=_popular_first)
+        kept = ranked  # every type (live, at every decision: no loop to run)
+        if max_types is not None or coverage < 1.0:
+            kept, covered = [], 0
+            for demand, count in ranked[:max_types]:
+                kept.append((demand, count))
+                covered += count
+                if covered >= coverage * total:
+                    break
         weight_sum = sum(c for _, c in kept)
         return cls(tuple(d for d, _ in kept), tuple(c / weight_sum for _, c in kept), ranked=True)
 
@@ -59,16 +60,42 @@ class Workload:
         weight_sum = sum(w for w, _ in kept)
         return Workload(tuple(d for _, d in kept), tuple(w / weight_sum for w, _ in kept), ranked=True)
 
+    def by_popularity(self) -> Workload:
+        """The same types and weights, the most popular first (equal weights in ``rank_key`` order)."""
+        if self.ranked:
+            return self
+        ranked = sorted(zip(self.weights, self.demands, strict=True), key=lambda wd: (-wd[0], rank_key(wd[1])))
+        return Workload(tuple(d for _, d in ranked), tuple(w for w, _ in ranked), ranked=True)
+
     def grouped(self, max_types: int) -> Workload:
         """At most ``max_types`` types (more only where there are more GPU shapes) that keep the
         weight of every GPU shape: the GPU part and allowed models, which decide what a node's
         free GPU can take. CPU and memory vary within a shape and matter less: each shape keeps
         its most popular type, the slots left go to the next most popular types, and every type
-        left out adds its weight to the most popular kept type of its shape.
+        left out adds its weight to the most popular kept type of its shape (``Grouping``).
         """
-        pairs = zip(self.weights, self.demands, strict=True)
-        ranked = list(pairs) if self.ranked else sorted(pairs, key=lambda wd: (-wd[0], rank_key(wd[1])))
-        shapes = [gpu_shape(demand) for _, demand in ranked]
+        ranked = self.by_popularity()
+        return Grouping.of(ranked.demands, max_types).apply(ranked.weights)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Which types ``Workload.grouped`` keeps, and which kept type takes each type's weight.
+
+    It depends on the order of the types alone, not on their weights: live, the arrivals so far
+    change the weights at every decision and their order now and then, so a policy keeps the
+    grouping while the order stays (``DefaultPolicy.target``).
+    """
+
+    ranked: tuple[Demand, ...]  # the types, the most popular first
+    max_types: int
+    into: IntArray  # (T,): the place in ``ranked`` of the kept type that takes each type's weight
+    kept: IntArray  # the places in ``ranked`` of the kept types, in that order
+    demands: tuple[Demand, ...]  # the kept types
+
+    @classmethod
+    def of(cls, ranked: tuple[Demand, ...], max_types: int) -> Grouping:
+        shapes = [gpu_shape(demand) for demand in ranked]
         # By place in ``ranked`` (the types are distinct): no demand hashed in the loops below.
         head: dict[object, int] = {}  # each shape's most popular type
         for i, shape in enumerate(shapes):
@@ -78,12 +105,25 @@ class Workload:
             if len(kept) >= max_types:
                 break
             kept.add(i)
+        into = np.array([i if i in kept else head[shape] for i, shape in enumerate(shapes)], dtype=np.int64)
         # Kept types in the order ranked (a shape's head comes before the types it stands for).
-        weight: dict[int, float] = {}
-        for i, (shape, (w, _)) in enumerate(zip(shapes, ranked, strict=True)):
-            into = i if i in kept else head[shape]
-            weight[into] = weight.get(into, 0.0) + w
-        return Workload(tuple(ranked[i][1] for i in weight), tuple(weight.values()))
+        places = np.array(sorted(kept), dtype=np.int64)
+        return cls(ranked, max_types, into, places, tuple(ranked[i] for i in places))
+
+    def serves(self, ranked: Workload, max_types: int) -> bool:
+        """Whether this is the grouping of ``ranked`` (types the most popular first)."""
+        return ranked.ranked and max_types == self.max_types and ranked.demands == self.ranked
+
+    def apply(self, weights: Sequence[float]) -> Workload:
+        """The grouped workload of the types ``ranked`` with these weights."""
+        # bincount adds in the order of the types, as a loop over them would: the same sums.
+        summed = np.bincount(self.into, weights=np.asarray(weights, dtype=np.float64), minlength=len(self.ranked))
+        return Workload(self.demands, tuple(summed[self.kept].tolist()))
+
+
+def _popular_first(item: tuple[Demand, int]) -> tuple[int, str]:
+    """The sort key of ``Workload.from_counts``: the count, most first, then ``rank_key``."""
+    return -item[1], rank_key(item[0])
 
 
 def rank_key(demand: Demand) -> str:
@@ -115,6 +155,8 @@ class WorkloadArrays:
     is_cpu: BoolArray
     model_mask: BoolArray  # (M, T): model m acceptable to type t
     weight: FloatArray
+    # gpu_shapes of these types, worked out once (the arrays are not changed once built).
+    _shapes: tuple[WorkloadArrays, IntArray] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, workload: Workload, model_names: Sequence[str]) -> WorkloadArrays:
@@ -325,7 +367,14 @@ class FitParts:
 
 def gpu_shapes(wl: WorkloadArrays) -> tuple[WorkloadArrays, IntArray]:
     """The distinct GPU shapes of the types (cards, slice, allowed models), slices first, and each
-    type's."""
+    type's (worked out once per ``WorkloadArrays``: the remembered values score new states against
+    the same known types at nearly every decision)."""
+    if wl._shapes is None:
+        wl._shapes = _gpu_shapes(wl)
+    return wl._shapes
+
+
+def _gpu_shapes(wl: WorkloadArrays) -> tuple[WorkloadArrays, IntArray]:
     key = np.column_stack((wl.whole, wl.frac, wl.units, wl.is_slice, wl.is_cpu, wl.model_mask.T)).astype(np.float64)
     rows = row_bytes(key)
     first: dict[bytes, int] = {}  # each shape's first type

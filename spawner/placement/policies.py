@@ -23,6 +23,7 @@ import numpy as np
 
 from spawner.placement.fragmentation import (
     FitParts,
+    Grouping,
     Workload,
     WorkloadArrays,
     bound_demand_per_free_card,
@@ -30,7 +31,7 @@ from spawner.placement.fragmentation import (
     expected_overflow,
     gpu_cards,
 )
-from spawner.placement.remembered import TypeValues, zeros_in_small_pages
+from spawner.placement.remembered import Distinct, TypeValues, state_hashes, zeros_in_small_pages
 from spawner.placement.state import (
     BoolArray,
     Choice,
@@ -155,7 +156,7 @@ class After:
     free: FloatArray
     cpu: FloatArray
     mem: FloatArray
-    per_type: FloatArray  # (K, C, known types)
+    values: Distinct  # (K, C, known types), each distinct state's once
 
 
 @dataclass
@@ -189,6 +190,12 @@ class FragmentationGradientDescent:
     _now_known: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
     _now_seen: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
     _now_generation: int = field(default=-1, init=False, repr=False)
+    # The sums over the nodes of ``_now``'s planes of whole numbers (``_whole_planes``), per known
+    # type, and each node's free GPU in cards (``node_gpu_free``): kept as rows change.
+    _now_total: FloatArray = field(default_factory=lambda: np.zeros((0, 0)), init=False, repr=False)
+    _free_cards: FloatArray = field(default_factory=lambda: np.zeros(0), init=False, repr=False)
+    # A hash of each node's state now (``state_hashes``): nodes in equal states hash alike.
+    _now_hash: FloatArray = field(default_factory=lambda: np.zeros(0), init=False, repr=False)
 
     def know(self, workload: Workload) -> None:
         """Decide from now on against ``workload`` (live: the arrivals so far)."""
@@ -250,31 +257,62 @@ class FragmentationGradientDescent:
             self._now_known = np.zeros(n, dtype=np.int64)
             self._now_seen = state.version.copy()
             self._now_generation = values.generation
-        changed = self._now_seen != state.version
-        self._now_known[changed] = 0
-        self._now_seen[changed] = state.version[changed]
+            self._now_total = np.zeros((values.width, values.max_types))
+            self._free_cards = node_gpu_free(state)
+            self._now_hash = self._hashes(state, np.arange(n))
+        changed = np.flatnonzero(self._now_seen != state.version)
+        if changed.size:
+            self._now_known[changed] = 0
+            self._now_seen[changed] = state.version[changed]
+            self._free_cards[changed] = node_gpu_free(state, changed)
+            self._now_hash[changed] = self._hashes(state, changed)
         known = values.known
         stale = np.flatnonzero(self._now_known < known)
         if stale.size:
-            self._now[:, stale, :known] = self._values_of(
-                state, stale, state.free[stale], state.cpu[stale], state.mem[stale]
-            )
-            self._now_known[stale] = known
+            # Nodes changed since (none of their values hold), then nodes that lack only the types
+            # known since (every node, when a type arrives for the first time): those types alone.
+            behind = self._now_known[stale]
+            for rows in (stale[behind == 0], stale[behind > 0]):
+                if rows.size:
+                    self._rescore(state, rows, int(self._now_known[rows].min()), known)
         return self._now[:, :, :known]
+
+    def _rescore(self, state: ClusterState, rows: IntArray, since: int, known: int) -> None:
+        """The values now of the nodes ``rows``, for the known types from ``since`` on."""
+        fresh = self._values_of(state, rows, state.free[rows], state.cpu[rows], state.mem[rows]).every(since)
+        for plane in self._whole_planes():
+            # Whole numbers: the sum changes exactly, and is what summing every node would give.
+            before = _finite(self._now[plane, rows, since:known]).sum(axis=0)
+            self._now_total[plane, since:known] += _finite(fresh[plane]).sum(axis=0) - before
+        self._now[:, rows, since:known] = fresh
+        self._now_known[rows] = known
+
+    def _whole_planes(self) -> tuple[int, ...]:
+        """The planes of the remembered values that are whole numbers, summed over the nodes
+        (``_now_total``)."""
+        return ()
+
+    @staticmethod
+    def _hashes(state: ClusterState, nodes: IntArray) -> FloatArray:
+        """``state_hashes`` of the nodes' states now."""
+        usable = state.healthy[nodes] & (state.cap[nodes] > 0) & state.node_ok[nodes, None]
+        cap, model = state.cap[nodes], state.model[nodes]
+        return state_hashes(state.free[nodes], cap, model, usable, state.cpu[nodes], state.mem[nodes])[1]
 
     def _values_of(
         self, state: ClusterState, nodes: IntArray, free: FloatArray, cpu: FloatArray, mem: FloatArray
-    ) -> FloatArray:
+    ) -> Distinct:
         """(K, C, known): the values of the nodes in the states given (free, cpu, mem)."""
         assert self._values is not None
-        return self._values.values(free, state.cap[nodes], state.model[nodes], state.usable[nodes], cpu, mem)
+        return self._values.distinct(free, state.cap[nodes], state.model[nodes], state.usable[nodes], cpu, mem)
 
-    def _frag(self, per_type: FloatArray) -> FloatArray:
+    def _frag(self, fragments: FloatArray) -> FloatArray:
+        """(C,): the fragmentation of C node states from their fragment per type (C, known)."""
         assert self._arrays is not None
-        return np.asarray(per_type[0] @ self._arrays.weight)
+        return np.asarray(fragments @ self._arrays.weight)
 
     def choose(self, state: ClusterState, demand: Demand) -> Choice | None:
-        current = self._frag(self._refresh(state))
+        current = self._frag(self._refresh(state)[0])
         if demand.gpus:
             nodes = np.flatnonzero(state.whole_candidates(demand))
             if nodes.size == 0:
@@ -285,7 +323,7 @@ class FragmentationGradientDescent:
             take = full & (np.cumsum(full, axis=1) <= demand.gpus)
             free[take] = 0.0
             after = self._after(state, nodes, free, demand)
-            delta = self._frag(after.per_type) - current[nodes]
+            delta = self._frag(after.values.plane(0)) - current[nodes]
             best = int(nodes[self._pick(state, nodes, None, delta, demand, after)])
             return Choice(best, state.first_full(best, demand))
         if not demand.is_slice:
@@ -293,7 +331,7 @@ class FragmentationGradientDescent:
             if nodes.size == 0:
                 return None
             after = self._after(state, nodes, state.free[nodes], demand)
-            delta = self._frag(after.per_type) - current[nodes]
+            delta = self._frag(after.values.plane(0)) - current[nodes]
             return Choice(int(nodes[self._pick(state, nodes, None, delta, demand, after)]), ())
         cand = distinct_gpus(state, state.slice_candidates(demand))
         nodes, gpus = np.nonzero(cand)
@@ -303,7 +341,7 @@ class FragmentationGradientDescent:
         rows = np.arange(nodes.size)
         free[rows, gpus] -= state.need(demand)[nodes, gpus]
         after = self._after(state, nodes, free, demand)
-        delta = self._frag(after.per_type) - current[nodes]
+        delta = self._frag(after.values.plane(0)) - current[nodes]
         best = self._pick(state, nodes, gpus, delta, demand, after)
         return Choice(int(nodes[best]), (int(gpus[best]),))
 
@@ -362,11 +400,17 @@ class DefaultPolicy(FragmentationGradientDescent):
     # Change 3: the same expected failed GPU demand, for every candidate, ranked before the
     # fragmentation growth ("first"), or added to it, both in cards ("sum"); "off": changes 1-2 only.
     overflow: Literal["off", "first", "sum"] = "first"
+    _grouping: Grouping | None = field(default=None, init=False, repr=False)
 
     def target(self) -> Workload:
-        if self.keep_every_shape:
-            return self.workload.grouped(self.max_types)
-        return super().target()
+        if not self.keep_every_shape:
+            return super().target()
+        # Workload.grouped, keeping the grouping while the order of the types stays (live, the
+        # arrivals so far change their weights at every decision and their order now and then).
+        ranked = self.workload.by_popularity()
+        if self._grouping is None or not self._grouping.serves(ranked, self.max_types):
+            self._grouping = Grouping.of(ranked.demands, self.max_types)
+        return self._grouping.apply(ranked.weights)
 
     def _counts_places(self) -> bool:
         return self.overflow != "off" or self.lookahead
@@ -374,6 +418,9 @@ class DefaultPolicy(FragmentationGradientDescent):
     def _width(self) -> int:
         """The fragment, and (change 3, lookahead) the tasks of the type the state could take."""
         return 2 if self._counts_places() else 1
+
+    def _whole_planes(self) -> tuple[int, ...]:
+        return (1,) if self._counts_places() else ()
 
     def _from_parts(self, parts: FitParts) -> FloatArray:
         frag = super()._from_parts(parts)
@@ -390,7 +437,7 @@ class DefaultPolicy(FragmentationGradientDescent):
         demand: Demand,
         after: After,
     ) -> int:
-        free_cards = node_gpu_free(state)
+        free_cards = self._free_cards
         node_free = free_cards[nodes]
         tolerance = self.tie_tolerance
         failed = (
@@ -436,12 +483,17 @@ class DefaultPolicy(FragmentationGradientDescent):
         cards = gpu_cards(wl)
         gpu_types = self._columns[cards[self._columns] > 0]  # types outside the target weigh 0
         assert self._values is not None
-        now = self._now[1, :, : self._values.known]  # (N, known) places per node now
         at = np.flatnonzero(near)
-        later = after.per_type[1] if at.size == nodes.size else after.per_type[1][at]
-        total = now.sum(axis=0)[gpu_types]  # places in the cluster now
-        change = (later - now[nodes[at]])[:, gpu_types]
-        low, high = change.min(axis=0), change.max(axis=0)
+        total = self._now_total[1, gpu_types]  # places in the cluster now
+        # A candidate's change of places depends on its node's state now and after: worked out once
+        # per distinct pair (hundreds of candidates are some tens of pairs), the same numbers.
+        after_of = after.values.inverse[at]
+        _, now_of = np.unique(self._now_hash[nodes[at]], return_inverse=True)
+        pairs = after_of * (at.size + 1) + now_of.reshape(-1)
+        _, first, pair_of = np.unique(pairs, return_index=True, return_inverse=True)
+        later = after.values.of_each[1][np.ix_(after_of[first], gpu_types)]
+        pair_change = later - self._now[1][np.ix_(nodes[at[first]], gpu_types)]
+        low, high = pair_change.min(axis=0), pair_change.max(axis=0)
         arrivals = float(free_cards.sum()) / max(float(wl.weight @ cards), 1e-9)
         mean = arrivals * wl.weight[gpu_types]
         # Types that every candidate leaves the same places, or more than the arrivals could
@@ -450,6 +502,7 @@ class DefaultPolicy(FragmentationGradientDescent):
         score = np.zeros(nodes.size)
         if differ.any():
             # Places are whole numbers, so the sum is exact in any order.
+            change = pair_change[pair_of.reshape(-1)]  # (candidates, types)
             left = total[differ][None, :] + change[:, differ]
             score[at] = expected_overflow(mean[differ], left) @ cards[gpu_types[differ]]
         return score
@@ -484,3 +537,8 @@ def make_policy(name: str, workload: Workload | None = None, seed: int = 0, *, o
     if name not in simple:
         raise ValueError(f"unknown placement policy {name!r}; choose one of {', '.join(POLICIES)}")
     return simple[name]
+
+
+def _finite(values: FloatArray) -> FloatArray:
+    """The values, infinite ones (places of a type that asks for nothing a node runs out of) as 0."""
+    return np.where(np.isfinite(values), values, 0.0)

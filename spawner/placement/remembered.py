@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,6 +51,31 @@ def zeros_in_small_pages(shape: tuple[int, ...]) -> FloatArray:
     return np.frombuffer(memory, dtype=np.float64).reshape(shape)
 
 
+def state_hashes(
+    free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray, cpu: FloatArray, mem: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Each node state as one row of numbers (its key), and a hash of it: equal states hash
+    alike; distinct ones (almost surely) not."""
+    key = np.column_stack((free, cap, model, usable, cpu, mem)).astype(np.float64)
+    return key, key @ row_hash_weights(key.shape[1])
+
+
+@dataclass(frozen=True)
+class Distinct:
+    """The values of C node states, each distinct state's once (U of them)."""
+
+    of_each: FloatArray  # (K, U, known)
+    inverse: IntArray  # (C,): each state's row of ``of_each``
+
+    def plane(self, k: int) -> FloatArray:
+        """(C, known): every state's ``k``-th value per type."""
+        return np.asarray(self.of_each[k][self.inverse])
+
+    def every(self, since: int = 0) -> FloatArray:
+        """(K, C, known - since): every state's values, of the known types from ``since`` on."""
+        return np.asarray(self.of_each[:, :, since:][:, self.inverse])
+
+
 class TypeValues:
     """Per node state and known type, ``width`` values of ``score``, remembered (``remember=False``:
     every state scored afresh at every call, the baseline ``bench.latency`` compares with)."""
@@ -72,6 +98,7 @@ class TypeValues:
         self.generation = 0  # bumped whenever the known types are numbered anew
         self._column: dict[Demand, int] = {}
         self.types = WorkloadArrays.build(Workload((), ()), self.model_names)  # the known types
+        self._since: dict[int, WorkloadArrays] = {}  # the known types from the n-th on
         self._slot: dict[bytes, int] = {}
         self._table = zeros_in_small_pages((width, slots if remember else 0, max_types))
         self._known = np.zeros(slots if remember else 0, dtype=np.int64)  # types scored, per slot
@@ -98,6 +125,7 @@ class TypeValues:
                 self._column[demand] = len(self._column)
             known = tuple(self._column)
             self.types = WorkloadArrays.build(Workload(known, (0.0,) * len(known)), self.model_names)
+            self._since = {}
         return np.array([self._column[d] for d in demands], dtype=np.int64)
 
     def values(
@@ -110,16 +138,27 @@ class TypeValues:
         mem: FloatArray,
     ) -> FloatArray:
         """(K, C, known): the values of each of C node states for every known type."""
+        return self.distinct(free, cap, model, usable, cpu, mem).every()
+
+    def distinct(
+        self,
+        free: FloatArray,
+        cap: FloatArray,
+        model: IntArray,
+        usable: BoolArray,
+        cpu: FloatArray,
+        mem: FloatArray,
+    ) -> Distinct:
+        """``values``, each distinct state's once: a decision's candidates are often hundreds of
+        nodes in some tens of distinct states."""
         # Nodes in the same state score the same (common: a cluster has few node shapes and
         # many empty nodes), so each distinct state is looked at once.
-        key = np.column_stack((free, cap, model, usable, cpu, mem)).astype(np.float64)
-        hashes = key @ row_hash_weights(key.shape[1])
+        key, hashes = state_hashes(free, cap, model, usable, cpu, mem)
         _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         if not self.remember:
             at = first
-            scored = self.score(self.types, free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
-            return scored[:, inverse]
+            return Distinct(self.score(self.types, free[at], cap[at], model[at], usable[at], cpu[at], mem[at]), inverse)
         slots = self._slots(row_bytes(key[first]))
         known = self.known
         scored_types = self._known[slots]
@@ -129,10 +168,12 @@ class TypeValues:
                 continue
             since = int(scored_types[behind].min())
             at, columns = first[behind], np.arange(since, known)
-            scored = self.score(self.types.subset(columns), free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
+            if since not in self._since:
+                self._since[since] = self.types.subset(columns)
+            scored = self.score(self._since[since], free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
             self._table[:, slots[behind, None], columns[None, :]] = scored
             self._known[slots[behind]] = known
-        return self._table[:, slots[inverse], :known]
+        return Distinct(self._table[:, slots, :known], inverse)
 
     def _slots(self, keys: list[bytes]) -> IntArray:
         """The table row of each state; states not seen get a row that knows no type."""

@@ -214,10 +214,15 @@ class Policy(Protocol):
     def choose(self, state: ClusterState, demand: Demand) -> Choice | None: ...
 
 
-def node_gpu_free(state: ClusterState) -> FloatArray:
-    """(N,): free GPU per node in cards."""
+def node_gpu_free(state: ClusterState, nodes: IntArray | None = None) -> FloatArray:
+    """(N,): free GPU per node in cards (or of ``nodes`` alone: the same values)."""
+    if nodes is None:
+        usable, free, cap = state.usable, state.free, state.cap
+    else:
+        usable = state.healthy[nodes] & (state.cap[nodes] > 0) & state.node_ok[nodes, None]
+        free, cap = state.free[nodes], state.cap[nodes]
     with np.errstate(divide="ignore", invalid="ignore"):
-        frac = np.where(state.usable, state.free / np.where(state.cap > 0, state.cap, 1), 0.0)
+        frac = np.where(usable, free / np.where(cap > 0, cap, 1), 0.0)
     return np.asarray(frac.sum(axis=1))
 
 

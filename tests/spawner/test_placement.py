@@ -555,3 +555,42 @@ def test_explain_out_of_service() -> None:
     inv = Inventory([Node("down", 64000, 64 * GiB, simulated_gpus("2x16GiB:T4", "down"), healthy=False)])
     why = explain(Demand(slice_units=GiB), inv)
     assert why.reasons == ("2 GPUs are out of service.",)
+
+
+def test_default_keeps_its_grouping_only_while_the_order_of_the_types_stays() -> None:
+    """Told the arrivals so far one by one, the target is what grouping each workload afresh gives,
+    as the weights change at every arrival and the order of the types now and then."""
+    types = arrival_types()
+    rng = np.random.default_rng(3)
+    policy = DefaultPolicy(known_workload({}, types[0]), max_types=6)
+    arrived: Counter[Demand] = Counter()
+    orders = set()
+    for _ in range(200):
+        demand = types[int(rng.integers(len(types)))]
+        workload = known_workload(arrived, demand)
+        policy.know(workload)
+        target = policy.target()
+        assert (target.demands, target.weights) == (workload.grouped(6).demands, workload.grouped(6).weights)
+        orders.add(workload.demands)
+        arrived[demand] += 1
+    assert len(orders) > 100  # the order changed often, not only the weights
+
+
+def test_the_places_kept_per_type_are_the_sum_over_the_nodes_after_every_decision() -> None:
+    """``default`` keeps each type's places in the whole cluster as nodes change (change 3 reads
+    them at every decision): after each commit, what summing every node's places gives."""
+    types = arrival_types()
+    rng = np.random.default_rng(5)
+    cluster = mixed_cluster()
+    policy = DefaultPolicy(known_workload({}, types[0]), max_types=6)
+    arrived: Counter[Demand] = Counter()
+    for _ in range(120):
+        demand = types[int(rng.integers(len(types)))]
+        policy.know(known_workload(arrived, demand))
+        choice = policy.choose(cluster, demand)
+        arrived[demand] += 1
+        if choice is not None:
+            cluster.commit(choice, demand)
+        now = policy._refresh(cluster)  # the values of the nodes as they are after the commit
+        places = np.where(np.isfinite(now[1]), now[1], 0.0).sum(axis=0)
+        assert policy._now_total[1, : places.size].tolist() == places.tolist()
