@@ -123,7 +123,11 @@ def hub_env(docs: list[Obj], namespace: str) -> dict[str, str]:
 
 
 def in_hub_paths(etc: Path, command: list[str]) -> list[str]:
-    """command in a private mount namespace where etc is /usr/local/etc (so etc/jupyterhub is z2jh's folder)."""
+    """command in a private mount namespace where etc is /usr/local/etc (so etc/jupyterhub is z2jh's folder)
+    and a new folder beside etc is /srv (so /srv/jupyterhub is the hub pod's volume, where z2jh's hub keeps
+    its database and gpuslice its ledger, class store and service tokens)."""
     assert os.geteuid() == 0, "z2jh's hub reads fixed paths: run as root (a private mount namespace), as CI does"
-    script = 'mount --bind "$0" /usr/local/etc && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(etc), *command]
+    srv = etc.parent / "srv"
+    (srv / "jupyterhub").mkdir(parents=True, exist_ok=True)
+    script = 'mount --bind "$0" /usr/local/etc && mount --bind "$1" /srv && shift && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(etc), str(srv), *command]
