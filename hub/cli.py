@@ -14,6 +14,7 @@ from hub import state_cli, top_cli
 from spawner import environ, sharing
 from spawner.placement import POLICIES
 from spawner.quotas import GroupRules
+from spawner.words import counted
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -208,7 +209,7 @@ def _class_add(args: argparse.Namespace) -> int:
             told = "`gpuslice up` run in this folder reads it"
         else:
             told = f"start with `gpuslice up --config {written}` to apply it"
-    who = f"{len(roster.members)} students" + (f" and {len(teachers)} teacher(s)" if teachers else "")
+    who = counted(len(roster.members), "student") + (f" and {counted(len(teachers), 'teacher')}" if teachers else "")
     print(f"class {args.name}: {who} written to {written}; {told}.")
     codes = invite_codes(settings.data_dir, [*roster.members, *(teachers or [])])
     lines = "".join(f"{name},{code}\n" for name, code in codes.items())

@@ -46,7 +46,7 @@ from spawner.waitline import (
     stop_at,
     warning_lead,
 )
-from spawner.words import instant, place_words
+from spawner.words import counted, instant, place_words
 
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
 STOP_KINDS = ("stopped", "died", "failed", "refused")  # the events that say why a server is not running
@@ -227,7 +227,7 @@ class WaitingLineMixin(GpuShareMixin):
             return self._rows(request, inventory, me.group, placed.choice), None
         if not wait:
             ahead = sum(1 for e in line if not e.away(now))
-            why = f"{ahead} request(s) wait in line for a GPU before yours."
+            why = f"{counted(ahead, 'request waits', 'requests wait')} in line for a GPU before yours."
             if not ahead:
                 why = "The free GPU memory is reserved for another class now."
             refused = GpuRefused(409, why, "line")

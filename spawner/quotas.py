@@ -39,6 +39,7 @@ from spawner.checked import (
     problems,
 )
 from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.words import counted
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,12 @@ def _first_failure(
         return "image", f"{label} does not allow image {image!r} (allowed: {allowed})."
     if group.servers_per_user is not None and usage.user_servers >= group.servers_per_user:
         return "servers", (
-            f"{label} allows {group.servers_per_user} running server(s) per user and you have "
+            f"{label} allows {counted(group.servers_per_user, 'running server')} per user and you have "
             f"{usage.user_servers}; stop one first."
         )
     if request.kind is RequestKind.WHOLE:
         if group.max_gpus is not None and request.gpus > group.max_gpus:
-            limit = f"at most {group.max_gpus} whole GPU(s)" if group.max_gpus else "no whole GPUs"
+            limit = f"at most {counted(group.max_gpus, 'whole GPU')}" if group.max_gpus else "no whole GPUs"
             return "gpus", f"{label} allows {limit} per server; you asked for {request.gpus}."
     elif (
         request.kind is RequestKind.SLICE and group.max_slice_bytes is not None and slice_bytes > group.max_slice_bytes

@@ -35,3 +35,8 @@ def place_words(position: int) -> str:
 def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+def counted(n: int, thing: str, things: str | None = None) -> str:
+    """A number with its noun as people say it: "1 whole GPU", "2 whole GPUs", "1 request", "3 people"."""
+    return f"{n} {thing if n == 1 else (things or thing + 's')}"

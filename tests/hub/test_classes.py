@@ -218,7 +218,7 @@ def test_teachers_from_the_option_or_the_roster_get_invite_codes_too(
     args = ["--teachers", "tina, tom", "--max-hold", "2h"]
     assert main(["class", "add", "ml101", str(roster), "--config", str(settings), *args]) == 0
     printed = capsys.readouterr().out
-    assert "class ml101: 2 students and 2 teacher(s)" in printed
+    assert "class ml101: 2 students and 2 teachers" in printed
     codes = dict(line.split(",") for line in printed.splitlines() if "," in line and " " not in line)
     assert set(codes) == {"carol", "dave", "tom", "tina"}  # a teacher's name is never left to be claimed
     group = load(settings).groups[0]

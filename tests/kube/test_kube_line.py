@@ -73,7 +73,7 @@ def test_the_third_student_waits_with_no_pod_and_starts_by_itself_and_a_fourth_l
     # Someone who does not wait cannot jump the line: refused while s3 waits.
     jumped = kube.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB"})
     assert jumped.status_code == 409, jumped.text
-    assert "1 request(s) wait in line for a GPU before yours" in jumped.json()["message"]
+    assert "1 request waits in line for a GPU before yours" in jumped.json()["message"]
     # s4 waits behind s3, then gives up: stopping the pending spawn leaves the line, nothing is created.
     assert kube.api("POST", "/users/s4/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (201, 202)
     assert "You are 2nd in line: 1 person is before you." in kube.progress_until("s4", "Waiting in line")[-1]

@@ -59,7 +59,7 @@ def test_group_budget_counts_what_classmates_hold() -> None:
 def test_servers_per_user() -> None:
     decision = check(FOUR, 4 * GiB, "pytorch", [CLASS], Usage(user_servers=1))
     assert decision.rule == "servers"
-    assert "allows 1 running server(s) per user and you have 1; stop one first." in str(decision)
+    assert "allows 1 running server per user and you have 1; stop one first." in str(decision)
 
 
 def test_image_not_allowed() -> None:
@@ -72,7 +72,7 @@ def test_whole_cards_limit() -> None:
     decision = check(GpuRequest(gpus=1), 16 * GiB, "pytorch", [CLASS], Usage())
     assert decision.rule == "gpus" and "allows no whole GPUs per server" in str(decision)
     decision = check(GpuRequest(gpus=3), 48 * GiB, None, [STAFF], Usage())
-    assert "at most 2 whole GPU(s) per server; you asked for 3" in str(decision)
+    assert "at most 2 whole GPUs per server; you asked for 3" in str(decision)
 
 
 def test_any_group_of_the_user_may_grant_and_refusals_list_every_group() -> None:
