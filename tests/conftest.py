@@ -49,7 +49,6 @@ def _drives_a_browser(path: Path) -> bool:
 _LONGEST_FIRST = (
     "kube/test_chart_containers.py",
     "kube/test_kubespawner_suite.py",
-    "e2e/test_service.py",
     "bench/test_classroom.py",
     "e2e/test_local_platform.py",
     "e2e/test_attacker.py",

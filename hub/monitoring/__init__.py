@@ -208,7 +208,9 @@ def write_alertmanager_config(options: Monitoring, monitoring_dir: Path, today: 
     )
     path = monitoring_dir / "alertmanager.yml"
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(yaml.safe_dump(config, sort_keys=False))
+    # libyaml's emitter where PyYAML has it: the rotation's 26 weeks are a long document, renewed daily.
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    temporary.write_text(yaml.dump(config, Dumper=dumper, sort_keys=False))
     os.replace(temporary, path)  # Alertmanager never reads half a file
     return path
 

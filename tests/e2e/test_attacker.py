@@ -38,6 +38,7 @@ import websocket
 
 from spawner import secretenv
 from spawner.ports import free_port
+from tests.e2e.conftest import stop_all
 from tests.e2e.platform import GPUSLICE, PASSWORD, Platform, Session, admin_api
 
 STUDENTS = ("bob", "carol")
@@ -314,9 +315,11 @@ def class_platform(tmp_path: Path) -> Iterator[Callable[..., Platform]]:
         return platform
 
     yield start
-    for platform, names in made:
-        platform.stop()
-        remove_accounts(names)
+    try:
+        stop_all([platform for platform, _ in made])  # every platform, even when stopping one fails
+    finally:
+        for _, names in made:
+            remove_accounts(names)
 
 
 # What a student can run in a notebook cell: a post to the hub's activity API with the server's

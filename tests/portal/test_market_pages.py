@@ -16,6 +16,8 @@ from portal.sources import markets as market_data
 from spawner.quotas import read_groups
 from tests.portal.test_pages import fakes, run  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.pages  # Streamlit pages run by AppTest: not in the fast tier
+
 REPO = Path(__file__).parents[2]
 
 

@@ -25,6 +25,8 @@ from spawner.ledger import Held, Ledger, ServerEvent
 from spawner.usage import UsageRow
 from tests.portal.line_hub import serve_line
 
+pytestmark = pytest.mark.pages  # Streamlit pages run by AppTest: not in the fast tier
+
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
 NOW = datetime.now(UTC)

@@ -21,6 +21,8 @@ from spawner.inventory import Allocation, Gpu, Inventory, Node
 from spawner.ledger import Held
 from tests.portal.line_hub import serve_line
 
+pytestmark = pytest.mark.pages  # Streamlit pages run by AppTest: not in the fast tier
+
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
 GiB = 2**30
 NODES, PER_NODE, SERVERS = 1000, 8, 10_000
