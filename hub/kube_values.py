@@ -157,6 +157,14 @@ class KubeValues(Platform):
         """The checks of gpuslice.yaml's monitoring.oncall (contacts reachable, email needs smtp_*)."""
         return raw if isinstance(raw, OnCall) else read_oncall(secret_files(raw or {}), "the chart's values")
 
+    def sharing_backend(self) -> sharing.SharingBackend:
+        """The GPU sharing backend with its settings as the hub's spawner has them (hub/kube_config.py):
+        ``gpuSharing.<backend>``, and gpushare's memory unit."""
+        settings = sharing.settings_from_values(self.backend, self.backend_settings)
+        if self.backend == "gpushare":
+            settings["memory_unit"] = self.gpushare_memory_unit
+        return sharing.backend(self.backend, **settings)
+
     def db_url(self, env: environ.Environment) -> str:
         """JupyterHub's database: the Secret's URL (hub.db.existingSecret), else SQLite on the volume."""
         return env.get(environ.DB_URL) or f"sqlite:///{self.data_dir / 'jupyterhub.sqlite'}"

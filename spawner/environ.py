@@ -76,12 +76,6 @@ ADMIN_PASSWORD_FILE = EnvVar(
     "File holding the admins' password (the chart mounts it from a Secret); the hub sets it at every start.",
 )
 BACKEND = EnvVar("GPUSLICE_BACKEND", '"kubernetes" when the portal runs in the chart (else: the local ledger).')
-SHARING_BACKEND = EnvVar("GPUSLICE_SHARING_BACKEND", "The chart's GPU sharing backend, for the portal.", "gpushare")
-GPUSHARE_MEMORY_UNIT = EnvVar(
-    "GPUSLICE_GPUSHARE_MEMORY_UNIT",
-    "gpushare's --memory-unit (GiB or MiB; empty: inferred from the nodes), for the portal's inventory.",
-    "",
-)
 
 # -- notebook servers: set by the spawners, read in the server and by the kernel hook --------------
 GPU_MEMORY_BYTES = EnvVar("GPUSLICE_GPU_MEMORY_BYTES", "The slice in bytes; the kernel hook caps frameworks to it.")

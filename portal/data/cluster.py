@@ -105,13 +105,10 @@ def note_kube_stop(client: KubeClient, namespace: str, scope: Scope, user: str, 
                 )
 
 
-def kube_inventory(
-    client: KubeClient, namespace: str, backend: str, *, gpushare_memory_unit: str = ""
-) -> tuple[Inventory, list[Held]]:
-    """Nodes and the namespace's pods as the core's inventory; holds from the pods' annotations."""
+def kube_inventory(client: KubeClient, namespace: str, reader: sharing.SharingBackend) -> tuple[Inventory, list[Held]]:
+    """Nodes and the namespace's pods as the core's inventory, as ``reader`` (the sharing backend) reads
+    them; holds from the pods' annotations."""
     pods = client.items(f"/api/v1/namespaces/{namespace}/pods")
-    settings = {"memory_unit": gpushare_memory_unit} if backend == "gpushare" else {}
-    reader = sharing.backend(backend, **settings)
     objects = {
         read.key: client.items(read.path) for read in reader.reads
     }  # DRA's slices and claims, KAI's reservations

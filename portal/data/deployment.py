@@ -120,12 +120,9 @@ class Kubernetes:
         return settings_from_environment(self.env).data_dir
 
     def inventory(self) -> tuple[Inventory, list[Held]]:
-        return cluster.kube_inventory(
-            self.client,
-            self.namespace,
-            self.env.get(environ.SHARING_BACKEND),
-            gpushare_memory_unit=self.env.get(environ.GPUSHARE_MEMORY_UNIT),
-        )
+        # The backend as the hub's spawner has it, from the same values: its settings (gpushare's memory
+        # unit, DRA's slices and driver, ...) decide how the pods' holds are read.
+        return cluster.kube_inventory(self.client, self.namespace, self.values.sharing_backend())
 
     def server_events(self) -> dict[str, ServerEvent]:
         return cluster.kube_server_events(self.client, self.namespace)

@@ -1,13 +1,14 @@
 """The chart's values as the hub, the culler and the portal read them: helm renders, hub/kube_values.py reads."""
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
 from hub.kube_values import KubeValuesError, load_kube_values
-from spawner import environ
+from spawner import environ, sharing
 from spawner.quotas import GroupRules
 from tests.helm.test_chart import ALL_FEATURES, render
 
@@ -137,3 +138,26 @@ def test_bad_oncall_values_are_refused_naming_the_key(tmp_path: Path, oncall: di
 def test_a_misspelt_oncall_key_is_refused_by_the_charts_schema(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="invalid propertyName 'rotaton'"):
         rendered_values(tmp_path, {"monitoring": {"oncall": {"rotaton": []}}})
+
+
+@pytest.mark.parametrize(
+    "gpu_sharing",
+    [{"backend": "gpushare", "gpushareMemoryUnit": "MiB"}, {"backend": "dra", "dra": {"slices": "mig"}}],
+    ids=["gpushare-MiB", "dra-mig"],
+)
+def test_the_portal_reads_the_cluster_with_the_backend_the_hubs_spawner_has(
+    tmp_path: Path, gpu_sharing: dict[str, Any]
+) -> None:
+    """The portal's GPUs page reads the pods as the spawner wrote them: a setting that is not the default
+    (gpushare counting MiB, DRA holding slices as MIG devices) reaches both from the same values."""
+    from spawner.kube import KubeGpuSpawner
+
+    values = load_kube_values(rendered_values(tmp_path, {"gpuSharing": gpu_sharing}))
+    traits = SimpleNamespace(  # the spawner's traits as hub/kube_config.py sets them from the values
+        gpu_backend=values.backend,
+        gpushare_memory_unit=values.gpushare_memory_unit,
+        gpu_backend_settings=sharing.settings_from_values(values.backend, values.backend_settings),
+    )
+    spawners = KubeGpuSpawner.sharing_backend(traits)  # type: ignore[arg-type]
+    assert values.sharing_backend() == spawners
+    assert values.sharing_backend() != sharing.backend(values.backend)  # the defaults would read them wrong

@@ -26,6 +26,7 @@ import yaml
 
 from portal.data.cluster import KubeClient, kube_inventory
 from portal.views import gpu_rows
+from spawner import sharing
 from tests.e2e.platform import free_port
 from tests.kube.conftest import HERE, KubeHub, _wait_http, start_api_double, write_kubeconfig
 
@@ -118,7 +119,7 @@ def spawn(hub: KubeHub, user: str) -> requests.Response:
 
 
 def portal_rows(hub: KubeHub, backend: str) -> list[tuple[str, str]]:
-    inventory, _ = kube_inventory(KubeClient(hub.api_url, token=""), "gpuslice", backend)
+    inventory, _ = kube_inventory(KubeClient(hub.api_url, token=""), "gpuslice", sharing.backend(backend))
     return [(f"{r.node}/{r.gpu}", r.holders) for r in gpu_rows(inventory, None)]
 
 

@@ -11,6 +11,7 @@ import requests
 from portal.data import access
 from portal.data.access import Scope
 from portal.data.cluster import KubeClient, kube_inventory, kube_server_events
+from spawner import sharing
 from tests.kube.conftest import gpushare_node, start_api_double
 
 GiB = 2**30
@@ -54,7 +55,7 @@ def test_inventory_holds_and_why_pods_wait(api: str) -> None:
         if len(access.events(kube_server_events(client, "jupyter"), Scope("root", everyone=True))) == 2:
             break
         time.sleep(0.1)
-    inventory, holds = kube_inventory(client, "jupyter", "gpushare")
+    inventory, holds = kube_inventory(client, "jupyter", sharing.backend("gpushare"))
     assert [(h.user, h.gpu_index, h.memory_bytes, h.group) for h in holds] == [("ann", 0, 4 * GiB, "ml101")]
     assert inventory.capacity_bytes == 32 * GiB
     events = access.events(kube_server_events(client, "jupyter"), Scope("root", everyone=True))
