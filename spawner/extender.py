@@ -156,6 +156,10 @@ def filter_nodes(args: Obj, nodes: Sequence[Obj], pods: Iterable[Obj], sharing: 
         raise ExtenderError("the arguments name no Pod")
     names, cache_mode = candidate_names(args)
     cluster = Cluster.build(args["Pod"], nodes, pods, sharing)
+    if not asks_for_a_gpu(cluster.demand):
+        # Not the extender's to judge: kube-scheduler's own filters weighed its CPU and memory (with the
+        # extender's managedResources set, such a pod is not even sent here).
+        return _filtered(args, cache_mode, names, {}, {})
     by_name = {n.name: n for n in cluster.inventory.nodes}
     objects = {n["metadata"]["name"]: n for n in nodes}
     fitting = fits_on(cluster.state, cluster.demand)
@@ -170,6 +174,15 @@ def filter_nodes(args: Obj, nodes: Sequence[Obj], pods: Iterable[Obj], sharing: 
                 failed[name] = why
             else:
                 unresolvable[name] = why
+    return _filtered(args, cache_mode, fits, failed, unresolvable)
+
+
+def asks_for_a_gpu(demand: Demand) -> bool:
+    return demand.gpus > 0 or bool(demand.slice_units) or bool(demand.slice_fraction)
+
+
+def _filtered(args: Obj, cache_mode: bool, fits: list[str], failed: Obj, unresolvable: Obj) -> dict[str, Any]:
+    """ExtenderFilterResult in the form the candidates came in: names, or the node objects as sent."""
     answer: dict[str, Any] = {
         "Nodes": None,
         "NodeNames": None,

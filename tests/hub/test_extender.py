@@ -233,3 +233,35 @@ def test_a_request_it_cannot_serve_is_an_error_in_the_result_and_no_json_is_a_40
             assert bad.status == 400
 
     with_extender(check)
+
+
+# kube-scheduler's own bodies, verbatim: TestCompatibility's expectJSON for ExtenderArgs and for
+# ExtenderBindingArgs (kubernetes/kubernetes staging/src/k8s.io/kube-scheduler/extender/v1/types_test.go,
+# commit 9891f82d816be0f7ee3ff1eb080089737ad596c9). A pod of no containers ("containers":null) on
+# nodes this cluster has never heard of; a binding of a pod that does not exist.
+GO_EXTENDER_ARGS = (
+    '{"Pod":{"metadata":{"name":"podname","creationTimestamp":null},"spec":{"containers":null},"status":{}},'
+    '"Nodes":{"metadata":{},"items":[{"metadata":{"name":"nodename","creationTimestamp":null},"spec":{},'
+    '"status":{"daemonEndpoints":{"kubeletEndpoint":{"Port":0}},"nodeInfo":{"machineID":"","systemUUID":"",'
+    '"bootID":"","kernelVersion":"","osImage":"","containerRuntimeVersion":"","kubeletVersion":"",'
+    '"kubeProxyVersion":"","operatingSystem":"","architecture":""}}}]},"NodeNames":["node1"]}'
+)
+GO_BINDING_ARGS = '{"PodName":"mypodname","PodNamespace":"mypodnamespace","PodUID":"mypoduid","Node":"mynode"}'
+
+
+def test_kube_schedulers_own_compatibility_bodies_are_decoded_and_answered_in_its_types() -> None:
+    async def check(scheduler: Scheduler) -> None:
+        # A pod that asks for no GPU is not the extender's to judge: every candidate passes, and
+        # HTTPExtender's two forms (names, node objects) each come back as they were sent.
+        for verb_body in (GO_EXTENDER_ARGS, GO_EXTENDER_ARGS.lower()):
+            answer = await scheduler.send("filter", verb_body, "ExtenderFilterResult")
+            assert answer["Error"] == "" and not answer.get("FailedNodes"), answer
+            assert answer["NodeNames"] == ["node1"] or [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == [
+                "nodename"
+            ]
+            scores = await scheduler.send("prioritize", verb_body, "HostPriorityList")
+            assert {s["Host"] for s in scores} <= {"node1", "nodename"}
+        refused = await scheduler.send("bind", GO_BINDING_ARGS, "ExtenderBindingResult")
+        assert "mypodname" in refused["Error"], refused  # said in the result's Error, with HTTP 200
+
+    with_extender(check)
