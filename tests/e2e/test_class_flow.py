@@ -14,6 +14,7 @@ from typing import Any
 
 from playwright.sync_api import sync_playwright
 
+from hub.classes import HUB_HAS_IT
 from tests.e2e.browser import ARGS, CHROMIUM
 from tests.e2e.platform import GPUSLICE, Platform, admin_api
 
@@ -68,7 +69,28 @@ def test_a_teacher_adds_a_class_and_a_student_joins_and_starts_in_chromium(make_
             page.wait_for_selector("text=does not open this name", timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "code-spent.png"), full_page=True)
             browser.close()
-        platform.login("lena", "lenas-own-password")
+        lena = platform.login("lena", "lenas-own-password")
+        # The command line changes the running hub: a class added with its teacher and removed
+        # again, each at once, while lena's server runs on.
+        admin = platform.login("admin")
+        roster2 = tmp_path / "cv202.csv"
+        roster2.write_text("username\nmina\n")
+        config = ["--config", str(platform.config)]
+        live = subprocess.run(
+            [GPUSLICE, "class", "add", "cv202", str(roster2), *config, "--teachers", "tomas", "--max-slice", "2GiB"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert live.returncode == 0 and HUB_HAS_IT in live.stdout, live.stdout + live.stderr
+        added_group = admin.api("GET", "/groups/cv202")
+        assert added_group.status_code == 200 and set(added_group.json()["users"]) >= {"mina"}, added_group.text
+        removed = subprocess.run(
+            [GPUSLICE, "class", "remove", "cv202", *config], capture_output=True, text=True, timeout=60
+        )
+        assert removed.returncode == 0 and HUB_HAS_IT in removed.stdout, removed.stdout + removed.stderr
+        assert admin.api("GET", "/groups/cv202").status_code == 404
+        assert lena.api("GET", "/users/lena").json()["servers"][""]["ready"]  # nobody's server stopped
     finally:
         platform.stop()
         if defaults:
