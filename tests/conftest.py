@@ -122,3 +122,30 @@ def _pure_logic_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
             return _original(sock, address, *args)
 
         monkeypatch.setattr(socket.socket, method, guarded)
+
+
+# Every page a test opens in Chromium waits for its events as long as the suite's other waits do:
+# Playwright's default of 30 s for a navigation or an action fails on a machine running four
+# workers on two cores, where a hub or a Streamlit page may take longer to answer. A test that
+# names its own timeout keeps it.
+PAGE_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(autouse=True)
+def _patient_browsers(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        from playwright.sync_api import Browser
+    except ImportError:
+        return
+
+    def patient(make: Any) -> Any:
+        def made(self: Browser, *args: Any, **kwargs: Any) -> Any:
+            context_or_page = make(self, *args, **kwargs)
+            context_or_page.set_default_timeout(PAGE_TIMEOUT_MS)
+            context_or_page.set_default_navigation_timeout(PAGE_TIMEOUT_MS)
+            return context_or_page
+
+        return made
+
+    monkeypatch.setattr(Browser, "new_context", patient(Browser.new_context))
+    monkeypatch.setattr(Browser, "new_page", patient(Browser.new_page))

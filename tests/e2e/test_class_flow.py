@@ -148,8 +148,10 @@ def _servers(platform: Platform, token: str) -> dict[str, tuple[bool, str | None
 
 
 def _portal_page(page: Any, platform: Platform, path: str, title: str) -> None:
-    page.goto(f"{platform.url}/services/portal/{path}")
-    page.wait_for_selector(f"h1:has-text('{title}')", timeout=60_000)
+    # The page's own events, with the patience of the waits below: a busy machine (the suite runs
+    # four workers on two cores) can take more than Playwright's default 30 s to answer a page.
+    page.goto(f"{platform.url}/services/portal/{path}", wait_until="commit", timeout=120_000)
+    page.wait_for_selector(f"h1:has-text('{title}')", timeout=120_000)
     page.wait_for_function(
         "() => document.querySelector(\"[data-testid='stApp']\")?.dataset.testScriptState === 'notRunning'",
         timeout=60_000,
