@@ -16,6 +16,7 @@ Run ``python -m tests.kube.images`` to build them all (the times are printed).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dockerfile_parse import DockerfileParser
@@ -80,19 +83,35 @@ def exists(image: str) -> bool:
     return podman("image", "exists", image, check=False).returncode == 0
 
 
+@contextmanager
+def building(image: str) -> Iterator[bool]:
+    """Held while ``image`` is made; yields whether it must still be made. The suite's workers (and the
+    modules that need the same image: the chart, z2jh's hub, KubeSpawner's suite) may ask at once: the
+    first builds, the others wait for it and find the image made."""
+    lock = Path(tempfile.gettempdir()) / f"gpuslice-image-{hashlib.sha256(image.encode()).hexdigest()[:16]}.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield not exists(image)
+
+
 def debian_base() -> str:
     """localhost/debian:bookworm, made once per machine from Debian's packages (~40 s)."""
-    if not exists(BASE):
-        with tempfile.TemporaryDirectory(prefix="gpuslice-debian-") as folder:
-            tar = Path(folder) / "debian.tar"
-            subprocess.run(
-                ["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(tar)],
-                check=True,
-                capture_output=True,
-                timeout=600,
-            )
-            podman("import", str(tar), BASE)
+    with building(BASE) as wanted:
+        if wanted:
+            _make_debian_base()
     return BASE
+
+
+def _make_debian_base() -> None:
+    with tempfile.TemporaryDirectory(prefix="gpuslice-debian-") as folder:
+        tar = Path(folder) / "debian.tar"
+        subprocess.run(
+            ["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(tar)],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        podman("import", str(tar), BASE)
 
 
 def copied_sources(dockerfile: Path) -> list[Path]:
@@ -124,8 +143,13 @@ def build(name: str, base: str | None = None, timeout: float = 900) -> str:
     """images/<name> built on base (default: the Debian base), unless an identical build exists."""
     base = base or debian_base()
     tag = image_name(name, base)
-    if exists(tag):
-        return tag
+    with building(tag) as wanted:
+        if wanted:
+            _build(name, base, tag, timeout)
+    return tag
+
+
+def _build(name: str, base: str, tag: str, timeout: float) -> None:
     # The host's CA bundle for pip and npm (Dockerfiles: ARG PIP_CERT, ARG CA_BUNDLE), mounted
     # beside Debian's own: a mount over it breaks the ca-certificates package's install.
     ca = ["--volume", f"{HOST_CA}:/run/host-ca.crt:ro"]
@@ -144,7 +168,6 @@ def build(name: str, base: str | None = None, timeout: float = 900) -> str:
         str(REPO),
         timeout=timeout,
     )
-    return tag
 
 
 def build_platform() -> dict[str, str]:

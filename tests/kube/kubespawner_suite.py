@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.e2e.platform import free_port
-from tests.kube.images import ULIMITS, build, exists, podman
+from tests.kube.images import ULIMITS, build, building, podman
 
 REPO = Path(__file__).parents[2]
 VENDOR_NAME = "vendor/kubespawner-7.1.0"
@@ -114,8 +114,8 @@ def stand_in_images() -> dict[str, str]:
         text = recipe.format(**bases)
         name = wanted.split("/")[-1].split(":")[0]
         tag = f"localhost/gpuslice-standin-{name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-        if not exists(tag):
-            with tempfile.TemporaryDirectory(prefix="gpuslice-standin-") as folder:
+        with building(tag) as wanted, tempfile.TemporaryDirectory(prefix="gpuslice-standin-") as folder:
+            if wanted:
                 (Path(folder) / "Containerfile").write_text(text)
                 podman("build", "--network=host", *ULIMITS, "--tag", tag, folder, timeout=900)
         found[wanted] = tag
