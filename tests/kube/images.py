@@ -96,8 +96,8 @@ def building(image: str) -> Iterator[bool]:
 
 def debian_base() -> str:
     """localhost/debian:bookworm, made once per machine from Debian's packages (~40 s)."""
-    with building(BASE) as wanted:
-        if wanted:
+    with building(BASE) as missing:
+        if missing:
             _make_debian_base()
     return BASE
 
@@ -143,8 +143,8 @@ def build(name: str, base: str | None = None, timeout: float = 900) -> str:
     """images/<name> built on base (default: the Debian base), unless an identical build exists."""
     base = base or debian_base()
     tag = image_name(name, base)
-    with building(tag) as wanted:
-        if wanted:
+    with building(tag) as missing:
+        if missing:
             _build(name, base, tag, timeout)
     return tag
 

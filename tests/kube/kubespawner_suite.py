@@ -114,8 +114,8 @@ def stand_in_images() -> dict[str, str]:
         text = recipe.format(**bases)
         name = wanted.split("/")[-1].split(":")[0]
         tag = f"localhost/gpuslice-standin-{name}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-        with building(tag) as wanted, tempfile.TemporaryDirectory(prefix="gpuslice-standin-") as folder:
-            if wanted:
+        with building(tag) as missing, tempfile.TemporaryDirectory(prefix="gpuslice-standin-") as folder:
+            if missing:
                 (Path(folder) / "Containerfile").write_text(text)
                 podman("build", "--network=host", *ULIMITS, "--tag", tag, folder, timeout=900)
         found[wanted] = tag
