@@ -406,14 +406,14 @@ def test_the_incidents_page_in_chromium_acknowledges_under_the_admins_name(
             page.wait_for_selector("text=NodeDown on node n1", timeout=60_000)
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / "incidents.png"))
-            page.wait_for_selector("text=Alertmanager notified the second line", timeout=10_000)
+            page.wait_for_selector("text=Alertmanager notified the second line", timeout=60_000)
             body = page.inner_text("body")
             assert "<script>alert(1)</script> **not bold**" in body  # shown as written, not run or rendered
             assert "acknowledged by alice" in body
             assert page.locator("a[href*='runbook#gpuxiderror']").count() == 1
             page.get_by_label("Acknowledge: what you are doing").first.fill("rebooting n1")
             page.get_by_role("button", name="Acknowledge").first.click()
-            page.wait_for_selector("text=acknowledged by root-admin", timeout=30_000)  # at once, from the API
+            page.wait_for_selector("text=acknowledged by root-admin", timeout=120_000)  # at once, from the API
             page.screenshot(path=str(ARTIFACTS / "incidents-acknowledged.png"), full_page=True)
             browser.close()
     finally:

@@ -44,15 +44,15 @@ def test_every_page_through_the_gate_with_screenshots(portal: Platform) -> None:
         }
         for path, title in expected.items():
             page.goto(f"{portal.url}/services/portal/{path}")
-            page.wait_for_selector(f"h1:has-text('{title}')", timeout=30_000)
+            page.wait_for_selector(f"h1:has-text('{title}')", timeout=120_000)
             if path in ("", "gpus", "alerts"):  # monitoring is off in this test: each page says so
-                page.wait_for_selector("text=monitoring is off", timeout=30_000)
+                page.wait_for_selector("text=monitoring is off", timeout=120_000)
             page.wait_for_timeout(1500)
             page.screenshot(path=str(ARTIFACTS / f"{path or 'overview'}.png"), full_page=True)
         page.goto(f"{portal.url}/services/portal/gpus")
-        page.wait_for_selector("text=alice 4 GiB", state="attached", timeout=30_000)  # the slice and its holder
+        page.wait_for_selector("text=alice 4 GiB", state="attached", timeout=120_000)  # the slice and its holder
         page.goto(f"{portal.url}/services/portal/")
-        page.wait_for_selector("text=Signed in as", timeout=30_000)
+        page.wait_for_selector("text=Signed in as", timeout=120_000)
         assert "admin" in page.inner_text("section[data-testid='stSidebar']")
         browser.close()
 
@@ -65,19 +65,19 @@ def test_a_student_launches_from_the_image_market_and_picks_a_model(portal: Plat
         login(page, portal, "erin")
         page.goto(f"{portal.url}/services/portal/models")
         try:
-            page.wait_for_selector("text=langid.py language identifier", timeout=30_000)
+            page.wait_for_selector("text=langid.py language identifier", timeout=120_000)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "debug.png"), full_page=True)
             raise
         page.get_by_text("Use in notebook").first.click()
-        page.wait_for_selector("text=Mounted read-only at ~/models/langid-97", timeout=30_000)
+        page.wait_for_selector("text=Mounted read-only at ~/models/langid-97", timeout=120_000)
         page.wait_for_timeout(1000)
         page.screenshot(path=str(ARTIFACTS / "models-in-use.png"), full_page=True)
         page.goto(f"{portal.url}/services/portal/images")
-        page.wait_for_selector("text=Python (platform environment)", timeout=30_000)
+        page.wait_for_selector("text=Python (platform environment)", timeout=120_000)
         page.locator("button:has-text('Launch')").first.click()  # the only installed image here: default
         try:
-            page.wait_for_selector("text=Starting your server with", timeout=30_000)
+            page.wait_for_selector("text=Starting your server with", timeout=120_000)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "debug.png"), full_page=True)
             raise
@@ -100,7 +100,7 @@ def test_cross_site_websockets_are_refused(portal: Platform) -> None:
         page = context.new_page()
         login(page, portal, "frank")
         page.goto(f"{portal.url}/services/portal/")
-        page.wait_for_selector("text=Signed in as", timeout=30_000)
+        page.wait_for_selector("text=Signed in as", timeout=120_000)
         cookies = "; ".join(f"{c['name']}={c['value']}" for c in context.cookies())
         browser.close()
 
@@ -128,14 +128,14 @@ def test_identity_cannot_be_forged(portal: Platform) -> None:
         page = browser.new_context(extra_http_headers={"X-Gpuslice-Identity": forged}).new_page()
         login(page, portal, "bob")
         page.goto(f"{portal.url}/services/portal/")
-        page.wait_for_selector("text=Signed in as", timeout=30_000)
+        page.wait_for_selector("text=Signed in as", timeout=120_000)
         sidebar = page.inner_text("section[data-testid='stSidebar']")
         assert "bob" in sidebar and "admin" not in sidebar
         # Straight to Streamlit, past the gate: the forged header is refused.
         streamlit = int(__import__("yaml").safe_load(portal.config.read_text())["streamlit_port"])
         direct = browser.new_context(extra_http_headers={"X-Gpuslice-Identity": forged}).new_page()
         direct.goto(f"http://127.0.0.1:{streamlit}/services/portal/")
-        direct.wait_for_selector("text=Not signed in", timeout=30_000)
+        direct.wait_for_selector("text=Not signed in", timeout=120_000)
         assert "not signed by the portal's gate" in direct.inner_text("body")
         browser.close()
 
@@ -201,8 +201,8 @@ def test_jobs_and_overview_follow_the_hub_without_a_reload(portal: Platform) -> 
         login(jobs, portal, "admin")
         jobs.goto(f"{portal.url}/services/portal/jobs")
         overview.goto(f"{portal.url}/services/portal/")
-        jobs.wait_for_selector("h1:has-text('Jobs')", timeout=30_000)
-        overview.wait_for_selector("text=Servers running", timeout=30_000)
+        jobs.wait_for_selector("h1:has-text('Jobs')", timeout=120_000)
+        overview.wait_for_selector("text=Servers running", timeout=120_000)
         for _ in range(3):
             for state, method in (("running", "POST"), ("stopped", "DELETE")):
                 assert alice.api(method, "/users/alice/server", json={"gpu_memory": "1GiB"}).status_code < 300

@@ -268,7 +268,7 @@ def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
             try:
                 page.wait_for_selector("h1:has-text('Jobs')", timeout=60_000)
                 page.wait_for_selector("text=1 running", timeout=60_000)
-                page.wait_for_selector("text=alice", state="attached", timeout=30_000)
+                page.wait_for_selector("text=alice", state="attached", timeout=120_000)
             except Exception as exc:
                 raise page_failure(page, "portal-jobs") from exc
             # GPUs: the card alice's pod holds, with her slice (the pods' annotations) and the exporter's
