@@ -51,6 +51,7 @@ from spawner.words import instant, place_words
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
 STOP_KINDS = ("stopped", "died", "failed", "refused")  # the events that say why a server is not running
 STOP_TOLD_S = 86400  # a stop older than a day is not news on the home page
+RECLAIMER_STOPPED = "stopped by the GPU line's reclaimer"  # how its stops begin (spawner/ledger.py stop_message)
 LINE_WORDS = "Waiting in line for"  # how a waiting spawn's progress message begins (the waiting page looks for it)
 
 
@@ -156,6 +157,23 @@ class WaitingLineMixin(GpuShareMixin):
         latest = history[-1] if history else None
         said = reclaim_notice(latest, time.time(), self.gpu_stop_after)
         return (said, latest.created) if said and latest else None
+
+    def gpu_reclaim_stop(self) -> tuple[str, float] | None:
+        """The latest stop of this server by the GPU line's reclaimer in the last day, in its owner's words,
+        and when (hub/notice.py: shown once in the JupyterLab of its next start). None: none."""
+        try:
+            history = self._ledger.history(self._key)
+        except LedgerError:
+            return None
+        stops = [e for e in history if e.kind == "stopped" and e.message.startswith(RECLAIMER_STOPPED)]
+        if not stops or time.time() - stops[-1].created > STOP_TOLD_S:
+            return None
+        latest = stops[-1]
+        why = latest.message.removeprefix(RECLAIMER_STOPPED).lstrip(": ")
+        said = (
+            f"Stopped at {instant(latest.created)} by the GPU line's reclaimer: {why}. What you had open is open again."
+        )
+        return said, latest.created
 
     def gpu_stop_reason(self) -> tuple[str, str] | None:
         """Why this server last stopped, or could not start, and when (an instant), for its owner's home
