@@ -28,7 +28,7 @@ from spawner.inventory import Inventory
 from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
-from spawner.quotas import Usage, budgets, check, largest_slice
+from spawner.quotas import Usage, budgets, check, largest_slice, least_served_groups
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
 from spawner.waitline import (
@@ -39,12 +39,14 @@ from spawner.waitline import (
     activity_report_interval,
     admit,
     budget_holding_back,
+    day_start,
     estimated_start,
     expected_end,
     never_fits,
     positions,
     stop_at,
     warning_lead,
+    with_served,
 )
 from spawner.words import instant, place_words
 
@@ -230,6 +232,7 @@ class WaitingLineMixin(GpuShareMixin):
         why = never_fits(me, inventory, budget_of)
         if why:
             raise GpuRefused(409, f"{request.describe()} cannot wait in line: {why}.", "capacity")
+        line, me = self._least_served_first([*line, me], now)
         admitted = admit(
             [*line, me],
             inventory,
@@ -259,6 +262,14 @@ class WaitingLineMixin(GpuShareMixin):
         present = [e for e in line if not e.away(now)]
         self._gpu_line_view = line_view(me, present, holds, budget_holding_back(me, budget_of, group_bytes_of(holds)))
         return None, me
+
+    def _least_served_first(self, entries: list[Entry], now: float) -> tuple[list[Entry], Entry]:
+        """The entries (this spawn's last) with what their users held today, in the classes that order
+        their line least-served first (``line_order``); the others' unchanged."""
+        ordered = least_served_groups(self.gpu_group_rules)
+        if any(e.group in ordered for e in entries):
+            entries = with_served(entries, ordered, self._ledger.served(day_start(now), now))
+        return entries[:-1], entries[-1]
 
     def _entry(
         self, request: GpuRequest, image: str, inventory: Inventory, holds: list[Held], mine: Entry | None, now: float

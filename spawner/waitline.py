@@ -90,6 +90,12 @@ def fair_order(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None 
     return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
 
 
+def with_served(entries: Iterable[Entry], groups: Set[str], served: Mapping[str, float]) -> list[Entry]:
+    """The entries of ``groups`` (the classes that order their line least-served first) with what their users
+    held today (``served``: seconds per user); the others as they are."""
+    return [replace(e, served=served.get(e.user, 0.0)) if e.group in groups else e for e in entries]
+
+
 def positions(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None = None) -> dict[str, int]:
     """Each entry's place in line, 1 for the first."""
     return {e.key: i for i, e in enumerate(fair_order(entries, held_by_user), start=1)}
@@ -751,6 +757,11 @@ def percentile(values: Sequence[float], p: float) -> float:
         raise ValueError(f"a percentile is in (0, 100], not {p}")
     ordered = sorted(values)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def day_start(stamp: float) -> float:
+    """The start of ``stamp``'s UTC day (the least-served order counts what each user held since then)."""
+    return stamp - stamp % 86400
 
 
 def wait_day(stamp: float) -> str:

@@ -8,7 +8,8 @@ jupyter_server and tornado are imported, nothing of the platform's.
   reclaim-notice): ``POST /api/gpuslice/presence {"page": ID, "input": true|false}`` every
   ``JUPYTERHUB_ACTIVITY_INTERVAL`` seconds, ``input`` saying whether a key was pressed or the
   pointer used in that page since its last beat, and at once at the first input after a beat
-  without any. The server stamps each beat with its own clock: a page never sends a time.
+  without any; ``"gone": true`` as the page closes. A page that stops beating is gone after three
+  beats missed. The server stamps each beat with its own clock: a page never sends a time.
 * jupyter_server's kernel manager knows each kernel's websocket connections and whether it is busy.
 * The server posts a report to the hub (``POST $JUPYTERHUB_API_URL/gpuslice/presence/USER/SERVER``
   with its own token) every ``JUPYTERHUB_ACTIVITY_INTERVAL`` seconds, and at once when a page opens
@@ -45,11 +46,18 @@ class Watch:
         self.gone_after = max(PAGE_GONE_MIN_S, PAGE_GONE_BEATS * beat_s)
         self.beats: dict[str, float] = {}  # page id -> its latest beat
         self.last_input: float | None = None
+        self.last_gone: float | None = None  # when a page last said it closed
         self.reported_input: float | None = None  # the latest input the hub has heard of
 
-    def beat(self, page: str, had_input: bool, now: float) -> bool:
-        """A page's beat; True when the hub should hear of it at once: a page opened, or input came
-        after a quiet spell the hub may have taken for an absence."""
+    def beat(self, page: str, had_input: bool, now: float, gone: bool = False) -> bool:
+        """A page's beat (``gone``: its last, sent as it closes); True when the hub should hear of it at
+        once: a page opened or the last one closed, or input came after a quiet spell the hub may have
+        taken for an absence."""
+        if gone:
+            was_open = page in self.open_pages(now)
+            self.beats.pop(page, None)
+            self.last_gone = now if was_open else self.last_gone
+            return was_open and not self.open_pages(now)
         opened = page not in self.open_pages(now)
         self.beats[page] = now
         if len(self.beats) > PAGES_KEPT:
@@ -65,7 +73,8 @@ class Watch:
     def report(self, now: float, connections: int, busy: bool) -> dict[str, Any]:
         """The report to the hub: counts, and ages in seconds on this server's clock (None: never)."""
         self.reported_input = self.last_input
-        last_beat = max(self.beats.values(), default=None)
+        seen = [*self.beats.values(), *([self.last_gone] if self.last_gone is not None else [])]
+        last_beat = max(seen, default=None)
         return {
             "pages": len(self.open_pages(now)),
             "connections": connections,
@@ -170,7 +179,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             body = self.get_json_body() or {}
             if not isinstance(body, dict) or not isinstance(body.get("page"), str) or not body["page"]:
                 raise web.HTTPError(400, 'send {"page": "an id of the page", "input": true or false}')
-            if watch.beat(body["page"][:64], body.get("input") is True, time.monotonic()) and reporter:
+            page, had_input, gone = body["page"][:64], body.get("input") is True, body.get("gone") is True
+            if watch.beat(page, had_input, time.monotonic(), gone) and reporter:
                 reporter.soon()
             self.finish({"beat_s": watch.beat_s})
 

@@ -96,3 +96,14 @@ def test_reports_go_to_the_hub_as_jupyterhub_names_it_and_only_under_jupyterhub(
     assert hub == {"api_url": "http://127.0.0.1:8081/hub/api", "token": "t", "user": "ann", "server": ""}
     assert lab.beat_seconds({"JUPYTERHUB_ACTIVITY_INTERVAL": "30"}) == 30.0
     assert lab.beat_seconds({}) == 300.0  # JupyterHub's own default
+
+
+def test_a_page_that_says_it_closes_is_gone_at_once_and_its_closing_is_the_last_sight_of_it() -> None:
+    watch = lab.Watch(beat_s=30)
+    watch.beat("a", True, now=0.0)
+    watch.beat("b", False, now=5.0)
+    assert watch.beat("a", False, now=10.0, gone=True) is False  # b is still open
+    assert watch.beat("b", False, now=20.0, gone=True) is True  # the last page closed: the hub hears at once
+    assert watch.report(25.0, connections=0, busy=False)["pages"] == 0
+    assert watch.report(25.0, connections=0, busy=False)["page_s"] == 5.0  # seen until it closed
+    assert watch.beat("zz", False, now=30.0, gone=True) is False  # a page never seen: nothing to tell

@@ -93,7 +93,8 @@ def test_a_closed_tab_goes_to_the_line_after_the_left_timeout_and_a_page_left_op
     assert found.lead == GPU_LEFT_TIMEOUT_S / 3  # warned a third of it ahead (under the 180 s lead)
     left_open = server("bo/", NOW - 3000, pages=1, last_input=NOW - GPU_NO_INPUT_TIMEOUT_S + 10)
     found = due(left_open, NOW, IDLE_TIMEOUT, RULE)
-    assert found is not None and (found.reason, found.past, found.lead) == (LEFT, -10.0, 180.0)
+    assert found is not None and (found.reason, found.past) == (LEFT, -10.0)
+    assert found.lead == min(180.0, GPU_NO_INPUT_TIMEOUT_S / 3)
     warn, stop = reclaim([closed, left_open], waiting=2, now=NOW, gpu_idle_timeout=IDLE_TIMEOUT, presence=RULE)
     assert (warn, stop) == (["bo/"], ["ann/"])
 
@@ -164,3 +165,20 @@ def test_a_new_reason_is_a_new_warning() -> None:
     left = server("ann/", NOW - 700, pages=0, last_page=NOW - 650)
     warned, _ = follow_warnings(old, reclaims([left], waiting=1, now=NOW, presence=RULE), NOW, 30)
     assert warned["ann/"].reason == LEFT and warned["ann/"].at == NOW
+
+
+def test_least_served_first_puts_who_held_least_today_ahead_of_who_came_a_little_earlier() -> None:
+    from spawner.placement import Demand
+    from spawner.waitline import Entry, fair_order
+
+    def entry(user: str, arrived: float, served: float = 0.0) -> Entry:
+        return Entry(f"{user}/", user, Demand(slice_units=4.0), 4, "ml101", arrived, served=served)
+
+    came_first_held_an_hour = entry("ann", 100.0, served=3600.0)
+    came_later_held_nothing = entry("bo", 400.0)
+    assert [e.user for e in fair_order([came_first_held_an_hour, came_later_held_nothing])] == ["bo", "ann"]
+    # Round-robin (served 0 for everyone): arrival decides, as before.
+    assert [e.user for e in fair_order([entry("ann", 100.0), entry("bo", 400.0)])] == ["ann", "bo"]
+    # A second server still waits behind everyone's first, whatever was held.
+    second = Entry("bo/lab", "bo", Demand(slice_units=4.0), 4, "ml101", 500.0)
+    assert [e.key for e in fair_order([second, came_first_held_an_hour, came_later_held_nothing])][-1] == "bo/lab"

@@ -14,8 +14,8 @@
  *   the next start;
  * - beats to its own server (spawner/lab/gpuslice_presence.py: POST api/gpuslice/presence) with
  *   whether a key was pressed or the pointer used in this page since the last beat, every few
- *   seconds and at once at the first input after a quiet beat. It sends no time: the server stamps
- *   the beat with its own clock.
+ *   seconds, at once at the first input after a quiet beat, and a last one as the page closes. It
+ *   sends no time: the server stamps the beat with its own clock.
  */
 (function () {
   "use strict";
@@ -150,6 +150,12 @@
     });
     document.addEventListener("visibilitychange", function () {
       if (document.visibilityState === "visible") used();
+    });
+    // The last beat as the page closes (a keepalive request outlives the page): gone at once, not
+    // three beats later.
+    window.addEventListener("pagehide", function () {
+      var init = { method: "POST", keepalive: true, body: JSON.stringify({ page: page, input: false, gone: true }) };
+      services.ServerConnection.makeRequest(url, init, settings).catch(function () { /* gone anyway */ });
     });
     send();
   }
