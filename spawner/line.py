@@ -53,7 +53,7 @@ from spawner.words import instant, place_words
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
 STOP_KINDS = ("stopped", "died", "failed", "refused")  # the events that say why a server is not running
 STOP_TOLD_S = 86400  # a stop older than a day is not news on the home page
-RECLAIMER_STOPPED = "stopped by the GPU line's reclaimer"  # how its stops begin (spawner/ledger.py stop_message)
+RECLAIMER_NOTE = "the GPU line's reclaimer"  # how its note before a stop begins (hub/reclaimer.py)
 LINE_WORDS = "Waiting in line for"  # how a waiting spawn's progress message begins (the waiting page looks for it)
 
 
@@ -162,16 +162,17 @@ class WaitingLineMixin(GpuShareMixin):
 
     def gpu_reclaim_stop(self) -> tuple[str, float] | None:
         """The latest stop of this server by the GPU line's reclaimer in the last day, in its owner's words,
-        and when (hub/notice.py: shown once in the JupyterLab of its next start). None: none."""
+        and when (hub/notice.py: shown once in the JupyterLab of its next start). None: none. Read from the
+        reclaimer's own note before it stops a server, which it writes to the ledger on both backends."""
         try:
             history = self._ledger.history(self._key)
         except LedgerError:
             return None
-        stops = [e for e in history if e.kind == "stopped" and e.message.startswith(RECLAIMER_STOPPED)]
+        stops = [e for e in history if e.kind == "stopping" and e.message.startswith(RECLAIMER_NOTE)]
         if not stops or time.time() - stops[-1].created > STOP_TOLD_S:
             return None
         latest = stops[-1]
-        why = latest.message.removeprefix(RECLAIMER_STOPPED).lstrip(": ")
+        why = latest.message.removeprefix(RECLAIMER_NOTE).lstrip(": ")
         said = (
             f"Stopped at {instant(latest.created)} by the GPU line's reclaimer: {why}. What you had open is open again."
         )

@@ -121,6 +121,16 @@ def test_who_left_gives_the_slice_to_the_line_with_the_notebook_saved_and_who_pa
         )
         assert saved.status_code in (200, 201), saved.text
     walker_session = platform.login("walker")
+    # Who may report for a server: its owner's tokens (the server's own among them), nobody else's.
+    report = {"pages": 1, "connections": 0, "busy": False, "input_s": 0, "page_s": 0}
+    for user, status in (("typist", 403), ("walker", 204)):
+        sent = requests.post(
+            f"{platform.url}/hub/api/gpuslice/presence/walker/",
+            headers={"Authorization": f"token {platform.token(user)}"},
+            json=report,
+            timeout=30,
+        )
+        assert sent.status_code == status, (user, sent.status_code, sent.text)
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
