@@ -290,8 +290,7 @@ class Reclaimer:
                 self.ledger.record(key, "warned", 100, self._warning(warning))
                 log.info("gpuslice reclaimer: warned %s (%s)", key, warning.reason)
         for key in due:
-            reason = self.warned.pop(key).reason
-            if self._stop(key, reason) and reason != RELEASED:
+            if self._stop(key, self.warned.pop(key).reason) and waiting:  # its slice is on its way to the line
                 self.freeing[key] = now
         return due
 
