@@ -62,7 +62,7 @@ from spawner.waitline import (
     Holder,
     Presence,
     PresenceRule,
-    Warning,
+    ReclaimWarning,
     activity_report_interval,
     admit,
     follow_warnings,
@@ -193,7 +193,7 @@ def simulate(regime: str, day: Day, seed: int) -> Outcome:
     out = Outcome(students=len(people))
     end = max(day.labs) + day.lab_minutes + day.patience + 120.0
     now = min(s.arrives for s in people) - STEP_MIN
-    warned: dict[str, Warning] = {}
+    warned: dict[str, ReclaimWarning] = {}
     report_every = activity_report_interval(day.warn_before * 60) / 60  # the servers' reports, in minutes
 
     def inventory() -> Any:

@@ -81,7 +81,7 @@ from spawner.waitline import (
     Holder,
     Presence,
     PresenceRule,
-    Warning,
+    ReclaimWarning,
     activity_report_interval,
     busy_alone,
     busy_processes,
@@ -243,7 +243,7 @@ class Reclaimer:
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"token {token}"
         self.rule = rule
-        self.warned: dict[str, Warning] = {}  # whom it warned, when, why, and the stop it announced
+        self.warned: dict[str, ReclaimWarning] = {}  # whom it warned, when, why, and the stop it announced
         self.freeing: dict[str, float] = {}  # servers stopped for the line whose slices may not have reached it
         self.traces: dict[str, GpuTrace] = {}
 
@@ -300,7 +300,7 @@ class Reclaimer:
         stops = [w.stops_at - now for w in self.warned.values()]
         return max(0.1, min([interval, *stops]))
 
-    def _warning(self, warning: Warning) -> str:
+    def _warning(self, warning: ReclaimWarning) -> str:
         """The warning's words (its reason's, spawner/waitline.py ``WARNED``), with the stop's time as an
         instant the pages show in the reader's clock."""
         if warning.reason == HELD:

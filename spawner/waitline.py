@@ -608,7 +608,7 @@ def reclaims(
 
 
 @dataclass(frozen=True)
-class Warning:
+class ReclaimWarning:
     """A warning given to a server's owner: when, why (RECLAIM_REASONS), and the stop it announced."""
 
     at: float
@@ -617,8 +617,12 @@ class Warning:
 
 
 def follow_warnings(
-    warned: Mapping[str, Warning], decided: Reclaims, now: float, report_every: float, keep: Set[str] = frozenset()
-) -> tuple[dict[str, Warning], list[str]]:
+    warned: Mapping[str, ReclaimWarning],
+    decided: Reclaims,
+    now: float,
+    report_every: float,
+    keep: Set[str] = frozenset(),
+) -> tuple[dict[str, ReclaimWarning], list[str]]:
     """The warnings standing after one look, and the servers to stop now.
 
     A warning stands while its server is decided again for the same reason (``keep``: servers whose
@@ -634,7 +638,7 @@ def follow_warnings(
         if key not in kept:
             lead = decided.lead[key]
             stops = now + lead if reason == HELD else stop_at(now, lead, report_every)
-            kept[key] = Warning(now, reason, stops)
+            kept[key] = ReclaimWarning(now, reason, stops)
     return kept, sorted(k for k in decided.stop if now >= kept[k].stops_at)
 
 

@@ -16,7 +16,7 @@ from spawner.waitline import (
     Holder,
     Presence,
     PresenceRule,
-    Warning,
+    ReclaimWarning,
     away_since,
     due,
     follow_warnings,
@@ -144,7 +144,7 @@ def test_a_warning_stands_for_its_reason_lapses_when_used_and_stops_at_the_time_
     closed = server("ann/", NOW - 600, pages=0, last_page=NOW - GPU_LEFT_TIMEOUT_S + 40)  # due in 40 s
     decided = reclaims([closed], waiting=1, now=NOW, presence=RULE)
     warned, stop = follow_warnings({}, decided, NOW, report_every=30)
-    assert stop == [] and warned == {"ann/": Warning(NOW, LEFT, NOW + 40 + 1.1 * 30)}
+    assert stop == [] and warned == {"ann/": ReclaimWarning(NOW, LEFT, NOW + 40 + 1.1 * 30)}
     later = NOW + 45  # due, but the announced time has not come
     warned, stop = follow_warnings(warned, reclaims([closed], waiting=1, now=later, presence=RULE), later, 30)
     assert stop == [] and warned["ann/"].at == NOW
@@ -161,7 +161,7 @@ def test_a_warning_stands_for_its_reason_lapses_when_used_and_stops_at_the_time_
 
 
 def test_a_new_reason_is_a_new_warning() -> None:
-    old = {"ann/": Warning(NOW - 100, IDLE, NOW + 113)}
+    old = {"ann/": ReclaimWarning(NOW - 100, IDLE, NOW + 113)}
     left = server("ann/", NOW - 700, pages=0, last_page=NOW - 650)
     warned, _ = follow_warnings(old, reclaims([left], waiting=1, now=NOW, presence=RULE), NOW, 30)
     assert warned["ann/"].reason == LEFT and warned["ann/"].at == NOW
