@@ -275,8 +275,10 @@ def stop_reason(message: str) -> str:
     return LEFT if "nobody there" in message else IDLE
 
 
-def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
-    """Live ``day`` on the real platform; waits in model minutes."""
+def real_day(day: Day, seed: int, scale_s: float, until: float = 0.0) -> dict[str, Any]:
+    """Live ``day`` on the real platform; waits in model minutes. The platform runs until every student is
+    done and at least until model minute ``until`` (the servers left behind are reclaimed or released
+    meanwhile, as the model's are)."""
     people = students(day, seed)
     with tempfile.TemporaryDirectory(prefix="gpuslice-classday-") as root:
         hub = Hub("gpuslice", Path(root), simulate=day.cards, extra_settings=real_settings(day, scale_s))
@@ -294,6 +296,7 @@ def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
                 t.start()
             for t in threads:
                 t.join()
+            clock.sleep_until(until)
             real_s = time.time() - began
             waits = Ledger(hub.data / "ledger.sqlite").waits(began - 1)
             watch.look()
@@ -377,8 +380,11 @@ def _summary(waits: list[float]) -> dict[str, float]:
 
 def validate(seed: int, day: Day = SHORT_DAY, scale_s: float = SCALE_S) -> dict[str, Any]:
     """The model and the real platform on the same short day: served, waits, reclaims, over-commits."""
-    real = real_day(day, seed, scale_s)
     model = modelled_day(day, seed, scale_s)
+    # The real day lasts until the model's last decision could be matched: the stops of servers left
+    # behind come after their students are done.
+    last = max((minute for _, minute, _ in model["decisions"]), default=0.0)
+    real = real_day(day, seed, scale_s, until=last + DECISIONS_WITHIN_MIN)
     return {
         "seed": seed,
         "scale_s_per_model_minute": scale_s,
