@@ -176,9 +176,9 @@ def test_who_left_gives_the_slice_to_the_line_with_the_notebook_saved_and_who_pa
             if not shot["taken"] and walker.locator(".Toastify__toast >> text=You seem to be away").count():
                 walker.wait_for_selector(".Toastify__toast >> text=Saved 1 open document", timeout=20_000)
                 walker.wait_for_timeout(800)  # the toasts slide in
-                assert walker.title().startswith("GPU stops soon: ")  # in the tab strip too
-                assert "official Jupyter news" not in walker.inner_text("body")
                 walker.screenshot(path=str(SHOTS / "warning-saved-walker.png"))
+                assert walker.title().startswith("GPU stops soon: ")  # in the tab strip too, after the save
+                assert "official Jupyter news" not in walker.inner_text("body")
                 home = walker_session.get(f"{platform.url}/hub/home", timeout=30).text
                 assert "You seem to be away while others wait for a GPU" in home  # the hub's page says it too
                 shot["taken"] = True

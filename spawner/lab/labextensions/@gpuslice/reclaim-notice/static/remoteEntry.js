@@ -80,11 +80,31 @@
     });
   }
 
+  // While a warning stands the tab's title says so, whatever JupyterLab sets it to meanwhile: a student
+  // in another tab sees it in the tab strip.
+  var TITLE = "GPU stops soon: ";
+  var titleWatch = null;
+
+  function titleSays(warned) {
+    function prefixed() {
+      if (document.title.indexOf(TITLE) !== 0) document.title = TITLE + document.title;
+    }
+    var element = document.querySelector("title");
+    if (warned && !titleWatch && element) {
+      prefixed();
+      titleWatch = new MutationObserver(prefixed);
+      titleWatch.observe(element, { childList: true, characterData: true, subtree: true });
+    } else if (!warned && titleWatch) {
+      titleWatch.disconnect();
+      titleWatch = null;
+      if (document.title.indexOf(TITLE) === 0) document.title = document.title.slice(TITLE.length);
+    }
+  }
+
   function watchNotices(app, apputils, config) {
     var server = config.hubServerName || "";
     var url = config.hubPrefix + "gpuslice/notice";
     var shown = {};
-    var plainTitle = null;
     function look() {
       fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
         .then(function (response) { return response.ok ? response.json() : {}; })
@@ -104,14 +124,7 @@
             apputils.Notification.warning(inReadersTime(notice.message), { autoClose: false });
             if (notice.kind === "warning") saveEverything(app, apputils).catch(function (e) { console.error(e); });
           });
-          // The tab's title says it too: a student in another tab sees it in the tab strip.
-          if (warned && document.title.indexOf("GPU stops") !== 0) {
-            plainTitle = document.title;
-            document.title = "GPU stops soon: " + document.title;
-          } else if (!warned && plainTitle !== null) {
-            document.title = plainTitle;
-            plainTitle = null;
-          }
+          titleSays(warned);
           setTimeout(look, 1000 * (body.next_look_s || 30));
         })
         .catch(function () { setTimeout(look, 30000); });
