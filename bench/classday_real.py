@@ -30,17 +30,30 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.classday import Day, Student, simulate, students
+from bench.classday import PLATFORM, STEP_MIN, Day, Student, simulate, students
 from bench.spawn import Hub
 from bench.stats import percentile
 from spawner.ledger import Ledger
-from spawner.waitline import warning_lead
+from spawner.waitline import (
+    HELD,
+    HELD_TOO_LONG,
+    IDLE,
+    LEFT,
+    RECLAIM_REASONS,
+    RELEASED,
+    activity_report_interval,
+    warning_lead,
+)
 
 # The full day's distributions (bench/classday.py ``Day``) on a smaller class: 8 students of one
 # section on one 8 GiB card (two 4 GiB slices: four students a slice, as the full day's 30 on 8).
 SHORT_DAY = replace(Day(), students=8, cards="1x8GiB:T4", labs=(9 * 60.0,))
 SCALE_S = 3.0  # real seconds per model minute
 RECLAIMER_STOP = "stopped by the GPU line's reclaimer"
+# Two decisions, the model's and the platform's, agree within this many model minutes: the platform's
+# latencies (a start, the reclaimer's and the servers' reports) are seconds, which the compression
+# turns into model minutes (docs/load.md).
+DECISIONS_WITHIN_MIN = 5.0
 GAVE_UP = "gave up"
 
 
@@ -74,9 +87,46 @@ def real_settings(day: Day, scale_s: float) -> dict[str, int]:
     """The platform's timeouts for ``day`` in compressed time (seconds)."""
     return {
         "gpu_idle_timeout": round(day.gpu_idle_timeout * scale_s),
+        "gpu_left_timeout": round(day.gpu_left_timeout * scale_s),
+        "gpu_no_input_timeout": round(day.gpu_no_input_timeout * scale_s),
+        "gpu_release_timeout": round(day.gpu_release_timeout * scale_s),
         "idle_timeout": round(day.idle_timeout * scale_s),
         "line_max_wait": round(4 * 60 * scale_s),
     }
+
+
+class Page(threading.Thread):
+    """A student's JupyterLab page as the lab extension is to its server: a beat every ``beat_s`` seconds
+    saying whether there was input since the last one, at once at the first input after a quiet beat,
+    and a last one when it closes (spawner/lab/gpuslice_presence.py counts them)."""
+
+    def __init__(self, hub: Hub, user: str, beat_s: float) -> None:
+        super().__init__(daemon=True)
+        self.url = f"{hub.url.removesuffix('/hub/api')}/user/{user}/api/gpuslice/presence"
+        self.hub, self.beat_s, self.page = hub, beat_s, f"{user}-{time.monotonic_ns()}"
+        self.had_input, self.quiet = True, False  # opening the page is someone at it
+        self.closed = threading.Event()
+        self.wake = threading.Event()
+
+    def run(self) -> None:
+        while not self.closed.is_set():
+            had, self.had_input = self.had_input, False
+            self.quiet = not had
+            if self.hub.post(self.url, {"page": self.page, "input": had}) != 200:
+                return  # the server is gone: no page to beat
+            self.wake.wait(self.beat_s)
+            self.wake.clear()
+
+    def input(self) -> None:
+        self.had_input = True
+        if self.quiet:
+            self.wake.set()
+
+    def close(self) -> None:
+        if not self.closed.is_set():
+            self.closed.set()
+            self.wake.set()
+            self.hub.post(self.url, {"page": self.page, "input": False, "gone": True})
 
 
 def model_day(day: Day, scale_s: float) -> Day:
@@ -109,17 +159,32 @@ def _start_and_wait(hub: Hub, user: str, slice_gib: int, patience_s: float) -> s
     return GAVE_UP
 
 
-def _use(hub: Hub, user: str, clock: Clock, until: float) -> bool:
-    """Work in the server until model minute ``until``: a write through its contents API every second.
+def _use(hub: Hub, user: str, clock: Clock, until: float, page: Page) -> bool:
+    """Work in the server until model minute ``until``: a write through its contents API every second,
+    and input in the page.
 
     False as soon as a write fails (the server is stopping or gone).
     """
     url = f"{hub.url.removesuffix('/hub/api')}/user/{user}/api/contents/work.txt"
     while clock.minutes() < until:
+        page.input()
         if hub.put(url, {"type": "file", "format": "text", "content": f"{time.time()}"}) not in (200, 201):
             return False
         time.sleep(min(1.0, max(0.0, (until - clock.minutes()) * clock.scale_s)))
     return True
+
+
+def _pause(s: Student, day: Day, clock: Clock, gap: float, page: Page) -> None:
+    """A pause of ``gap`` model minutes as the model lives it (the same draws from the student's presence
+    stream): at the page, input now and then; away from it, none."""
+    at_page = s.presence_rng.random() >= day.away_pause_share
+    end = clock.minutes() + gap
+    step = 0
+    while step * STEP_MIN < gap:
+        step += 1
+        clock.sleep_until(min(end, clock.minutes() + STEP_MIN))
+        if at_page and s.presence_rng.random() < 1 - math.exp(-STEP_MIN / day.input_every):
+            page.input()
 
 
 def _running(hub: Hub, user: str) -> bool:
@@ -133,9 +198,11 @@ def _until_gone(hub: Hub, user: str) -> None:
         time.sleep(0.5)
 
 
-def live(hub: Hub, s: Student, day: Day, clock: Clock, lived: Lived) -> None:
-    """``s``'s day, as bench/classday.py's model lives it (the same draws from its own random stream)."""
+def live(hub: Hub, s: Student, day: Day, clock: Clock, lived: Lived, beat_s: float) -> None:
+    """``s``'s day, as bench/classday.py's model lives it (the same draws from its own random streams),
+    with a JupyterLab page open on the server while it runs (``Page``)."""
     clock.sleep_until(s.arrives)
+    page: Page | None = None
     while s.work_left > 0:
         asked = time.monotonic()
         why = _start_and_wait(hub, s.name, day.slice_gib, day.patience * clock.scale_s)
@@ -147,25 +214,33 @@ def live(hub: Hub, s: Student, day: Day, clock: Clock, lived: Lived) -> None:
             return
         lived.placements += 1
         lived.asked_to_ready_s += time.monotonic() - asked
+        page = Page(hub, s.name, beat_s)
+        page.start()
         burst = s.rng.expovariate(1 / day.burst_mean)
         while True:
             step = min(burst, s.work_left)
             began = clock.minutes()
-            used = _use(hub, s.name, clock, began + step)
+            used = _use(hub, s.name, clock, began + step, page)
             s.work_left -= clock.minutes() - began if not used else step
             if not used:  # stopped while working (the model never stops a working server): count it
                 lived.stopped_while_working += 1
             if s.work_left <= 0 and used:
                 break
             if used:
-                clock.sleep_until(clock.minutes() + s.rng.expovariate(1 / day.gap_mean))
+                _pause(s, day, clock, s.rng.expovariate(1 / day.gap_mean), page)
             if not _running(hub, s.name):  # reclaimed (or culled): back in line once it is gone
+                page.closed.set()
                 _until_gone(hub, s.name)
                 lived.came_back += 1
                 break
             burst = s.rng.expovariate(1 / day.burst_mean)
+    if page is None:
+        return
     if not s.forgets:
+        page.close()
         hub.api("DELETE", f"/users/{s.name}/server")
+    elif s.presence_rng.random() < day.close_tab_share:  # gone, the tab closed; else left open on the screen
+        page.close()
 
 
 class LedgerWatch(threading.Thread):
@@ -176,7 +251,7 @@ class LedgerWatch(threading.Thread):
         super().__init__(daemon=True)
         self.hub = hub
         self.over_commits, self.samples = 0, 0
-        self.reclaimer_stops: set[tuple[str, float]] = set()
+        self.reclaimer_stops: set[tuple[str, float, str]] = set()  # whose, when, why
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -188,11 +263,22 @@ class LedgerWatch(threading.Thread):
         self.samples += 1
         for key, event in Ledger(self.hub.data / "ledger.sqlite").latest_events().items():
             if event.message.startswith(RECLAIMER_STOP):
-                self.reclaimer_stops.add((key, event.created))
+                self.reclaimer_stops.add((key, event.created, stop_reason(event.message)))
 
 
-def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
-    """Live ``day`` on the real platform; waits in model minutes."""
+def stop_reason(message: str) -> str:
+    """The reclaimer's reason (spawner/waitline.py RECLAIM_REASONS) in a stop's words (hub/reclaimer.py)."""
+    if HELD_TOO_LONG in message:
+        return HELD
+    if message.endswith(": released"):
+        return RELEASED
+    return LEFT if "nobody there" in message else IDLE
+
+
+def real_day(day: Day, seed: int, scale_s: float, until: float = 0.0) -> dict[str, Any]:
+    """Live ``day`` on the real platform; waits in model minutes. The platform runs until every student is
+    done and at least until model minute ``until`` (the servers left behind are reclaimed or released
+    meanwhile, as the model's are)."""
     people = students(day, seed)
     with tempfile.TemporaryDirectory(prefix="gpuslice-classday-") as root:
         hub = Hub("gpuslice", Path(root), simulate=day.cards, extra_settings=real_settings(day, scale_s))
@@ -204,11 +290,13 @@ def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
             lived = {s.name: Lived(s.name) for s in people}
             began = time.time()
             clock = Clock(min(s.arrives for s in people), scale_s)
-            threads = [threading.Thread(target=live, args=(hub, s, day, clock, lived[s.name])) for s in people]
+            beat_s = activity_report_interval(warning_lead(real_settings(day, scale_s)["gpu_idle_timeout"]))
+            threads = [threading.Thread(target=live, args=(hub, s, day, clock, lived[s.name], beat_s)) for s in people]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+            clock.sleep_until(until)
             real_s = time.time() - began
             waits = Ledger(hub.data / "ledger.sqlite").waits(began - 1)
             watch.look()
@@ -227,6 +315,10 @@ def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
         # A server's start after its placement, on average: what the model counts as no time.
         "start_s_mean": (sum(v.asked_to_ready_s for v in lived.values()) - sum(placed) * scale_s) / max(1, placements),
         "reclaimed": len(watch.reclaimer_stops),
+        "decisions": sorted(
+            (key.split("/")[0], round(clock.start + (at - began) / scale_s, 1), why)  # the clock began with the day
+            for key, at, why in watch.reclaimer_stops
+        ),
         "came_back": sum(v.came_back for v in lived.values()),
         "stopped_while_working": sum(v.stopped_while_working for v in lived.values()),
         "over_commits": watch.over_commits,
@@ -237,14 +329,40 @@ def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
 
 
 def modelled_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
-    out = simulate("line+reclaim", model_day(day, scale_s), seed)
+    out = simulate(PLATFORM, model_day(day, scale_s), seed)
     return {
         "served": out.served,
         "students": out.students,
         "waits": out.waits,
         "reclaimed": out.reclaimed,
+        "decisions": sorted((d.student, d.minute, d.reason) for d in out.decisions),
         "over_commits": out.over_commits,
         "gave_up": out.gave_up,
+    }
+
+
+def compare_decisions(
+    model: list[tuple[str, float, str]], real: list[tuple[str, float, str]], within_min: float
+) -> dict[str, Any]:
+    """The model's reclaim decisions beside the platform's: per reason how many, and which agree (the same
+    student stopped for the same reason within ``within_min`` model minutes, each matched once)."""
+    left = list(real)
+    agreed, model_only = [], []
+    for student, minute, why in model:
+        match = next((r for r in left if r[0] == student and r[2] == why and abs(r[1] - minute) <= within_min), None)
+        if match is None:
+            model_only.append((student, minute, why))
+        else:
+            left.remove(match)
+            agreed.append({"student": student, "reason": why, "model_min": minute, "real_min": match[1]})
+    return {
+        "by_reason": {
+            why: {"model": sum(d[2] == why for d in model), "real": sum(d[2] == why for d in real)}
+            for why in RECLAIM_REASONS
+        },
+        "agreed": agreed,
+        "model_only": model_only,
+        "real_only": left,
     }
 
 
@@ -262,14 +380,18 @@ def _summary(waits: list[float]) -> dict[str, float]:
 
 def validate(seed: int, day: Day = SHORT_DAY, scale_s: float = SCALE_S) -> dict[str, Any]:
     """The model and the real platform on the same short day: served, waits, reclaims, over-commits."""
-    real = real_day(day, seed, scale_s)
     model = modelled_day(day, seed, scale_s)
+    # The real day lasts until the model's last decision could be matched: the stops of servers left
+    # behind come after their students are done.
+    last = max((minute for _, minute, _ in model["decisions"]), default=0.0)
+    real = real_day(day, seed, scale_s, until=last + DECISIONS_WITHIN_MIN)
     return {
         "seed": seed,
         "scale_s_per_model_minute": scale_s,
         "day": asdict(model_day(day, scale_s)),
         "real": {**{k: v for k, v in real.items() if k != "waits"}, "wait_min": _summary(real["waits"])},
         "model": {**{k: v for k, v in model.items() if k != "waits"}, "wait_min": _summary(model["waits"])},
+        "decisions": compare_decisions(model["decisions"], real["decisions"], DECISIONS_WITHIN_MIN),
     }
 
 
@@ -294,4 +416,16 @@ def report(result: dict[str, Any]) -> str:
         f" {real['gave_up']} gave up (model: {model['gave_up']}), {len(real['failures'])} failures"
         + (f" ({'; '.join(real['failures'][:3])})" if real["failures"] else "")
     )
+    decisions = result["decisions"]
+    counts = ", ".join(
+        f"{why} {n['model']}/{n['real']}" for why, n in decisions["by_reason"].items() if n["model"] or n["real"]
+    )
+    lines.append(
+        f"reclaim decisions, model/real by reason: {counts or 'none'}; the same student for the same reason within"
+        f" {DECISIONS_WITHIN_MIN:g} model minutes: {len(decisions['agreed'])}, the model's alone:"
+        f" {len(decisions['model_only'])}, the platform's alone: {len(decisions['real_only'])}"
+    )
+    for who, rows in (("model alone", decisions["model_only"]), ("platform alone", decisions["real_only"])):
+        if rows:
+            lines.append(f"  {who}: " + "; ".join(f"{s} at {m:g} m ({why})" for s, m, why in rows))
     return "\n".join(lines)

@@ -39,7 +39,7 @@ from tornado import web
 from hub.notice import NoticeHandler
 from spawner import line_admin
 from spawner.line import WaitingLineMixin
-from spawner.quotas import GroupRules
+from spawner.quotas import GroupRules, least_served_groups
 from spawner.scope import Scope, scope_for
 from spawner.waitline import Manager
 
@@ -172,7 +172,7 @@ class LineHandler(APIHandler):  # type: ignore[misc]
             raise web.HTTPError(400, "since must be seconds since the epoch") from exc
         line = [
             replace(w, estimated_start=self._estimated_start(w, now))
-            for w in line_admin.waiting_line(path, scope, now, holds)
+            for w in line_admin.waiting_line(path, scope, now, holds, least_served_groups(spawner.gpu_group_rules))
         ]
         body = {
             "line": line_admin.to_json(line),

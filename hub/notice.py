@@ -1,4 +1,4 @@
-"""`/hub/gpuslice/notice`: the GPU line's warnings for the logged-in user's servers, as JSON.
+"""`/hub/gpuslice/notice`: the GPU line's warnings and stops for the logged-in user's servers, as JSON.
 
 JupyterLab shows them as notifications (the prebuilt extension in spawner/lab, loaded by every
 local server), and the hub's home page shows them too. Cookie-authenticated like the hub's own
@@ -22,14 +22,21 @@ LOOK_EVERY_S = 30.0
 
 
 def notices(spawners: dict[str, Any]) -> list[dict[str, str]]:
-    """The warnings standing now for these servers (name -> spawner), one per server."""
+    """For these servers (name -> spawner): each reclaim warning standing now (``kind`` "warning": JupyterLab
+    saves every open document when it comes), and each stop by the GPU line's reclaimer of the last day
+    (``kind`` "stop", shown once in the next JupyterLab of that server), one of each per server at most."""
     found = []
     for name, spawner in sorted(spawners.items()):
         warning = getattr(spawner, "gpu_reclaim_warning", None)
         said = warning() if callable(warning) else None
         if said:
             text, since = said
-            found.append({"server": name, "id": f"{name}@{since}", "message": text})
+            found.append({"server": name, "id": f"{name}@{since}", "message": text, "kind": "warning"})
+        stop = getattr(spawner, "gpu_reclaim_stop", None)
+        stopped = stop() if callable(stop) else None
+        if stopped:
+            text, at = stopped
+            found.append({"server": name, "id": f"stop:{name}@{at}", "message": text, "kind": "stop"})
     return found
 
 
@@ -41,7 +48,11 @@ def next_look_s(spawners: dict[str, Any]) -> float:
 
 def home_notices(words: str | None) -> list[dict[str, str]]:
     """The home folder's warning as a notice (its id changes with its words, so a new size is shown again)."""
-    return [{"server": "", "id": f"home@{zlib.crc32(words.encode()):x}", "message": words}] if words else []
+    return (
+        [{"server": "", "id": f"home@{zlib.crc32(words.encode()):x}", "message": words, "kind": "home"}]
+        if words
+        else []
+    )
 
 
 class NoticeHandler(BaseHandler):  # type: ignore[misc]

@@ -11,6 +11,15 @@ the spawner), so a use made before the announced stop is in the hub's ``last_act
 With nobody waiting nothing is reclaimed (the idle culler's normal timeout applies);
 servers without a GPU are never reclaimed.
 
+Presence (docs/platform.md#presence): each notebook server reports whether its owner is there
+(hub/presence.py keeps the reports in the ledger, ``Ledger.presence``). Input in a page is a use,
+like running a cell; and a server whose owner has left (nothing used, and no JupyterLab page
+open for ``--gpu-left-timeout`` seconds, or a page open without input for ``--gpu-no-input-timeout``)
+goes to the line sooner, after the same kind of warning; ``--gpu-release-timeout`` seconds after
+its owner left it is stopped also when nobody waits. A server that does not report (or reports a
+client that cannot tell, such as another editor) is judged by its idleness alone. The decisions are
+spawner/waitline.py ``reclaims`` and ``follow_warnings``, which the class-day model calls too.
+
 Activity is JupyterHub's ``last_activity`` for the server (kernels, terminals, the
 browser through the proxy), joined with the GPU's own readings where NVML finds real GPUs:
 the per-process GPU memory the exporter reads too (``nvml_samples``, each process's server
@@ -59,18 +68,28 @@ from spawner.quotas import GroupRules
 from spawner.sharing.base import ANNOTATION_BACKEND
 from spawner.waitline import (
     GPU_IDLE_TIMEOUT_S,
+    GPU_LEFT_TIMEOUT_S,
+    GPU_NO_INPUT_TIMEOUT_S,
+    GPU_RELEASE_TIMEOUT_S,
+    HELD,
     HELD_TOO_LONG,
+    IDLE,
+    LEFT,
+    RELEASED,
+    WARNED,
     GpuTrace,
     Holder,
+    Presence,
+    PresenceRule,
+    ReclaimWarning,
     activity_report_interval,
     busy_alone,
     busy_processes,
     follow_gpu_memory,
-    over_hold,
-    reclaim,
+    follow_warnings,
+    presence_stale_after,
+    reclaims,
     still_freeing,
-    stop_at,
-    stop_due,
     with_gpu_activity,
 )
 from spawner.words import instant
@@ -211,9 +230,11 @@ class Reclaimer:
         owner_of: OwnerOf = owner_from_proc,
         gpu_holds: Callable[[], Mapping[str, Hold]] | None = None,
         max_holds: Mapping[str, float] | None = None,
+        rule: PresenceRule | None = None,
     ) -> None:
         """``gpu_holds``: the servers holding a GPU now (default: the ledger's holds); ``max_holds``: each
-        class's ``max_hold`` in seconds."""
+        class's ``max_hold`` in seconds; ``rule``: reclaiming and releasing by the servers' presence
+        reports (None: by idleness alone)."""
         self.api_url, self.ledger = api_url.rstrip("/"), ledger
         self.gpu_holds = gpu_holds or (lambda: {k: Hold(*v) for k, v in ledger.hold_starts().items()})
         self.max_holds = dict(max_holds or {})
@@ -221,8 +242,8 @@ class Reclaimer:
         self.gpu_source, self.owner_of = gpu_source, owner_of
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"token {token}"
-        self.warned: dict[str, float] = {}
-        self.held_too_long: set[str] = set()  # of the warned: those warned for max_hold, not for idleness
+        self.rule = rule
+        self.warned: dict[str, ReclaimWarning] = {}  # whom it warned, when, why, and the stop it announced
         self.freeing: dict[str, float] = {}  # servers stopped for the line whose slices may not have reached it
         self.traces: dict[str, GpuTrace] = {}
 
@@ -240,85 +261,85 @@ class Reclaimer:
     def step(self, now: float) -> list[str]:
         """Warn and stop as needed; returns the servers stopped."""
         waiting = sum(1 for e in self.ledger.line() if not e.away(now))
-        if not waiting:
+        presence = self.ledger.presence() if self.rule is not None else {}
+        if not waiting and not presence:
             self.warned, self.freeing = {}, {}
-            return []  # nobody waits: nothing to reclaim, no cluster to read
+            return []  # nobody waits and no server reports its owner: nothing to reclaim or release
         response = self.session.get(f"{self.api_url}/users", params={"state": "active"}, timeout=30)
         response.raise_for_status()
         users = response.json()
         active = {server_key(u["name"], name) for u in users for name in (u.get("servers") or {})}
-        self.freeing = still_freeing(self.freeing, active, now, grace_s=self.warn_before)
+        self.freeing = still_freeing(self.freeing, active, now, grace_s=self.warn_before) if waiting else {}
         needed = waiting - len(self.freeing)  # the slices already on their way to the line are not needed again
-        if needed <= 0:
-            return []
         holds = self.gpu_holds()
-        holders = with_holds(self.holders(users, set(holds), now), holds, self.max_holds)
-        warn, stop = reclaim(
-            holders, waiting=needed, now=now, gpu_idle_timeout=self.timeout, warn_before=self.warn_before
-        )
-        idle = {*warn, *stop}
-        hold_warn, hold_stop = over_hold(
-            [h for h in holders if h.key not in idle],
-            waiting=needed - len(idle),
+        holders = with_presence(with_holds(self.holders(users, set(holds), now), holds, self.max_holds), presence)
+        decided = reclaims(
+            holders,
+            waiting=max(0, needed),
             now=now,
+            gpu_idle_timeout=self.timeout,
             warn_before=self.warn_before,
+            presence=self.rule,
         )
-        too_long = {*hold_warn, *hold_stop}
-        # Active again (or nobody needs the slice any more): forgotten; a reason that changed: warned again.
-        standing = idle | too_long
-        self.warned = {
-            k: t for k, t in self.warned.items() if k in standing and (k in too_long) == (k in self.held_too_long)
-        }
-        self.held_too_long &= too_long
-        report_every = activity_report_interval(self.warn_before)  # the servers' JUPYTERHUB_ACTIVITY_INTERVAL
-        for key in sorted(idle | too_long):
-            if key not in self.warned:
-                self.warned[key] = now
-                self.ledger.record(key, "warned", 100, self._warning(key in too_long, now))
-                log.info("gpuslice reclaimer: warned %s%s", key, " (held past max_hold)" if key in too_long else "")
-        self.held_too_long |= too_long
-        due = [key for key in stop if stop_due(self.warned[key], now, self.warn_before, report_every)]
-        due += [key for key in hold_stop if now >= self.warned[key] + self.warn_before]  # used or not
+        # The line's need on its way (needed <= 0): the warnings given for it stand as they are.
+        keep = {k for k, w in self.warned.items() if w.reason != RELEASED and k in active} if needed <= 0 else set()
+        before = self.warned
+        self.warned, due = follow_warnings(before, decided, now, activity_report_interval(self.warn_before), keep)
+        for key, warning in sorted(self.warned.items()):
+            if before.get(key) != warning:
+                self.ledger.record(key, "warned", 100, self._warning(warning))
+                log.info("gpuslice reclaimer: warned %s (%s)", key, warning.reason)
         for key in due:
-            if self._stop(key, held_too_long=key in too_long):
+            if self._stop(key, self.warned.pop(key).reason) and waiting:  # its slice is on its way to the line
                 self.freeing[key] = now
-            self.warned.pop(key, None)
-            self.held_too_long.discard(key)
         return due
-
-    def _stop_time(self, key: str) -> float:
-        """When a warned server is stopped: the time its warning announced."""
-        warned = self.warned[key]
-        if key in self.held_too_long:  # used or not
-            return warned + self.warn_before
-        return stop_at(warned, self.warn_before, activity_report_interval(self.warn_before))
 
     def next_look(self, now: float, interval: float) -> float:
         """Seconds until the next look: ``interval``, or sooner when a warned server's announced stop comes first
         (the stop happens at the time the warning said, not up to an interval later)."""
-        stops = [self._stop_time(key) - now for key in self.warned]
+        stops = [w.stops_at - now for w in self.warned.values()]
         return max(0.1, min([interval, *stops]))
 
-    def _warning(self, held_too_long: bool, now: float) -> str:
-        """The warning's words, with the stop's time as an instant the pages show in the reader's clock."""
-        if held_too_long:
-            return f"{HELD_TOO_LONG} while others wait for a GPU: stops at {instant(now + self.warn_before)}"
-        at = instant(stop_at(now, self.warn_before, activity_report_interval(self.warn_before)))
-        return f"idle while others wait for a GPU: stops at {at} unless used"
+    def _warning(self, warning: ReclaimWarning) -> str:
+        """The warning's words (its reason's, spawner/waitline.py ``WARNED``), with the stop's time as an
+        instant the pages show in the reader's clock."""
+        if warning.reason == HELD:
+            return f"{HELD_TOO_LONG} while others wait for a GPU: stops at {instant(warning.stops_at)}"
+        return f"{WARNED[warning.reason]}: stops at {instant(warning.stops_at)} unless used"
 
-    def _stop(self, key: str, held_too_long: bool = False) -> bool:
+    def _stop(self, key: str, reason: str) -> bool:
         # Before the stop: the spawner names who stopped it from this note, as for the portal's.
-        idle = f"{self.timeout / 60:.0f} min" if self.timeout >= 60 else f"{self.timeout:.0f} s"
-        why = f"{HELD_TOO_LONG} of its class" if held_too_long else f"idle for over {idle}"
-        self.ledger.record(key, "stopping", 90, f"the GPU line's reclaimer: {why} while others waited")
+        why = {
+            IDLE: f"idle for over {_minutes(self.timeout)} while others waited",
+            LEFT: "nobody there while others waited",
+            HELD: f"{HELD_TOO_LONG} of its class while others waited",
+            RELEASED: f"nobody there for over {_minutes(self.rule.release_timeout if self.rule else 0)}: released",
+        }[reason]
+        self.ledger.record(key, "stopping", 90, f"the GPU line's reclaimer: {why}")
         user, name = key.split("/", 1)
         path = f"/users/{quote(user)}/servers/{quote(name)}" if name else f"/users/{quote(user)}/server"
         response = self.session.delete(f"{self.api_url}{path}", timeout=60)
         if response.status_code not in (202, 204):
             log.warning("gpuslice reclaimer: stopping %s answered HTTP %s", key, response.status_code)
             return False
-        log.info("gpuslice reclaimer: stopped %s (%s while others waited)", key, why)
+        log.info("gpuslice reclaimer: stopped %s (%s)", key, why)
         return True
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def with_presence(holders: Iterable[Holder], presence: Mapping[str, Presence]) -> list[Holder]:
+    """The holders with what their servers last reported of their owners; a report made before the
+    slice was placed is an earlier server's and says nothing of this one."""
+    joined = []
+    for h in holders:
+        seen = presence.get(h.key)
+        if seen is not None and (h.held_since is None or seen.reported >= h.held_since):
+            h = replace(h, presence=seen)
+        joined.append(h)
+    return joined
 
 
 def nvml_source() -> Source | None:
@@ -346,6 +367,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--gpu-idle-timeout", type=float, default=GPU_IDLE_TIMEOUT_S, help="seconds idle before reclaiming"
     )
+    parser.add_argument(
+        "--gpu-left-timeout",
+        type=float,
+        default=GPU_LEFT_TIMEOUT_S,
+        help="seconds after the owner left before reclaiming",
+    )
+    parser.add_argument(
+        "--gpu-no-input-timeout",
+        type=float,
+        default=GPU_NO_INPUT_TIMEOUT_S,
+        help="seconds without input in a page left open before reclaiming",
+    )
+    parser.add_argument(
+        "--gpu-release-timeout",
+        type=float,
+        default=GPU_RELEASE_TIMEOUT_S,
+        help="seconds after the owner left before releasing, whoever waits",
+    )
     parser.add_argument("--warn-before", type=float, default=180.0, help="seconds between the warning and the stop")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between looks")
     parser.add_argument("--kube-namespace", default="", help="on Kubernetes: the notebook pods' namespace")
@@ -368,6 +407,12 @@ def main(argv: list[str] | None = None) -> None:
         None if args.kube_namespace else nvml_source(),
         gpu_holds=kube_gpu_holds(args.kube_namespace) if args.kube_namespace else None,
         max_holds=dict(args.max_hold),
+        rule=PresenceRule(
+            args.gpu_left_timeout,
+            args.gpu_no_input_timeout,
+            args.gpu_release_timeout,
+            presence_stale_after(activity_report_interval(args.warn_before)),
+        ),
     )
     try:
         while True:

@@ -46,7 +46,13 @@ from spawner.gpus import DEFAULT_SIMULATE as DEFAULT_SIMULATE
 from spawner.gpus import parse_gpu_spec
 from spawner.quotas import GroupRules, GroupRulesError, classes, read_groups
 from spawner.shares import DEFAULT_SMALLEST_SLICE
-from spawner.waitline import GPU_IDLE_TIMEOUT_S, LINE_MAX_WAIT_S
+from spawner.waitline import (
+    GPU_IDLE_TIMEOUT_S,
+    GPU_LEFT_TIMEOUT_S,
+    GPU_NO_INPUT_TIMEOUT_S,
+    GPU_RELEASE_TIMEOUT_S,
+    LINE_MAX_WAIT_S,
+)
 
 CULLER_TIMEOUT_S = 3600  # the idle culler stops a server idle this long (every deployment's default)
 
@@ -77,6 +83,21 @@ class Platform(Checked):
     gpu_idle_timeout: Seconds = Field(
         default=GPU_IDLE_TIMEOUT_S,
         description="While anyone waits for a GPU: seconds idle before a slice is reclaimed (below the idle timeout).",
+    )
+    gpu_left_timeout: Seconds = Field(
+        default=GPU_LEFT_TIMEOUT_S,
+        description="While anyone waits for a GPU: seconds after the last JupyterLab page of a server closed, "
+        "nothing of it used since, before its slice is reclaimed (docs/platform.md#presence).",
+    )
+    gpu_no_input_timeout: Seconds = Field(
+        default=GPU_NO_INPUT_TIMEOUT_S,
+        description="While anyone waits for a GPU: seconds without input in a JupyterLab page left open, nothing "
+        "used, before its slice is reclaimed (at least the left timeout).",
+    )
+    gpu_release_timeout: Seconds = Field(
+        default=GPU_RELEASE_TIMEOUT_S,
+        description="Seconds after its owner left before a slice is released also when nobody waits (above the "
+        "no-input timeout, below the idle timeout).",
     )
     open_signup: Annotated[Flag, WithJsonSchema({"type": ["boolean", "null"]})] = Field(
         default=True,
@@ -132,6 +153,34 @@ class Platform(Checked):
                 f"{gpu} ({self.gpu_idle_timeout} s) must be below {idle} ({self.idle_timeout} s): the idle culler"
                 f" would stop the server first and nothing would be reclaimed for the GPU line; lower {gpu} or"
                 f" raise {idle}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _left_then_released_then_culled(self) -> Platform:
+        """gpu_left_timeout <= gpu_no_input_timeout < gpu_release_timeout, and a release set below idle_timeout,
+        each said with why."""
+        left, quiet, release, idle = (
+            type(self).model_fields[f].alias or f
+            for f in ("gpu_left_timeout", "gpu_no_input_timeout", "gpu_release_timeout", "idle_timeout")
+        )
+        if self.gpu_no_input_timeout < self.gpu_left_timeout:
+            raise ValueError(
+                f"{quiet} ({self.gpu_no_input_timeout} s) must be at least {left} ({self.gpu_left_timeout} s): a"
+                f" page left open may have someone reading at it, a closed one has nobody; raise {quiet} or lower"
+                f" {left}"
+            )
+        if self.gpu_release_timeout <= self.gpu_no_input_timeout:
+            raise ValueError(
+                f"{release} ({self.gpu_release_timeout} s) must be above {quiet} ({self.gpu_no_input_timeout} s):"
+                f" a slice whose owner left goes to waiting classmates first and is released for everyone later;"
+                f" raise {release} or lower {quiet}"
+            )
+        # The default release after a short idle_timeout is moot (the culler is first), not a mistake.
+        if self.gpu_release_timeout >= self.idle_timeout and "gpu_release_timeout" in self.model_fields_set:
+            raise ValueError(
+                f"{release} ({self.gpu_release_timeout} s) must be below {idle} ({self.idle_timeout} s): the idle"
+                f" culler would stop the server first; lower {release} or raise {idle}"
             )
         return self
 

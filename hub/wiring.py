@@ -10,8 +10,9 @@ address and token); everything else is wired here, once:
 * the spawner's GPU rules: the groups, the reclaimer's and the culler's timeouts, the line's file;
 * logins (hub/accounts.py) and the classes as JupyterHub groups, where gpuslice manages accounts;
 * the idle culler, where gpuslice runs it (z2jh runs its own, ``cull.*``);
-* the GPU line's hub side: its pages and API (hub/line_api.py, hub/templates) and the
-  ``gpu-reclaimer`` service that gives idle GPU servers to it after a warning (hub/reclaimer.py);
+* the GPU line's hub side: its pages and API (hub/line_api.py, hub/templates), the servers' presence
+  reports (hub/presence.py) and the ``gpu-reclaimer`` service that gives idle GPU servers and those
+  whose owners left to it after a warning (hub/reclaimer.py);
 * classes that change in the running hub, where the hub keeps a class store: the store its
   spawners read at every spawn, seeded with the configured classes at each start, its API
   (hub/classes_api.py) and the ``gpuslice-cli`` service `gpuslice class` changes it with;
@@ -42,6 +43,7 @@ from hub.classes import CLI_SERVICE
 from hub.classes_api import CLASSES_HANDLERS
 from hub.line_api import LINE_HANDLERS, SLOW_SPAWN_TIMEOUT_S
 from hub.logins import LOOPBACK
+from hub.presence import PRESENCE_HANDLERS
 from hub.reclaimer import max_hold_options
 from hub.settings import CULLER_TIMEOUT_S, Platform, Settings, SettingsError
 from spawner import environ
@@ -103,7 +105,7 @@ def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
     clamp_future_activity()  # and never later than now: a forged report buys no idle-free hour (hub/activity.py)
     # Our pages first (the spawn page's words for the line, the home page's reclaim warning).
     c.JupyterHub.template_paths = [str(TEMPLATES), *(p for p in _listed(c.JupyterHub, "template_paths") if p)]
-    handlers = [*LINE_HANDLERS, *(CLASSES_HANDLERS if parts.classes is not None else [])]
+    handlers = [*LINE_HANDLERS, *PRESENCE_HANDLERS, *(CLASSES_HANDLERS if parts.classes is not None else [])]
     there = _listed(c.JupyterHub, "extra_handlers")
     c.JupyterHub.extra_handlers = [*there, *(h for h in handlers if h not in there)]
     # Start that waits in line shows its place on the spawn page within seconds, not after JupyterHub's
@@ -253,8 +255,11 @@ def reclaimer_service(
             f"--ledger={parts.ledger_path}",
             *parts.reclaimer_args,
             f"--gpu-idle-timeout={idle_timeout_s}",
+            f"--gpu-left-timeout={platform.gpu_left_timeout}",
+            f"--gpu-no-input-timeout={platform.gpu_no_input_timeout}",
+            f"--gpu-release-timeout={platform.gpu_release_timeout}",
             f"--warn-before={warning_lead(idle_timeout_s)}",
-            f"--interval={min(30.0, idle_timeout_s / 10)}",
+            f"--interval={min(30.0, min(idle_timeout_s, platform.gpu_left_timeout) / 10)}",
             *max_hold_options(platform.groups if groups is None else groups),
         ],
         **({"environment": dict(parts.service_env)} if parts.service_env else {}),

@@ -55,7 +55,7 @@ from spawner.inventory import (
     add_pending,
     holds_resources,
 )
-from spawner.ledger import Held, server_key, stop_message
+from spawner.ledger import Held, LedgerError, server_key, stop_message
 from spawner.lifecycle import RestartCheck
 from spawner.line import WaitingLineMixin
 from spawner.mixin import asked_bytes
@@ -298,6 +298,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
     _gpu_claim: dict[str, Any] | None = None  # this spawn's ResourceClaimTemplate spec (DRA)
     _gpu_placing = False  # start() checks and places; KubeSpawner's start has not begun
+    _gpu_held: tuple[float, str | None] | None = None  # since when its pod holds a GPU, and the group charged
     _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
 
     @validate("gpu_backend")
@@ -469,6 +470,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
             await self._wait_in_line(request, image)
         assert self._gpu_placement is not None and self._gpu_cluster is not None  # _rows set it
         group, choice = self._gpu_placement
+        self._gpu_held = (time.time(), group) if choice is not None and choice.gpus else None
         card = chosen_card(self._gpu_cluster, choice)
         product, uuid = (card.model, card.uuid) if card else ("", "")
         self._apply(request, self.images()[image].target, group, mounts, product, uuid)
@@ -527,6 +529,28 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     def _forget_placement(self) -> None:
         PENDING.get(self.namespace, {}).pop(self.pod_name, None)
 
+    def _end_hold(self) -> None:
+        """The pod's hold ends: its time counts in the least-served order (the ledger keeps no pods' rows)."""
+        if self._gpu_held is None:
+            return
+        since, group = self._gpu_held
+        self._gpu_held = None
+        try:
+            self._ledger.end_hold(self._key, self.user.name, group, since, time.time())
+        except LedgerError as exc:
+            self.log.warning("gpuslice: could not keep the hold of %s: %s", self._key, exc)
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self._gpu_held is not None:
+            state["gpuslice_held"] = list(self._gpu_held)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        held = state.get("gpuslice_held")
+        self._gpu_held = (float(held[0]), held[1]) if held else None
+
     def _note_api_error(self, error: str) -> None:
         self._gpu_api_error = error
         self.log.warning("gpuslice: creating %s: %s; retrying", self.pod_name, error)
@@ -534,6 +558,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     async def stop(self, now: bool = False) -> None:
         self._forget_placement()
         await self._note_stop()
+        self._end_hold()
         await super().stop(now=now)
         if self.sharing_backend().claims:  # its template outlives the pod (the claim goes with the pod)
             await _send(self.api, "DELETE", self._claim_templates_path(self._claim_template_name))

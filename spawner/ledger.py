@@ -35,7 +35,7 @@ from typing import TypeVar
 from spawner.inventory import Allocation
 from spawner.placement import Demand
 from spawner.sqlite_schema import migrate
-from spawner.waitline import HELD_TOO_LONG, Entry, Reservation, Wait, put_first
+from spawner.waitline import HELD_TOO_LONG, LEFT, RELEASED, WARNED, Entry, Presence, Reservation, Wait, put_first
 from spawner.words import INSTANT, instant
 
 # Step 1 is the schema as it stood when the stores were first versioned (spawner/sqlite_schema.py);
@@ -104,7 +104,31 @@ CREATE TABLE IF NOT EXISTS server_process (
     PRIMARY KEY (pid, started)
 );
 """
-SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS)
+# Step 3: what each server last reported of its owner's presence (hub/presence.py writes it, the
+# reclaimer reads it), and each hold once it ended (the least-served order counts a user's day).
+PRESENCE_AND_HELD = """
+CREATE TABLE IF NOT EXISTS presence (
+    key TEXT PRIMARY KEY,        -- "user/server"
+    reported REAL NOT NULL,      -- when the hub received the report (its clock, as every time here)
+    pages INTEGER NOT NULL,      -- JupyterLab pages open that report input
+    connections INTEGER NOT NULL, -- kernel websocket connections, from any client
+    busy INTEGER NOT NULL,       -- a kernel runs code
+    last_input REAL,             -- the latest keyboard or pointer input in a page
+    last_page REAL               -- the latest time a page was seen open
+);
+CREATE TABLE IF NOT EXISTS held (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,           -- "user/server"
+    user TEXT NOT NULL,
+    grp TEXT,                    -- the group charged
+    start REAL NOT NULL,         -- placed
+    ended REAL NOT NULL          -- released
+);
+CREATE INDEX IF NOT EXISTS held_ended ON held (ended);
+"""
+SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS, PRESENCE_AND_HELD)
+# Ended holds are kept this long (the least-served order reads today's).
+HELD_KEPT_S = 2 * 86400
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
@@ -192,6 +216,10 @@ def reclaim_notice(latest: ServerEvent | None, now: float, stop_after_s: float, 
             f"Others wait and you have held this GPU as long as your class allows: this server stops at {at}."
             " Save your work now."
         )
+    if latest.message.startswith(WARNED[LEFT]):  # what keeps it: any input in a page (docs/platform.md#presence)
+        return f"You seem to be away while others wait for a GPU: this server stops at {at} unless you come back."
+    if latest.message.startswith(WARNED[RELEASED]):
+        return f"You seem to have left: this server stops at {at} to free its GPU, unless you come back."
     # Short enough for JupyterLab's notification, which cuts messages after 140 characters. What
     # counts as use: spawner/lab/jupyter_server_config.py (an open page alone does not).
     return (
@@ -434,16 +462,60 @@ class Ledger:
             db.execute("DELETE FROM server_process WHERE pid = ? AND started = ?", (process.pid, process.started))
 
     def release(self, key: str) -> int:
-        """Drop ``key``'s holds; returns how many rows went (0 when it held nothing)."""
+        """Drop ``key``'s holds; returns how many rows went (0 when it held nothing). The hold's time is kept
+        (``served``), and what its server reported of its owner is forgotten."""
         with self._write() as db:
+            _end_holds(db, [key])
             return db.execute("DELETE FROM allocation WHERE key = ?", (key,)).rowcount
 
     def reconcile(self, running: set[str]) -> list[Held]:
         """Drop the holds of every server not in ``running``; return what was dropped."""
         with self._write() as db:
             stale = [h for h in _read(db) if h.key not in running]
+            _end_holds(db, sorted({h.key for h in stale}))
             db.executemany("DELETE FROM allocation WHERE key = ?", [(k,) for k in {h.key for h in stale}])
             return stale
+
+    def end_hold(self, key: str, user: str, group: str | None, start: float, ended: float) -> None:
+        """A hold the ledger did not keep (a Kubernetes pod's) ended: its time counts in ``served``."""
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO held (key, user, grp, start, ended) VALUES (?, ?, ?, ?, ?)",
+                (key, user, group, start, ended),
+            )
+            db.execute("DELETE FROM presence WHERE key = ?", (key,))
+
+    def served(self, since: float, now: float) -> dict[str, float]:
+        """Seconds each user held a GPU from ``since`` to ``now``: ended holds and those held now (the
+        least-served order's measure, ``since`` the start of the day)."""
+
+        def read(db: sqlite3.Connection) -> dict[str, float]:
+            ended = db.execute("SELECT user, start, ended FROM held WHERE ended > ?", (since,)).fetchall()
+            now_held = db.execute("SELECT user, MIN(created), ? FROM allocation GROUP BY key", (now,)).fetchall()
+            totals: dict[str, float] = {}
+            for user, start, end in [*ended, *now_held]:
+                totals[user] = totals.get(user, 0.0) + max(0.0, min(end, now) - max(start, since))
+            return totals
+
+        return self._read_only(read)
+
+    def record_presence(self, key: str, seen: Presence) -> None:
+        """What ``key``'s server reports of its owner now (hub/presence.py)."""
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO presence (key, reported, pages, connections, busy, last_input, last_page)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (key, seen.reported, seen.pages, seen.connections, int(seen.busy), seen.last_input, seen.last_page),
+            )
+
+    def presence(self) -> dict[str, Presence]:
+        """Each server's latest presence report."""
+        query = "SELECT key, reported, pages, connections, busy, last_input, last_page FROM presence"
+        rows = self._read_only(lambda db: db.execute(query).fetchall())
+        return {
+            str(key): Presence(reported, pages, conns, bool(busy), last_input, last_page)
+            for key, reported, pages, conns, busy, last_input, last_page in rows
+        }
 
     def record(self, key: str, kind: str, progress: int, message: str) -> None:
         """Append an event to ``key``'s history, keeping the latest few."""
@@ -465,6 +537,19 @@ class Ledger:
         query = f"SELECT key, kind, progress, message, created FROM server_event {where}"
         rows = self._read_only(lambda db: db.execute(query, args).fetchall())
         return [ServerEvent(*row) for row in rows]
+
+
+def _end_holds(db: sqlite3.Connection, keys: list[str]) -> None:
+    """Keep the time of ``keys``' holds, ending now, and forget their presence (a new server reports anew)."""
+    now = time.time()
+    for key in keys:
+        db.execute(
+            "INSERT INTO held (key, user, grp, start, ended)"
+            " SELECT key, user, grp, MIN(created), ? FROM allocation WHERE key = ? GROUP BY key",
+            (now, key),
+        )
+        db.execute("DELETE FROM presence WHERE key = ?", (key,))
+    db.execute("DELETE FROM held WHERE ended < ?", (now - HELD_KEPT_S,))
 
 
 def _insert(db: sqlite3.Connection, key: str, rows: list[Held]) -> None:

@@ -28,7 +28,7 @@ from spawner.inventory import Inventory
 from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
-from spawner.quotas import Usage, budgets, check, largest_slice
+from spawner.quotas import Usage, budgets, check, largest_slice, least_served_groups
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
 from spawner.waitline import (
@@ -39,18 +39,21 @@ from spawner.waitline import (
     activity_report_interval,
     admit,
     budget_holding_back,
+    day_start,
     estimated_start,
     expected_end,
     never_fits,
     positions,
     stop_at,
     warning_lead,
+    with_served,
 )
 from spawner.words import counted, instant, place_words
 
 WAITING_PROGRESS = 15  # the progress a spawn waiting in the GPU line shows
 STOP_KINDS = ("stopped", "died", "failed", "refused")  # the events that say why a server is not running
 STOP_TOLD_S = 86400  # a stop older than a day is not news on the home page
+RECLAIMER_NOTE = "the GPU line's reclaimer"  # how its note before a stop begins (hub/reclaimer.py)
 LINE_WORDS = "Waiting in line for"  # how a waiting spawn's progress message begins (the waiting page looks for it)
 
 
@@ -157,6 +160,24 @@ class WaitingLineMixin(GpuShareMixin):
         said = reclaim_notice(latest, time.time(), self.gpu_stop_after)
         return (said, latest.created) if said and latest else None
 
+    def gpu_reclaim_stop(self) -> tuple[str, float] | None:
+        """The latest stop of this server by the GPU line's reclaimer in the last day, in its owner's words,
+        and when (hub/notice.py: shown once in the JupyterLab of its next start). None: none. Read from the
+        reclaimer's own note before it stops a server, which it writes to the ledger on both backends."""
+        try:
+            history = self._ledger.history(self._key)
+        except LedgerError:
+            return None
+        stops = [e for e in history if e.kind == "stopping" and e.message.startswith(RECLAIMER_NOTE)]
+        if not stops or time.time() - stops[-1].created > STOP_TOLD_S:
+            return None
+        latest = stops[-1]
+        why = latest.message.removeprefix(RECLAIMER_NOTE).lstrip(": ")
+        said = (
+            f"Stopped at {instant(latest.created)} by the GPU line's reclaimer: {why}. What you had open is open again."
+        )
+        return said, latest.created
+
     def gpu_stop_reason(self) -> tuple[str, str] | None:
         """Why this server last stopped, or could not start, and when (an instant), for its owner's home
         page: its latest event, when that is a stop or a refusal of the last day (None: nothing to tell)."""
@@ -212,6 +233,7 @@ class WaitingLineMixin(GpuShareMixin):
         why = never_fits(me, inventory, budget_of)
         if why:
             raise GpuRefused(409, f"{request.describe()} cannot wait in line: {why}.", "capacity")
+        line, me = self._least_served_first([*line, me], now)
         admitted = admit(
             [*line, me],
             inventory,
@@ -241,6 +263,14 @@ class WaitingLineMixin(GpuShareMixin):
         present = [e for e in line if not e.away(now)]
         self._gpu_line_view = line_view(me, present, holds, budget_holding_back(me, budget_of, group_bytes_of(holds)))
         return None, me
+
+    def _least_served_first(self, entries: list[Entry], now: float) -> tuple[list[Entry], Entry]:
+        """The entries (this spawn's last) with what their users held today, in the classes that order
+        their line least-served first (``line_order``); the others' unchanged."""
+        ordered = least_served_groups(self.gpu_group_rules)
+        if any(e.group in ordered for e in entries):
+            entries = with_served(entries, ordered, self._ledger.served(day_start(now), now))
+        return entries[:-1], entries[-1]
 
     def _entry(
         self, request: GpuRequest, image: str, inventory: Inventory, holds: list[Held], mine: Entry | None, now: float

@@ -21,11 +21,13 @@ from spawner.waitline import (
     Manager,
     Reservation,
     WaitStats,
+    day_start,
     may_manage,
     positions,
     reservation_problem,
     sees_wait,
     wait_stats,
+    with_served,
 )
 
 WAIT_DAYS = 14  # how many days of wait times the Queue's readers get (the Overview; the hub's API by default)
@@ -49,17 +51,26 @@ class Waiting:
     estimated_start: float | None = None  # from its waiting spawn, where the hub holds one (None: unknown)
 
 
-def waiting_line(ledger_path: Path, viewer: Viewer, now: float, holds: Iterable[Held] | None = None) -> list[Waiting]:
+def waiting_line(
+    ledger_path: Path,
+    viewer: Viewer,
+    now: float,
+    holds: Iterable[Held] | None = None,
+    least_served: frozenset[str] = frozenset(),
+) -> list[Waiting]:
     """The GPU line in its order: the places of the people the viewer sees (admins: all).
 
     ``holds``: what the cluster holds, where that is not the ledger's rows (on Kubernetes the
     pods: the hub's spawner lists them); a user's running GPU servers put their next request
     behind those of people who hold none (round-robin between users), as the spawns see it.
+    ``least_served``: the classes whose requests are ordered by what their members held today.
     """
     if not ledger_path.exists():
         return []
     ledger = Ledger(ledger_path)
     line = ledger.line()
+    if any(e.group in least_served for e in line):
+        line = with_served(line, least_served, ledger.served(day_start(now), now))
     held: dict[str, set[str]] = {}
     for h in ledger.holdings() if holds is None else holds:
         held.setdefault(h.user, set()).add(h.key)

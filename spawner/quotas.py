@@ -36,6 +36,7 @@ from spawner.checked import (
     Names,
     UserNames,
     duration_seconds,
+    one_of,
     problems,
 )
 from spawner.shares import GpuRequest, RequestKind, format_bytes
@@ -204,6 +205,8 @@ class GroupRulesError(ValueError):
 
 
 DEFAULT_GROUP = "default"  # the group whose rules hold for users in no other group
+ROUND_ROBIN, LEAST_SERVED = "round-robin", "least-served"
+LINE_ORDERS = (ROUND_ROBIN, LEAST_SERVED)
 
 
 def rule_key(key: str) -> str:
@@ -229,6 +232,9 @@ class GroupRules(Checked):
     servers_per_user: Count = None
     images: Names | None = None  # image-market ids; None: any
     max_hold: Duration = None  # while others wait for a GPU: longest one server holds its slice (2h, 90min, s)
+    # The GPU line's order for the class's requests: round-robin between users then arrival, or, with
+    # least-served, each second a member held a GPU today counting as a second later (spawner/waitline.py).
+    line_order: one_of(*LINE_ORDERS) = ROUND_ROBIN  # type: ignore[valid-type]
 
     @model_validator(mode="before")
     @classmethod
@@ -269,6 +275,11 @@ class GroupRules(Checked):
             allowed_images=None if self.images is None else frozenset(self.images),
             max_hold_s=None if self.max_hold is None else duration_seconds(self.max_hold),
         )
+
+
+def least_served_groups(rules: Iterable[GroupRules]) -> frozenset[str]:
+    """The classes whose line puts who held least today first (``line_order: least-served``)."""
+    return frozenset(r.name for r in rules if r.line_order == LEAST_SERVED)
 
 
 # Users in no group: a small slice, no whole cards, one server, a budget for all of them together.

@@ -7,7 +7,9 @@ here instead of being refused. The order is fair share:
 * then round-robin between users: a user's n-th waiting request counts as their
   n-th turn, plus one turn per server they already hold, so someone holding nothing
   goes before a second server for someone else;
-* then arrival time.
+* then arrival time; in a class that chooses the least-served order (``line_order``), each
+  second its member already held a GPU today counts as a second later (``Entry.served``),
+  so who held least today goes first among those who arrived together.
 
 ``admit`` walks that order against the free room and places what fits, committing each
 placement to its copy of the cluster so that two admissions never share the same memory.
@@ -55,6 +57,11 @@ class Entry:
     priority: int = 0  # > 0: put first by a teacher (higher first)
     seen: float | None = None  # last time the waiting spawn was alive; None: at arrival
     label: str = ""  # what was asked, in words (for people)
+    served: float = 0.0  # least-served order: seconds its user held a GPU today, as if arrived that much later
+
+    def in_order(self) -> float:
+        """The arrival the line's order uses: later by what the user already held today (``served``)."""
+        return self.arrived + self.served
 
     def last_seen(self) -> float:
         return self.arrived if self.seen is None else self.seen
@@ -79,8 +86,14 @@ def fair_order(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None 
     for entry in sorted(entries, key=lambda e: (e.arrived, e.key)):
         turn = turns.get(entry.user, 0)
         turns[entry.user] = turn + 1
-        keyed.append(((-entry.priority, held.get(entry.user, 0) + turn, entry.arrived, entry.key), entry))
+        keyed.append(((-entry.priority, held.get(entry.user, 0) + turn, entry.in_order(), entry.key), entry))
     return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def with_served(entries: Iterable[Entry], groups: Set[str], served: Mapping[str, float]) -> list[Entry]:
+    """The entries of ``groups`` (the classes that order their line least-served first) with what their users
+    held today (``served``: seconds per user); the others as they are."""
+    return [replace(e, served=served.get(e.user, 0.0)) if e.group in groups else e for e in entries]
 
 
 def positions(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -242,6 +255,56 @@ def expected_end(
     return stop_at(last_activity + idle_timeout - warn_before, warn_before, report_every)
 
 
+# -- presence: whether a server's owner is there (docs/platform.md#presence) ------------------------
+
+# While anyone waits, a slice goes to the line once its owner has *left*, with nothing of the server
+# used (kernels, GPU, input in a page): GPU_LEFT_TIMEOUT_S after the last JupyterLab page of it closed
+# (a closed tab, a laptop asleep), or GPU_NO_INPUT_TIMEOUT_S after the last input in a page still open
+# (a screen left on, or a student away from the page); GPU_RELEASE_TIMEOUT_S after they left it is
+# released also when nobody waits (the settings' gpu_left_timeout, gpu_no_input_timeout and
+# gpu_release_timeout; every deployment's defaults come from here, chosen on the class-day
+# benchmark's design seeds: docs/load.md).
+GPU_LEFT_TIMEOUT_S = 120
+GPU_NO_INPUT_TIMEOUT_S = 480
+GPU_RELEASE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Presence:
+    """What a notebook server last reported of its owner, every time on the hub's clock (hub/presence.py
+    stamps the report when it arrives and turns the server's ages into instants no later than that).
+
+    The report is its owner's word, like the server's activity report: it can make a server look
+    used (as activity can), and it can say that its owner has left, which only costs the owner.
+    """
+
+    reported: float  # when the hub received the latest report
+    pages: int = 0  # JupyterLab pages open on the server that report their input (the lab extension)
+    connections: int = 0  # its kernels' websocket connections, from any client
+    busy: bool = False  # a kernel of it runs code now
+    last_input: float | None = None  # the latest keyboard or pointer input in one of its pages
+    last_page: float | None = None  # the latest time a page of it was seen open (its heartbeat)
+
+
+@dataclass(frozen=True)
+class PresenceRule:
+    """Reclaiming by presence: while anyone waits a slice goes to the line ``left_timeout`` after its
+    owner's last page closed, or ``no_input_timeout`` after the last input in a page left open; it is
+    released ``release_timeout`` after they left also when nobody waits. A report older than
+    ``stale_after`` says nothing of now (the server stopped reporting: the idle rule alone)."""
+
+    left_timeout: float = GPU_LEFT_TIMEOUT_S
+    no_input_timeout: float = GPU_NO_INPUT_TIMEOUT_S
+    release_timeout: float = GPU_RELEASE_TIMEOUT_S
+    stale_after: float = 90.0
+
+
+def presence_stale_after(report_every: float) -> float:
+    """Seconds after which a server's presence report is too old to speak for now: three reports
+    missed (servers report every ``report_every`` seconds), and never under a minute."""
+    return max(60.0, 3.0 * ACTIVITY_REPORT_JITTER * report_every)
+
+
 @dataclass(frozen=True)
 class Holder:
     """A running server as reclaiming sees it."""
@@ -252,6 +315,86 @@ class Holder:
     gpu_idle_since: float | None  # None: its processes use the GPU now
     held_since: float | None = None  # when its slice was placed, as the platform recorded it
     max_hold_s: float | None = None  # its class's max_hold; None: no cap
+    presence: Presence | None = None  # what the server last reported of its owner; None: nothing
+
+
+def idle_since(h: Holder) -> float | None:
+    """Since when nothing of the server was used: its kernels, its GPU, and input in a page of it (a use,
+    like running a cell). None: in use now."""
+    if h.kernels_idle_since is None or h.gpu_idle_since is None or (h.presence is not None and h.presence.busy):
+        return None
+    last_input = h.presence.last_input if h.presence is not None else None
+    return max(h.kernels_idle_since, h.gpu_idle_since, -math.inf if last_input is None else last_input)
+
+
+def away_since(h: Holder, now: float, stale_after: float) -> float | None:
+    """Since when the owner has been away from a server whose presence is known now; None when they are
+    at work now (a kernel or the GPU busy) or when nobody can tell (then the idle rule alone applies).
+
+    Away since the later of: the last use (kernels, GPU, input in a page), and, with no page open, the
+    moment the last page was seen (a closed tab, a laptop asleep). A page open without input is no
+    presence (a screen left on). Nobody can tell when the report is older than ``stale_after`` (the
+    server stopped reporting), or when kernels are connected from a client that does not report input
+    (no page of the lab extension open: another editor, a script).
+    """
+    p = h.presence
+    if p is None or now - p.reported > stale_after or (p.pages == 0 and p.connections > 0):
+        return None
+    since = idle_since(h)
+    if since is None:
+        return None
+    return max(since, p.last_page) if p.pages == 0 and p.last_page is not None else since
+
+
+# Why reclaiming warns or stops a server (the reclaimer's words and the model's counts name them):
+# idle while others wait, its owner left while others wait, held past its class's max_hold while
+# others wait, or its owner left long ago (released whoever waits).
+IDLE, LEFT, HELD, RELEASED = "idle", "left", "held", "released"
+RECLAIM_REASONS = (IDLE, LEFT, HELD, RELEASED)
+# How the reclaimer's "warned" event begins for each reason but max_hold's (HELD_TOO_LONG):
+# spawner/ledger.py ``reclaim_notice`` tells the owner from them what keeps the server.
+WARNED = {
+    IDLE: "idle while others wait for a GPU",
+    LEFT: "nobody there while others wait for a GPU",
+    RELEASED: "nobody there for long",
+}
+
+
+def past_left(h: Holder, now: float, rule: PresenceRule) -> float | None:
+    """Seconds past the moment the left rule gives ``h``'s slice to the line (negative: before it): away
+    ``rule.left_timeout`` with no page open, ``rule.no_input_timeout`` with a page open and no input
+    in it. None when nobody can tell or the owner is at work (``away_since``)."""
+    away = away_since(h, now, rule.stale_after)
+    if away is None or h.presence is None:
+        return None
+    return now - away - (rule.left_timeout if h.presence.pages == 0 else rule.no_input_timeout)
+
+
+@dataclass(frozen=True)
+class Due:
+    """When a server may be reclaimed for the line: ``past`` seconds past that moment (negative: before it),
+    for ``reason`` (IDLE or LEFT), its owner warned ``lead`` seconds before it."""
+
+    past: float
+    reason: str
+    lead: float
+
+
+def due(
+    h: Holder, now: float, gpu_idle_timeout: float, rule: PresenceRule | None = None, warn_before: float = 180.0
+) -> Due | None:
+    """Whichever rule makes ``h`` due first: idle for ``gpu_idle_timeout`` (warned ``warn_before`` ahead), or
+    left (``past_left``: warned a third of its timeout ahead, at most ``warn_before``). None: not now (no
+    GPU, or in use)."""
+    since = idle_since(h) if h.has_gpu else None
+    if since is None:
+        return None
+    idle = Due(now - since - gpu_idle_timeout, IDLE, warn_before)
+    left = past_left(h, now, rule) if rule is not None else None
+    if rule is None or left is None or left < idle.past:
+        return idle
+    timeout = rule.left_timeout if h.presence is not None and h.presence.pages == 0 else rule.no_input_timeout
+    return Due(left, LEFT, min(warn_before, timeout / 3))
 
 
 # GPU memory moves a little on its own (allocator caches, the driver); a change larger than
@@ -337,26 +480,59 @@ def reclaim(
     now: float,
     gpu_idle_timeout: float = GPU_IDLE_TIMEOUT_S,
     warn_before: float = 180.0,
+    presence: PresenceRule | None = None,
 ) -> tuple[list[str], list[str]]:
-    """GPU-aware reclaiming while anyone waits: (servers to warn, servers to stop), longest idle first.
+    """Reclaiming while anyone waits: (servers to warn, servers to stop), the longest past due first.
 
-    Only servers with a GPU, whose kernels *and* GPU have both been idle: for
-    ``gpu_idle_timeout`` they are stopped, from ``warn_before`` earlier their owners are
-    warned; at most ``waiting`` of them in all, longest idle first (the line gets no more than
-    it needs, and nobody is warned of a stop that will not come). Nobody waiting: nothing
-    (the normal idle timeout applies).
+    Only servers with a GPU that nobody uses (kernels, GPU, input in a page: ``idle_since``), due when
+    idle for ``gpu_idle_timeout`` or, with a ``presence`` rule, when their owner has left (``due``,
+    whichever comes first); from their lead before that their owners are warned; at most ``waiting``
+    of them in all (the line gets no more than it needs, and nobody is warned of a stop that will not
+    come). Nobody waiting: nothing (``release`` and the culler apply).
     """
+    found = _reclaimable(holders, waiting, now, gpu_idle_timeout, warn_before, presence)
+    return [k for k, d in found.items() if d.past < 0], [k for k, d in found.items() if d.past >= 0]
+
+
+def _reclaimable(
+    holders: Iterable[Holder],
+    waiting: int,
+    now: float,
+    gpu_idle_timeout: float,
+    warn_before: float,
+    presence: PresenceRule | None,
+) -> dict[str, Due]:
     if waiting <= 0:
-        return [], []
-    idle: list[tuple[float, str]] = []
+        return {}
+    found = {h.key: due(h, now, gpu_idle_timeout, presence, warn_before) for h in holders}
+    return _first({k: d for k, d in found.items() if d is not None}, waiting)
+
+
+def release(
+    holders: Iterable[Holder], *, now: float, rule: PresenceRule, warn_before: float = 180.0
+) -> tuple[list[str], list[str]]:
+    """Whoever waits or not: (servers to warn, servers to stop) whose owners have left (``away_since``)
+    for ``rule.release_timeout``, warned a third of it ahead (at most ``warn_before``). A server whose
+    presence nobody can tell is left to the idle culler."""
+    found = _released(holders, now, rule, warn_before)
+    return [k for k, d in found.items() if d.past < 0], [k for k, d in found.items() if d.past >= 0]
+
+
+def _released(holders: Iterable[Holder], now: float, rule: PresenceRule, warn_before: float) -> dict[str, Due]:
+    lead = min(warn_before, rule.release_timeout / 3)
+    found = {}
     for h in holders:
-        if h.has_gpu and h.kernels_idle_since is not None and h.gpu_idle_since is not None:
-            idle.append((now - max(h.kernels_idle_since, h.gpu_idle_since), h.key))
-    idle.sort(key=lambda pair: (-pair[0], pair[1]))
-    chosen = [(seconds, key) for seconds, key in idle if seconds >= gpu_idle_timeout - warn_before][:waiting]
-    stop = [key for seconds, key in chosen if seconds >= gpu_idle_timeout]
-    warn = [key for seconds, key in chosen if seconds < gpu_idle_timeout]
-    return warn, stop
+        away = away_since(h, now, rule.stale_after) if h.has_gpu else None
+        if away is not None:
+            found[h.key] = Due(now - away - rule.release_timeout, RELEASED, lead)
+    return _first(found, None)
+
+
+def _first(found: Mapping[str, Due], at_most: int | None) -> dict[str, Due]:
+    """The servers within their lead of their due moment or past it, the longest past it first, at most
+    ``at_most`` of them (None: all)."""
+    chosen = sorted(((d, k) for k, d in found.items() if d.past >= -d.lead), key=lambda dk: (-dk[0].past, dk[1]))
+    return {k: d for d, k in chosen[:at_most]}
 
 
 # The words of the reclaimer's warning and stop note for a server held past its class's max_hold:
@@ -386,6 +562,84 @@ def over_hold(
     past.sort(key=lambda pair: (-pair[0], pair[1]))
     chosen = past[:waiting]
     return [key for beyond, key in chosen if beyond < 0], [key for beyond, key in chosen if beyond >= 0]
+
+
+@dataclass(frozen=True)
+class Reclaims:
+    """One look's decisions: each server to warn and each to stop, with its reason (RECLAIM_REASONS), and
+    how long before its due moment each is warned."""
+
+    warn: dict[str, str]
+    stop: dict[str, str]
+    lead: dict[str, float]
+
+
+def reclaims(
+    holders: Iterable[Holder],
+    *,
+    waiting: int,
+    now: float,
+    gpu_idle_timeout: float = GPU_IDLE_TIMEOUT_S,
+    warn_before: float = 180.0,
+    presence: PresenceRule | None = None,
+) -> Reclaims:
+    """Everything reclaiming decides at one look, in one place for the reclaimer (hub/reclaimer.py) and the
+    class-day model (bench/classday.py): while ``waiting`` requests wait, idle or left servers (``reclaim``),
+    then servers past their class's ``max_hold`` (``over_hold``) for the rest of the need; and, with a
+    ``presence`` rule, whoever waits, servers whose owners left ``release_timeout`` ago (``release``).
+    A server is named once, for the first of those reasons that applies. ``follow_warnings`` turns the
+    decisions into warnings and stops at the times the warnings announce.
+
+    Whoever else reclaims slices through the line (work that yields to people) can call this with
+    their own holders: a ``Holder`` is any running work that holds a slice.
+    """
+    holders = list(holders)
+    found = _reclaimable(holders, waiting, now, gpu_idle_timeout, warn_before, presence)
+    rest = [h for h in holders if h.key not in found]
+    wants_held, takes_held = over_hold(rest, waiting=waiting - len(found), now=now, warn_before=warn_before)
+    found.update({k: Due(0.0 if k in takes_held else -1.0, HELD, warn_before) for k in [*wants_held, *takes_held]})
+    if presence is not None:
+        found.update(_released([h for h in rest if h.key not in found], now, presence, warn_before))
+    return Reclaims(
+        warn={k: d.reason for k, d in found.items() if d.past < 0},
+        stop={k: d.reason for k, d in found.items() if d.past >= 0},
+        lead={k: d.lead for k, d in found.items()},
+    )
+
+
+@dataclass(frozen=True)
+class ReclaimWarning:
+    """A warning given to a server's owner: when, why (RECLAIM_REASONS), and the stop it announced."""
+
+    at: float
+    reason: str
+    stops_at: float
+
+
+def follow_warnings(
+    warned: Mapping[str, ReclaimWarning],
+    decided: Reclaims,
+    now: float,
+    report_every: float,
+    keep: Set[str] = frozenset(),
+) -> tuple[dict[str, ReclaimWarning], list[str]]:
+    """The warnings standing after one look, and the servers to stop now.
+
+    A warning stands while its server is decided again for the same reason (``keep``: servers whose
+    warnings stand as they are, not decided this time because the line's need is on its way); used
+    again, or needed no more, it lapses; a new reason is a new warning. A new warning announces its
+    stop ``lead`` later and, but for max_hold's (used or not), one activity report after that
+    (``stop_at``: a use made before the announced time reaches the hub first). A server is stopped
+    once it is due and its warning's announced time has come.
+    """
+    standing = {**decided.warn, **decided.stop}
+    kept = {k: w for k, w in warned.items() if standing.get(k) == w.reason or (k in keep and k not in standing)}
+    for key, reason in sorted(standing.items()):
+        if key not in kept:
+            lead = decided.lead[key]
+            stops = now + lead if reason == HELD else stop_at(now, lead, report_every)
+            kept[key] = ReclaimWarning(now, reason, stops)
+    return kept, sorted(k for k in decided.stop if now >= kept[k].stops_at)
 
 
 def still_freeing(freeing: Mapping[str, float], active: Set[str], now: float, grace_s: float) -> dict[str, float]:
@@ -507,6 +761,11 @@ def percentile(values: Sequence[float], p: float) -> float:
         raise ValueError(f"a percentile is in (0, 100], not {p}")
     ordered = sorted(values)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def day_start(stamp: float) -> float:
+    """The start of ``stamp``'s UTC day (the least-served order counts what each user held since then)."""
+    return stamp - stamp % 86400
 
 
 def wait_day(stamp: float) -> str:

@@ -63,8 +63,9 @@ LAYERS: dict[str, int] = {
     "portal": PORTAL,
     "bench": BENCH,
 }
-# The kernel hook runs inside users' kernels, where our packages are not installed.
-STANDALONE = ("spawner.kernel_hook", "spawner.confined_start")  # confined_start: run by path, as root
+# The kernel hook runs inside users' kernels and spawner/lab inside their notebook servers, where our
+# packages are not installed; confined_start is run by path, as root.
+STANDALONE = ("spawner.kernel_hook", "spawner.confined_start", "spawner.lab")
 # What the portal may take from the hub (layer 4): the settings model and the chart's values reader.
 PORTAL_FROM_HUB = ("hub.settings", "hub.kube_values")
 

@@ -15,13 +15,19 @@ The hub no longer reads the proxy's traffic as activity either (``last_activity_
 A user can run their own server without this file; they gain nothing they could not have
 by running a cell now and then, which any user may do.
 
+It also turns on the server's presence reports (gpuslice_presence.py, beside it).
+
 Only jupyter_server is imported: this runs in the users' environment, not the platform's.
 """
 
+import os
+import sys
+
 READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
 # Writes an open page makes by itself (seen in JupyterLab 4 with a notebook open: a PUT of the
-# workspace every ten seconds).
-PAGE_STATE = ("/lab/api/workspaces",)
+# workspace every ten seconds), and the platform's lab extension's presence beats
+# (gpuslice_presence.py: input in a page is presence, told to the hub apart from activity).
+PAGE_STATE = ("/lab/api/workspaces", "/api/gpuslice/presence")
 
 
 def is_use(method: str, path: str) -> bool:
@@ -55,3 +61,15 @@ def count_only_changes() -> bool:
 
 
 count_only_changes()
+
+
+def report_presence(config: object, here: str) -> None:
+    """Load gpuslice_presence.py (beside this file) as a jupyter_server extension: the server tells the hub
+    whether its owner is there (a page open, input in it), docs/platform.md#presence."""
+    if here not in sys.path:
+        sys.path.append(here)
+    config.ServerApp.jpserver_extensions.update({"gpuslice_presence": True})  # type: ignore[attr-defined]
+
+
+if "c" in globals():  # run by jupyter_server as a config file (c: its config); a test imports it plainly
+    report_presence(c, os.path.dirname(os.path.abspath(__file__)))  # type: ignore[name-defined]  # noqa: F821

@@ -7,8 +7,12 @@ import pytest
 
 from bench.classday import (
     DESIGN_SEEDS,
+    IDLE_ONLY,
     ORACLE,
+    PLATFORM,
     REGIMES,
+    TARGETS,
+    VARIANTS,
     Day,
     report,
     report_sweep,
@@ -18,6 +22,7 @@ from bench.classday import (
     what_if,
 )
 from hub.cli import main
+from spawner.waitline import LEFT, RELEASED
 
 SHORT = Day(students=16, labs=(9 * 60.0,), lab_minutes=60.0)
 
@@ -55,21 +60,69 @@ def test_the_oracle_bound_holds_no_forgotten_slice() -> None:
     assert bound.students == reclaim.students and bound.over_commits == 0
 
 
-def test_the_report_names_the_seeds_every_regime_and_the_bound() -> None:
-    text = report(run(DESIGN_SEEDS[:1], SHORT))
+def test_the_report_names_the_seeds_every_regime_the_bound_and_each_target() -> None:
+    result = run(DESIGN_SEEDS[:1], SHORT)
+    text = report(result)
     assert text.startswith("gpuslice bench class-day: seeds 1-1 (model designed on 1-5)")
-    assert all(regime in text for regime in REGIMES)
-    assert "oracle vs retry (line+reclaim, each forgotten slice freed the moment its owner leaves" in text
+    assert all(regime in text for regime in (*REGIMES, *VARIANTS, ORACLE, "line+reclaim, patient"))
+    assert "line+reclaim: p95 wait vs the oracle's x" in text and "(target <= x1.10: " in text
+    assert "each forgotten slice freed the moment its owner leaves" in text
+    assert set(result["targets"]) == {key for key, _, _ in TARGETS}
 
 
 def test_an_unknown_regime_is_named() -> None:
-    with pytest.raises(ValueError, match="use one of retry, line, line\\+reclaim, oracle"):
+    with pytest.raises(ValueError, match="use one of retry, line, idle only, line\\+reclaim, \\+max_hold"):
         simulate("fifo", SHORT, 1)
+
+
+# Pauses of 20 minutes on average, spent at the page with input every half minute: the rule before
+# presence stops them at its 3 idle minutes; the platform's rule counts the input as use.
+READING = Day(
+    students=16,
+    labs=(9 * 60.0,),
+    lab_minutes=60.0,
+    gap_mean=20.0,
+    gpu_idle_timeout=3.0,
+    warn_before=1.0,
+    away_pause_share=0.0,
+    input_every=0.5,
+)
+
+
+def test_a_student_giving_input_in_a_long_pause_keeps_the_slice_which_idleness_alone_took() -> None:
+    before = simulate(IDLE_ONLY, READING, DESIGN_SEEDS[0])
+    now = simulate(PLATFORM, READING, DESIGN_SEEDS[0])
+    assert before.interrupted > 5 and now.interrupted == 0
+    assert {d.reason for d in now.decisions} <= {LEFT, RELEASED}  # only the forgotten: none idle, none working
+
+
+def test_a_forgotten_server_with_its_tab_closed_goes_to_the_line_sooner_than_one_left_open() -> None:
+    forgetful = replace_day(SHORT, forget_share=1.0)
+    closed = simulate(PLATFORM, replace_day(forgetful, close_tab_share=1.0), DESIGN_SEEDS[0])
+    left_open = simulate(PLATFORM, replace_day(forgetful, close_tab_share=0.0), DESIGN_SEEDS[0])
+    assert closed.idle_while_waiting < left_open.idle_while_waiting
+    assert sum(closed.waits) < sum(left_open.waits)
+
+
+def test_every_stop_is_a_decision_with_its_reason_and_a_closed_tab_is_left_not_idle() -> None:
+    out = simulate(PLATFORM, replace_day(SHORT, forget_share=1.0, close_tab_share=1.0), DESIGN_SEEDS[0])
+    left = [d for d in out.decisions if d.reason == LEFT]
+    assert left and all(not d.working for d in left)  # nobody at work is "left" on this day
+    assert out.reclaimed == len(out.decisions)
 
 
 # Long gaps between bursts and a reclaim timeout shorter than most of them: reclaiming stops
 # students who still have work, and they wait again.
-LONG_GAPS = Day(students=16, labs=(9 * 60.0,), lab_minutes=60.0, gap_mean=20.0, gpu_idle_timeout=3.0, warn_before=1.0)
+# Pauses spent away from the page (no input): idle for the rule before presence and the platform's alike.
+LONG_GAPS = Day(
+    students=16,
+    labs=(9 * 60.0,),
+    lab_minutes=60.0,
+    gap_mean=20.0,
+    gpu_idle_timeout=3.0,
+    warn_before=1.0,
+    away_pause_share=1.0,
+)
 
 
 def test_a_student_stopped_in_a_gap_of_their_work_is_counted_as_interrupted_and_waits_again() -> None:

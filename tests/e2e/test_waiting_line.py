@@ -219,69 +219,6 @@ def test_a_use_of_the_server_shortly_before_the_announced_stop_keeps_the_slice(m
     assert sorted(key for key, _, _ in platform.ledger()) == ["s1/"]
 
 
-# A notebook left open in JupyterLab: one cell that ran once, its kernel connected and idle.
-LEFT_OPEN = {
-    "type": "notebook",
-    "content": {
-        "cells": [{"cell_type": "code", "source": "x = 1", "metadata": {}, "outputs": [], "execution_count": None}],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    },
-}
-
-
-def test_the_owner_of_a_slice_about_to_be_reclaimed_is_warned_inside_jupyterlab_and_on_the_hub_page(
-    make_platform: object,
-) -> None:
-    """s1 left a notebook open in JupyterLab, in a visible tab, while s3 waits: the page's polls
-    (kernels, sessions, files, every few seconds) are not use, so the reclaimer's warning appears
-    there as a notification (and on s1's hub home page) before the stop, then s3 gets the slice."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.e2e.browser import ARGS, CHROMIUM, login
-
-    # A 60 s idle timeout gives a 20 s warning (looked at every 6 s, JupyterLab every 3.3 s).
-    platform, _ = one_card_held_by_s1(make_platform)
-    owner_token = platform.token("s1")
-    created = requests.put(
-        f"{platform.url}/user/s1/api/contents/left-open.ipynb",
-        headers={"Authorization": f"token {owner_token}"},
-        json=LEFT_OPEN,
-        timeout=60,
-    )
-    assert created.status_code in (200, 201), created.text
-    artifacts = Path(__file__).parents[2] / "test-artifacts" / "visual"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        lab = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
-        login(lab, platform, "s1")
-        lab.goto(f"{platform.url}/user/s1/lab/tree/left-open.ipynb")
-        lab.wait_for_selector(".jp-Notebook", timeout=120_000)
-        lab.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-        assert lab.evaluate("document.visibilityState") == "visible"  # JupyterLab's polls run
-        assert "wait for a GPU" not in lab.inner_text("body")  # nobody waits yet: no warning
-        waiter = platform.login("s3")
-        assert waiter.api("POST", "/users/s3/server", json={"gpu_memory": "4GiB", "wait": True}).status_code in (
-            201,
-            202,
-        )
-        notice = lab.wait_for_selector(".Toastify__toast >> text=Idle while others wait for a GPU", timeout=90_000)
-        assert notice is not None and "Save your work now." in notice.inner_text()
-        lab.wait_for_timeout(1000)  # the toast slides in
-        # The platform's extension turns off JupyterLab's news prompt: it would stand beside the warning.
-        assert "official Jupyter news" not in lab.inner_text("body")
-        lab.screenshot(path=str(artifacts / "reclaim-warning-jupyterlab-s1.png"))
-        home = lab.context.new_page()  # the same login: the hub's home page says it too
-        home.goto(f"{platform.url}/hub/home")
-        assert "Idle while others wait for a GPU" in home.inner_text(".gpuslice-reclaim-notice")
-        home.screenshot(path=str(artifacts / "reclaim-warning-hub-home-s1.png"))
-        browser.close()
-    waiter.wait_ready("s3", timeout_s=120)
-    assert events(platform, "s1/")[-3:] == ["warned", "stopping", "stopped"]
-
-
 def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue_and_a_student_leaves(
     make_platform: object,
 ) -> None:

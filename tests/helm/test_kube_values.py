@@ -70,6 +70,15 @@ def test_a_gpu_idle_timeout_the_culler_would_beat_is_refused_saying_why(tmp_path
         load_kube_values(written)
 
 
+def test_the_presence_timeouts_are_the_charts_values_and_their_order_is_checked_by_helm_too(tmp_path: Path) -> None:
+    values = load_kube_values(rendered_values(tmp_path, {"hub": {"gpuLeftTimeout": 60, "gpuNoInputTimeout": 300}}))
+    assert (values.gpu_left_timeout, values.gpu_no_input_timeout, values.gpu_release_timeout) == (60, 300, 600)
+    with pytest.raises(AssertionError, match=r"hub.gpuReleaseTimeout \(600 s\) must be above hub.gpuNoInputTimeout"):
+        rendered_values(tmp_path, {"hub": {"gpuNoInputTimeout": 900}})
+    with pytest.raises(AssertionError, match=r"hub.gpuNoInputTimeout \(480 s\) must be at least hub.gpuLeftTimeout"):
+        rendered_values(tmp_path, {"hub": {"gpuLeftTimeout": 500}})
+
+
 def test_database_urls_come_from_the_secrets_else_the_hubs_volume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

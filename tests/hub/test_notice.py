@@ -5,9 +5,11 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from hub.notice import home_notices, next_look_s, notices
 from spawner.ledger import ServerEvent, reclaim_notice
-from spawner.waitline import activity_report_interval, stop_at, warning_lead
+from spawner.waitline import LEFT, RELEASED, WARNED, activity_report_interval, stop_at, warning_lead
 
 WARNED_AT = 1_763_900_000.0  # 2025-11-23 12:13:20 UTC
 
@@ -44,7 +46,7 @@ def test_the_notice_lists_each_warned_server_of_the_user_once() -> None:
         "lab": SimpleNamespace(gpu_reclaim_warning=lambda: None, gpu_warning_lead=20.0),
         "other": SimpleNamespace(),  # a spawner without the GPU line (no such method): nothing
     }
-    assert notices(spawners) == [{"server": "", "id": f"@{WARNED_AT}", "message": "Idle ..."}]
+    assert notices(spawners) == [{"server": "", "id": f"@{WARNED_AT}", "message": "Idle ...", "kind": "warning"}]
     assert next_look_s(spawners) == 20.0 / 6  # a sixth of the shortest lead
     assert next_look_s({"": SimpleNamespace(gpu_warning_lead=900.0)}) == 30.0  # at most every 30 s
     assert next_look_s({}) == 30.0
@@ -55,3 +57,37 @@ def test_the_home_warning_is_one_notice_whose_id_follows_its_words() -> None:
     first, later = home_notices("takes 11 GiB"), home_notices("takes 12 GiB")
     assert len(first) == 1 and first[0]["message"] == "takes 11 GiB" and first[0]["server"] == ""
     assert first[0]["id"] != later[0]["id"] and first == home_notices("takes 11 GiB")
+
+
+def test_the_reclaimers_stop_is_a_notice_of_its_own_for_the_next_jupyterlab() -> None:
+    stopped_at = WARNED_AT + 213
+    spawners = {
+        "": SimpleNamespace(
+            gpu_reclaim_warning=lambda: None,
+            gpu_reclaim_stop=lambda: ("Stopped at ... by the GPU line's reclaimer: ...", stopped_at),
+        )
+    }
+    assert notices(spawners) == [
+        {
+            "server": "",
+            "id": f"stop:@{stopped_at}",  # one id per stop: JupyterLab shows it once, whatever reloads
+            "message": "Stopped at ... by the GPU line's reclaimer: ...",
+            "kind": "stop",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "reason,says",
+    [
+        (LEFT, "You seem to be away while others wait for a GPU: this server stops at 2025-11-23T12:16:53Z unless"),
+        (RELEASED, "You seem to have left: this server stops at 2025-11-23T12:16:53Z to free its GPU, unless"),
+    ],
+)
+def test_an_owner_who_seems_away_is_told_that_coming_back_keeps_the_server(reason: str, says: str) -> None:
+    warning = ServerEvent(
+        "ann/", "warned", 100, f"{WARNED[reason]}: stops at 2025-11-23T12:16:53Z unless used", WARNED_AT
+    )
+    said = reclaim_notice(warning, WARNED_AT + 10, 213.0)
+    assert said is not None and said.startswith(says) and said.endswith("come back.")
+    assert len(said) <= 140  # JupyterLab's notification shows no more

@@ -294,3 +294,68 @@ def test_the_warning_says_when_the_stop_comes_and_the_stop_comes_then(tmp_path: 
     assert reclaimer.next_look(announced - 4, 30.0) == pytest.approx(4, abs=1)  # the next look is at the stop
     assert reclaimer.step(announced - 2) == [] and hub.stopped == []
     assert reclaimer.step(announced + 1) == ["ann/"] and hub.stopped == ["http://hub/users/ann/server"]
+
+
+def test_a_server_whose_owner_closed_the_tab_goes_to_the_line_after_the_left_timeout(tmp_path: Path) -> None:
+    """ann's kernels were used 5 minutes ago (the idle rule is 15), her last page closed 2 minutes ago:
+    warned at once for the left rule (its lead a third of 2 minutes), stopped at the announced time."""
+    from spawner.waitline import LEFT, WARNED, Presence, PresenceRule
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    waiter = Entry("bo/", "bo", Demand(slice_units=float(4 * GiB)), 4 * GiB, None, 0.0, seen=1e12)
+    ledger.take_turn("bo/", lambda holds, line, mine, reservations: (None, waiter))
+    used = 1795417200.0  # 2026-11-23T07:00:00Z
+    now = used + 300
+    ledger.record_presence("ann/", Presence(now - 5, pages=0, connections=0, last_input=used, last_page=now - 120))
+    rule = PresenceRule(left_timeout=120, no_input_timeout=480, release_timeout=600, stale_after=90)
+    hub = ReclaimingHub("2026-11-23T07:00:00Z")
+    reclaimer = Reclaimer(
+        "http://hub", "token", ledger, 900, 180, gpu_holds=lambda: {"ann/": Hold(used - 60, None)}, rule=rule
+    )
+    reclaimer.session = hub
+    assert reclaimer.step(now) == []
+    [warning] = [e for e in ledger.history("ann/") if e.kind == "warned"]
+    assert warning.message.startswith(WARNED[LEFT])
+    assert reclaimer.warned["ann/"].stops_at == now + 40 + 1.1 * activity_report_interval(180)
+    assert reclaimer.step(now + 60) == []  # the announced time has not come
+    assert reclaimer.step(now + 74) == ["ann/"] and hub.stopped == ["http://hub/users/ann/server"]
+    stopping = ledger.history("ann/")[-1]
+    assert (
+        stopping.kind == "stopping" and stopping.message == "the GPU line's reclaimer: nobody there while others waited"
+    )
+
+
+def test_nobody_waiting_a_server_whose_owner_left_long_ago_is_released_and_a_fresh_report_keeps_one(
+    tmp_path: Path,
+) -> None:
+    from spawner.waitline import RELEASED, WARNED, Presence, PresenceRule
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")  # nobody in line
+    used = 1795417200.0
+    now = used + 700
+    rule = PresenceRule(left_timeout=120, no_input_timeout=480, release_timeout=600, stale_after=90)
+    hub = ReclaimingHub("2026-11-23T07:00:00Z")
+    reclaimer = Reclaimer(
+        "http://hub", "token", ledger, 900, 180, gpu_holds=lambda: {"ann/": Hold(used - 60, None)}, rule=rule
+    )
+    reclaimer.session = hub
+    assert reclaimer.step(now) == []  # no report: nobody can tell, and the idle rule needs someone waiting
+    ledger.record_presence("ann/", Presence(now - 5, pages=1, connections=1, last_input=used + 650))
+    assert reclaimer.step(now) == [] and ledger.history("ann/") == []  # input 50 s ago: there
+    ledger.record_presence("ann/", Presence(now - 5, pages=1, connections=1, last_input=used))
+    assert reclaimer.step(now) == []  # a page open, no input for 700 s: warned for release
+    assert ledger.history("ann/")[-1].message.startswith(WARNED[RELEASED])
+    stop = reclaimer.warned["ann/"].stops_at
+    ledger.record_presence("ann/", Presence(stop - 1, pages=1, connections=1, last_input=used))
+    assert reclaimer.step(stop) == ["ann/"] and hub.stopped == ["http://hub/users/ann/server"]
+    assert ledger.history("ann/")[-1].message.endswith(": released")
+
+
+def test_a_report_from_before_the_slice_was_placed_is_an_earlier_servers_and_is_not_read(tmp_path: Path) -> None:
+    from hub.reclaimer import with_presence
+    from spawner.waitline import Presence
+
+    old = Presence(1000.0, pages=0)
+    holders = [Holder("ann/", True, 0.0, 0.0, held_since=1500.0), Holder("bo/", True, 0.0, 0.0, held_since=900.0)]
+    joined = with_presence(holders, {"ann/": old, "bo/": old})
+    assert [h.presence for h in joined] == [None, old]

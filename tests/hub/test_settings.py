@@ -6,6 +6,7 @@ import pytest
 
 from hub.settings import DEFAULT_SIMULATE, Settings, SettingsError, from_mapping, load
 from spawner.quotas import GroupRules
+from spawner.waitline import GPU_LEFT_TIMEOUT_S, GPU_NO_INPUT_TIMEOUT_S, GPU_RELEASE_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -171,6 +172,36 @@ def test_a_gpu_idle_timeout_the_culler_would_beat_is_refused_on_one_machine_too(
     with pytest.raises(SettingsError, match="lower gpu_idle_timeout or raise idle_timeout"):
         from_mapping({"gpu_idle_timeout": 3600}, "s.yaml")
     assert from_mapping({"idle_timeout": 600, "gpu_idle_timeout": 599}, "s.yaml").gpu_idle_timeout == 599
+
+
+def test_presence_timeouts_default_from_the_line_and_keep_their_order() -> None:
+    settings = from_mapping({}, "s.yaml")
+    assert (settings.gpu_left_timeout, settings.gpu_no_input_timeout, settings.gpu_release_timeout) == (
+        GPU_LEFT_TIMEOUT_S,
+        GPU_NO_INPUT_TIMEOUT_S,
+        GPU_RELEASE_TIMEOUT_S,
+    )
+    assert from_mapping({"gpu_left_timeout": 300, "gpu_no_input_timeout": 300}, "s.yaml").gpu_left_timeout == 300
+
+
+@pytest.mark.parametrize(
+    "raw,says",
+    [
+        ({"gpu_left_timeout": 700}, r"gpu_no_input_timeout \(480 s\) must be at least gpu_left_timeout \(700 s\)"),
+        ({"gpu_no_input_timeout": 900}, r"gpu_release_timeout \(600 s\) must be above gpu_no_input_timeout \(900 s\)"),
+        ({"gpu_release_timeout": 3600}, r"gpu_release_timeout \(3600 s\) must be below idle_timeout \(3600 s\)"),
+        ({"gpu_left_timeout": 0}, "gpu_left_timeout"),
+    ],
+)
+def test_presence_timeouts_out_of_order_are_refused_saying_what_to_change(raw: dict[str, object], says: str) -> None:
+    with pytest.raises(SettingsError, match=says):
+        from_mapping(raw, "s.yaml")
+
+
+def test_a_short_idle_timeout_leaves_the_default_release_moot_not_wrong() -> None:
+    """Set, a release the culler always beats is a mistake; by default it is simply not reached."""
+    settings = from_mapping({"idle_timeout": 500, "gpu_idle_timeout": 300}, "s.yaml")
+    assert settings.gpu_release_timeout == GPU_RELEASE_TIMEOUT_S >= settings.idle_timeout
 
 
 @pytest.mark.parametrize(

@@ -150,6 +150,27 @@ def test_on_kubernetes_the_queue_counts_the_servers_the_pods_hold(tmp_path: Path
     assert [(w.position, w.user) for w in kube_line] == [(1, "bo"), (2, "ann")]
 
 
+def test_a_least_served_class_is_queued_by_what_each_member_held_today(tmp_path: Path) -> None:
+    """ann came first but held a GPU for an hour today; bo held nothing: in a least-served class bo goes first."""
+    import time as clock
+
+    from spawner.placement import Demand
+    from spawner.waitline import Entry
+
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    now = clock.time()
+    ledger.end_hold("ann/", "ann", "ml101", now - 3700, now - 100)
+    slice_ = Demand(slice_units=float(4 * 2**30))
+    for key, arrived in (("ann/", now - 60), ("bo/", now - 30)):
+        entry = Entry(key, key.split("/")[0], slice_, 4 * 2**30, "ml101", arrived, seen=now)
+        ledger.take_turn(key, lambda holds, line, mine, reservations, e=entry: (None, e))
+    everyone = Scope("root", everyone=True)
+    assert [w.user for w in line_admin.waiting_line(path, everyone, now)] == ["ann", "bo"]  # round-robin: arrival
+    ordered = line_admin.waiting_line(path, everyone, now, least_served=frozenset({"ml101"}))
+    assert [(w.position, w.user) for w in ordered] == [(1, "bo"), (2, "ann")]
+
+
 def test_a_teacher_manages_only_their_class_in_the_line(tmp_path: Path) -> None:
     from spawner.placement import Demand
     from spawner.waitline import Entry

@@ -1,12 +1,16 @@
 """spawner/lab/jupyter_server_config.py on a real jupyter_server: an open page's polls are not use."""
 
+import json
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,13 +32,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def jupyter_server(tmp_path: Path, config_path: str | None) -> Iterator[str]:
-    """A real jupyter_server on loopback, with JUPYTER_CONFIG_PATH as the spawner sets it (or none)."""
+def jupyter_server(tmp_path: Path, config_path: str | None, hub: dict[str, str] | None = None) -> Iterator[str]:
+    """A real jupyter_server on loopback, with JUPYTER_CONFIG_PATH as the spawner sets it (or none), and
+    JupyterHub's variables in ``hub`` (where it reports)."""
     port = free_port()
     home = tmp_path / f"home-{port}"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "run"))
+    env.update(hub or {})
     if config_path is not None:
         env["JUPYTER_CONFIG_PATH"] = config_path
     command = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--ip=127.0.0.1", "--no-browser"]
@@ -98,3 +104,60 @@ def test_without_it_jupyter_server_counts_every_poll_as_use(tmp_path: Path) -> N
         time.sleep(1.1)
         poll_like_an_open_page(url)
         assert last_activity(url) > before
+
+
+class HubReports(ThreadingHTTPServer):
+    """The hub's presence API as a server sees it: each report's path, token and body, in order."""
+
+    def __init__(self) -> None:
+        self.reports: queue.Queue[tuple[str, str, dict[str, object]]] = queue.Queue()
+        reports = self.reports
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                reports.put((self.path, self.headers.get("Authorization", ""), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def next_report(self, timeout_s: float = 30) -> tuple[str, str, dict[str, object]]:
+        return self.reports.get(timeout=timeout_s)
+
+
+def test_the_server_reports_its_pages_and_their_input_to_the_hub_and_a_beat_is_not_use(tmp_path: Path) -> None:
+    """A page's beats (the lab extension's) reach the hub as the server's report, ages on the server's
+    clock, with the server's own token; a beat is not activity (the culler and the idle rule ignore it)."""
+    hub = HubReports()
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    variables = {
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub.server_address[1]}/hub/api",
+        "JUPYTERHUB_API_TOKEN": "server-token",
+        "JUPYTERHUB_USER": "ann",
+        "JUPYTERHUB_SERVER_NAME": "",
+        "JUPYTERHUB_ACTIVITY_INTERVAL": "2",
+    }
+    try:
+        with jupyter_server(tmp_path, str(LAB_DIR), variables) as url:
+            path, token, first = hub.next_report()  # at the start: no page, never any input
+            assert (path, token) == ("/hub/api/gpuslice/presence/ann/", "token server-token")
+            assert first == {"pages": 0, "connections": 0, "busy": False, "input_s": None, "page_s": None}
+            before = last_activity(url)
+            time.sleep(1.1)
+            beat = requests.post(f"{url}/api/gpuslice/presence", headers=auth(), json={"page": "p1", "input": True})
+            assert beat.status_code == 200 and beat.json() == {"beat_s": 2.0}, beat.text
+            report = hub.next_report()[2]
+            while report["pages"] == 0:  # a periodic report may have been on its way
+                report = hub.next_report()[2]
+            assert report["pages"] == 1 and 0 <= float(report["input_s"]) < 5  # type: ignore[arg-type]
+            assert last_activity(url) == before  # input is presence, told apart; not the server's activity
+            refused = requests.post(f"{url}/api/gpuslice/presence", headers=auth(), json={"input": True})
+            assert refused.status_code == 400 and "page" in refused.text
+            anonymous = requests.post(f"{url}/api/gpuslice/presence", json={"page": "p2", "input": True})
+            assert anonymous.status_code == 403  # only the server's own pages (its auth) may beat
+    finally:
+        hub.shutdown()

@@ -195,3 +195,22 @@ def test_a_ledger_from_before_server_processes_were_recorded_gains_their_table(t
     assert [h.key for h in ledger.holdings()] == ["a/"] and ledger.processes() == []
     ledger.add_process(ServerProcess("a/", 7, 1.0, "http://127.0.0.1:1"))
     assert ledger.processes() == [ServerProcess("a/", 7, 1.0, "http://127.0.0.1:1")]
+
+
+def test_the_time_each_user_held_today_counts_ended_holds_and_those_held_now(tmp_path: Path) -> None:
+    import time as clock
+
+    from spawner.waitline import Presence
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    now = clock.time()
+    ledger.allocate("ann/", lambda holds: [Held("ann/", 0, "ann", "", 4 * 2**30)])
+    ledger.record_presence("ann/", Presence(now, pages=1))
+    ledger.end_hold("bo/", "bo", None, now - 7200, now - 3600)  # a pod's hour (Kubernetes)
+    ledger.end_hold("cy/", "cy", None, now - 90000, now - 87000)  # yesterday's, before the day began
+    assert ledger.served(now - 4000, now + 10) == pytest.approx({"ann": 10.0, "bo": 400.0}, abs=1.0)
+    assert "ann/" in ledger.presence()
+    ledger.release("ann/")
+    later = clock.time()
+    assert ledger.served(now - 4000, later)["ann"] == pytest.approx(later - now, abs=1.0)  # kept once ended
+    assert "ann/" not in ledger.presence()  # a new server of hers reports anew

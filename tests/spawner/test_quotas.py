@@ -146,6 +146,7 @@ def test_group_rules_are_read_the_same_from_settings_and_from_the_chart() -> Non
         ({"maxHold": "2 days"}, "groups.g.max_hold must be a duration such as 2h, 90min or 3600 (seconds)"),
         ({"max_hold": 0}, "groups.g.max_hold must be a duration"),
         ({"max_hold": True}, "groups.g.max_hold must be a duration"),
+        ({"lineOrder": "fifo"}, "groups.g.line_order must be one of round-robin, least-served, not 'fifo'"),
     ],
 )
 def test_bad_group_rules_say_which(rules: object, message: str) -> None:
@@ -166,3 +167,10 @@ def test_a_budget_may_be_written_in_slices_and_says_of_what_size() -> None:
         read_group("ml101", {"budget": "2 slices"})
     with pytest.raises(GroupRulesError, match=r"groups.ml101.budget"):
         read_group("ml101", {"budget": "2 slices of lots"})
+
+
+def test_a_class_chooses_its_lines_order_round_robin_unless_it_says_least_served() -> None:
+    from spawner.quotas import least_served_groups
+
+    groups = [read_group("ml101", {"lineOrder": "least-served"}), read_group("cv202", {})]
+    assert least_served_groups(groups) == frozenset({"ml101"})
