@@ -506,11 +506,14 @@ class ApiServer(GroupsMixin):
         parts = ", ".join(f"{n} Insufficient {r}" for r, n in sorted(short.items()))
         await self._unschedulable(pod, len(nodes), parts)
 
-    async def _unschedulable(self, pod: Obj, total: int, parts: str) -> None:
-        message = (
-            f"0/{total} nodes are available: {parts}. preemption: 0/{total} nodes are available: "
-            f"{total} No preemption victims found for incoming pod."
+    async def _unschedulable(self, pod: Obj, total: int, parts: str, postfilter: str = "") -> None:
+        """Pending with kube-scheduler's FitError: the filters' reasons, then its PostFilter plugins' (default:
+        DefaultPreemption finding no lower-priority pod to evict on nodes a filter called Unschedulable)."""
+        postfilter = (
+            postfilter
+            or f"preemption: 0/{total} nodes are available: {total} No preemption victims found for incoming pod."
         )
+        message = f"0/{total} nodes are available: {parts}. {postfilter}"
         pod["status"]["conditions"] = [
             {
                 "type": "PodScheduled",

@@ -82,7 +82,7 @@ class GroupsMixin:
                     await self.store.put("resourceclaims.resource.k8s.io", namespace, claim, "MODIFIED")
                 await self._place(pod, name)  # type: ignore[attr-defined]
                 return
-        await self._unschedulable(pod, len(nodes), f"{len(nodes)} {dra.UNALLOCATABLE}")  # type: ignore[attr-defined]
+        await self._unschedulable(pod, len(nodes), *dra.unallocatable(len(nodes)))  # type: ignore[attr-defined]
 
     async def _schedule_kai(self, pod: Obj, nodes: list[Obj]) -> None:
         problem = kai.queue_problem(pod, self.store.items("queues.scheduling.run.ai", None))

@@ -102,9 +102,16 @@ def test_the_double_allocates_shared_gpu_claims_by_capacity_and_refuses_as_kube_
     assert devices["jupyter-cara"] is None
     refused = [e["message"] for e in events if e["reason"] == "FailedScheduling"]
     assert refused == [
-        "0/1 nodes are available: 1 cannot allocate all claims. preemption: 0/1 nodes are available: "
-        "1 No preemption victims found for incoming pod."
+        "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, preemption: 0/1 nodes are "
+        "available: 1 Preemption is not helpful for scheduling."
     ]
+    assert pods[2]["status"]["conditions"][0] | {"lastTransitionTime": ""} == {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": refused[0],
+        "lastTransitionTime": "",
+    }
     # gpuslice reads it back: each card with its owner, the third pod holding nothing.
     inventory = sharing.build_kube(nodes, pods, Dra(), objects={"resourceslices": slices, "resourceclaims": claims})
     assert [[(a.user, a.memory_bytes) for a in g.allocations] for g in inventory.gpus()] == [
