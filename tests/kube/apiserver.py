@@ -164,7 +164,11 @@ class ApiServer(GroupsMixin):
         self.scheduler_name = scheduler_name
         self.store = Store()
         self.rest = Rest(self.store)
-        self.rest.on_created = {"pods": self._schedule_created, "persistentvolumeclaims": self._provision}
+        self.rest.on_created = {
+            "pods": self._schedule_created,
+            "persistentvolumeclaims": self._provision,
+            "queues.scheduling.run.ai": self.account_queues,
+        }
         self.rest.on_removed = {"pods": self._requeue}
         self.scheduling = asyncio.Lock()  # one pod placed at a time, as kube-scheduler's one scheduling cycle
         self.rest.stop_pod = self._stop_pod
@@ -422,6 +426,7 @@ class ApiServer(GroupsMixin):
     async def _requeue(self, removed: Obj) -> None:
         """kube-scheduler moves its unschedulable pods back to the queue when a pod leaves a node:
         each pod still unplaced is tried again, oldest first (a terminating pod held its room till now)."""
+        await self.account_queues()  # KAI's queue counted it
         if not removed.get("spec", {}).get("nodeName"):
             return
         async with self.scheduling:
