@@ -214,7 +214,7 @@ def test_a_dra_claim_kube_scheduler_cannot_allocate_is_explained_from_the_room_i
         cache._snapshot = Snapshot(nodes, [], time.monotonic(), {"resourceslices": slices, "resourceclaims": [*claims]})
 
     def claim(name: str, device: str, memory: str | None) -> dict[str, Any]:
-        result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "gpu-a", "device": device}
+        result: dict[str, Any] = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "gpu-a", "device": device}
         if memory:
             result["consumedCapacity"] = {"memory": memory}
         meta = {"name": name, "namespace": "lab", "ownerReferences": [{"kind": "Pod", "name": name}]}

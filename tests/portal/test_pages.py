@@ -4,6 +4,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import streamlit as st
@@ -661,17 +662,17 @@ class KaiCluster:
     """The Kubernetes API as the portal's KubeClient reads it: KAI's queues and the namespace's pods of
     tests/spawner/sharing/fixtures/kai_queues.yaml (every pod, whatever the selector), each path asked noted."""
 
-    def __init__(self, *more_pods: dict[str, object]) -> None:
+    def __init__(self, *more_pods: dict[str, Any]) -> None:
         items = yaml.safe_load((SHARING_FIXTURES / "kai_queues.yaml").read_text())["items"]
         self.queues = {i["metadata"]["name"]: i for i in items if i["kind"] == "Queue"}
         self.pods = [*(i for i in items if i["kind"] == "Pod"), *more_pods]
         self.asked: list[str] = []
 
-    def get(self, path: str) -> dict[str, object] | None:
+    def get(self, path: str) -> dict[str, Any] | None:
         self.asked.append(path)
         return self.queues.get(path.rsplit("/", 1)[1])
 
-    def items(self, path: str) -> list[dict[str, object]]:
+    def items(self, path: str) -> list[dict[str, Any]]:
         self.asked.append(path)
         return self.pods
 
