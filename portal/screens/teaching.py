@@ -271,8 +271,7 @@ def kai_queue() -> None:
             f"KAI Scheduler queues and places this class's GPU servers: queue **{views.plain(queue.name)}** under "
             f"**{views.plain(queue.parent or 'no parent')}**. Allocated and requested are KAI's counts for the queue."
         )
-        for column, (label, value) in zip(st.columns(4), views.queue_figures(queue).items(), strict=True):
-            column.metric(label, value)
+        st.markdown(" · ".join(f"{label}: **{value}**" for label, value in views.queue_figures(queue).items()))
     if queue.waiting:
         st.markdown("**Waiting for KAI**")
         st.dataframe(views.queued_rows(queue.waiting), hide_index=True, width="stretch")

@@ -700,12 +700,10 @@ def test_under_kai_a_teacher_sees_their_classs_queue_and_no_other_classs(
     classes._class_queue.clear()  # what the one machine answered a moment ago
     at = run("screens/teaching.py")
     assert "KAI queue" in [h.value for h in at.subheader]
-    assert {m.label: m.value for m in at.metric} == {
-        "GPU quota": "2.5 GPUs",
-        "GPU limit": "2.5 GPUs",
-        "allocated": "0.25 of a GPU",
-        "requested": "12 GiB of GPU memory",
-    }
+    assert (
+        "GPU quota: **2.5 GPUs** · GPU limit: **2.5 GPUs** · allocated: **0.25 of a GPU** · "
+        "requested: **12 GiB of GPU memory**"
+    ) in markdown_text(at)
     assert "queue **ml101** under **gpuslice**" in texts(at)
     waiting = next(f.value for f in at.dataframe if "why it waits" in f.value.columns)
     assert waiting.to_dict("records") == [
@@ -727,7 +725,7 @@ def test_under_kai_a_teacher_sees_their_classs_queue_and_no_other_classs(
     at = run("screens/teaching.py")
     at.selectbox[0].select("cv202").run()
     assert not at.exception, at.exception
-    assert {m.label: m.value for m in at.metric}["allocated"] == "0.5 of a GPU"
+    assert "allocated: **0.5 of a GPU** · requested: **0.5 of a GPU and 4 GiB of GPU memory**" in markdown_text(at)
     waiting = next(f.value for f in at.dataframe if "why it waits" in f.value.columns)
     assert list(waiting["student"]) == ["dana"]
 
