@@ -19,6 +19,7 @@ from spawner.inventory import Allocation, Inventory
 from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
 from spawner.shares import ShareError, format_bytes, parse_quantity
+from spawner.sharing.kai import ClassQueue, QueuedPod
 from spawner.waitline import Manager, WaitStats
 from spawner.words import INSTANT, parse_instant
 
@@ -229,6 +230,43 @@ def wait_scope_text(manager: Manager, days: int) -> str:
         f"How long requests waited in the GPU line, from joining it to getting a GPU or leaving, per day (UTC)"
         f" and class, over the last {days} days: {whose}. Typical: half of the waits were shorter."
     )
+
+
+def cards_text(cards: float) -> str:
+    """GPU cards as KAI counts them, as people say them: '1 GPU', '2.5 GPUs', '0.25 of a GPU'."""
+    amount = f"{round(cards, 3):g}"
+    if amount == "1":
+        return "1 GPU"
+    return f"{amount} of a GPU" if 0 < cards < 1 else f"{amount} GPUs"
+
+
+def queue_figures(queue: ClassQueue) -> dict[str, str]:
+    """A KAI queue's GPU quota and limit (-1: none) and what KAI counts in it, in words."""
+
+    def bound(value: float | None, none: str) -> str:
+        return "not set" if value is None else none if value < 0 else cards_text(value)
+
+    asked = [cards_text(queue.requested_gpus)] if queue.requested_gpus else []
+    if queue.requested_memory_bytes:
+        asked.append(f"{format_bytes(queue.requested_memory_bytes)} of GPU memory")
+    return {
+        "GPU quota": bound(queue.gpu_quota, "unlimited"),
+        "GPU limit": bound(queue.gpu_limit, "no limit"),
+        "allocated": cards_text(queue.allocated_gpus) if queue.allocated_gpus else "nothing",
+        "requested": " and ".join(asked) or "nothing",
+    }
+
+
+def queued_rows(waiting: tuple[QueuedPod, ...]) -> list[dict[str, str]]:
+    """The pods KAI has not placed, with its reason; people outside the reader's scope unnamed."""
+    return [
+        {
+            "student": w.user or "someone outside your classes",
+            "server": (w.server or "(default)") if w.user else "",
+            "why it waits": w.reason,
+        }
+        for w in waiting
+    ]
 
 
 def ago_text(when: datetime | None, now_ts: float) -> str:

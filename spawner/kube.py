@@ -22,7 +22,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,7 +62,7 @@ from spawner.mixin import asked_bytes
 from spawner.placement import Choice, ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
 from spawner.request import OPTION_KEYS, GpuRefused
-from spawner.shares import GpuRequest, RequestKind
+from spawner.shares import GpuRequest, RequestKind, format_bytes
 from spawner.sharing.base import ApiList, Listing, SharingBackend, Target
 from spawner.sharing.gpushare import unit_bytes
 from spawner.stop_events import STOPPED, pod_event, stop_request
@@ -222,13 +222,42 @@ def chosen_card(inventory: Inventory, choice: Choice | None) -> Gpu | None:
     return inventory.nodes[choice.node].gpus[choice.gpus[0]]
 
 
-def fits_somewhere(demand: Demand, inventory: Inventory) -> bool:
-    return make_policy("best-fit").choose(ClusterState.from_inventory(inventory), demand) is not None
+def room_for(demand: Demand, inventory: Inventory) -> Gpu | None:
+    """A card where ``demand`` fits now (the first of a placement's cards), or None."""
+    return chosen_card(inventory, make_policy("best-fit").choose(ClusterState.from_inventory(inventory), demand))
+
+
+def without_pod(inventory: Inventory, pod: str) -> Inventory:
+    """``inventory`` as if ``pod`` held nothing: a waiting pod's own placement is not room taken from it."""
+    nodes = [
+        replace(node, gpus=[replace(g, allocations=[a for a in g.allocations if a.owner != pod]) for g in node.gpus])
+        for node in inventory.nodes
+    ]
+    return replace(inventory, nodes=nodes)
 
 
 def scheduling_message(event_message: str, explanation: str) -> str:
     """A FailedScheduling event as a person reads it: why, and what would start now."""
     return f"Waiting for a GPU: {explanation} (scheduler: {event_message})"
+
+
+def unallocated_claim(request: GpuRequest, inventory: Inventory, pinned: Gpu | None, room: Gpu) -> str:
+    """Why kube-scheduler cannot allocate a DRA claim where the hub sees ``room``: the hub lists every claim in
+    the cluster, so no workload is hidden from it; a slice's claim asks for the card chosen at placement
+    (``pinned``, by its UUID), whole cards for any."""
+    asked = request.describe()
+    uuid = pinned.uuid if pinned is not None and request.kind is not RequestKind.WHOLE else ""
+    card = next((g for g in inventory.gpus() if uuid and g.uuid == uuid), None)
+    needed = request.bytes_on(card.memory_bytes) if card is not None else 0
+    if card is not None and card.free_bytes < needed:
+        moved = "" if room is card else f"; {room.node} GPU {room.index} has room now: start again to be placed there"
+        return (
+            f"its claim asks for {card.node} GPU {card.index} ({card.model}), the card chosen when it was placed, "
+            f"where {format_bytes(card.free_bytes)} is free now; the server starts when {format_bytes(needed)} is "
+            f"free there{moved}."
+        )
+    why = "; ".join(inventory.warnings) or "a claim made since the hub last listed them may hold it"
+    return f"kube-scheduler cannot allocate its claim though the hub sees room for {asked}: {why}."
 
 
 class RetryingPodCreate:
@@ -297,6 +326,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     _gpu_api_error = ""
     _gpu_pod: PodAdditions | None = None  # this spawn's, added in get_pod_manifest
     _gpu_claim: dict[str, Any] | None = None  # this spawn's ResourceClaimTemplate spec (DRA)
+    _gpu_card: Gpu | None = None  # the (first) card this spawn's placement chose, as listed then
     _gpu_placing = False  # start() checks and places; KubeSpawner's start has not begun
     _gpu_held: tuple[float, str | None] | None = None  # since when its pod holds a GPU, and the group charged
     _gpu_restart = Instance(RestartCheck, args=(), help="The first poll after a hub restart (one per spawner).")
@@ -455,7 +485,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         """The request checked against the group rules and placed on the cluster's view, now or
         after waiting in the line (refused: GpuRefused)."""
         self._gpu_pod, self._gpu_stages = None, []
-        self._gpu_request, self._gpu_placement = None, None
+        self._gpu_request, self._gpu_placement, self._gpu_card = None, None, None
         await self._refresh_view()
         try:
             request, image = self.gpu_request()
@@ -471,7 +501,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         assert self._gpu_placement is not None and self._gpu_cluster is not None  # _rows set it
         group, choice = self._gpu_placement
         self._gpu_held = (time.time(), group) if choice is not None and choice.gpus else None
-        card = chosen_card(self._gpu_cluster, choice)
+        card = self._gpu_card = chosen_card(self._gpu_cluster, choice)
         product, uuid = (card.model, card.uuid) if card else ("", "")
         self._apply(request, self.images()[image].target, group, mounts, product, uuid)
         self.log.info("gpuslice: %s asks for %s on %s", self.pod_name, request.describe(), self.gpu_backend)
@@ -691,9 +721,13 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         request = self._gpu_request[0]
         if request.kind is RequestKind.CPU:
             return f"Waiting for room on a node (scheduler: {message})"
-        inventory, _ = await self.cluster()
+        listed, _ = await self.cluster()
+        inventory = without_pod(listed, self.pod_name)  # its own placement is the room it waits for
         demand = Demand.from_request(request)
-        if fits_somewhere(demand, inventory):
+        room = room_for(demand, inventory)
+        if room is not None and self.sharing_backend().claims:
+            return scheduling_message(message, unallocated_claim(request, inventory, self._gpu_card, room))
+        if room is not None:
             # The hub sees room the scheduler does not: something outside its view holds it.
             return scheduling_message(
                 message,

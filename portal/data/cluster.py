@@ -6,6 +6,7 @@ import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -16,6 +17,7 @@ from spawner import environ, sharing
 from spawner.gpus import machine
 from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, Inventory, build_local
 from spawner.ledger import Held, Ledger, ServerEvent, server_key
+from spawner.sharing import kai
 from spawner.stop_events import (
     STOP_REQUESTED,
     STOPPED,
@@ -81,6 +83,20 @@ class KubeClient:
             raise SourceUnavailableError(f"The Kubernetes API answered HTTP {response.status_code}")
         response.raise_for_status()
         return list(response.json().get("items") or [])
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """One object (None: there is none)."""
+        try:
+            response = self.session.get(f"{self.api_url}{path}", timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise SourceUnavailableError(f"The Kubernetes API did not answer ({why(exc)})") from exc
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 500:
+            raise SourceUnavailableError(f"The Kubernetes API answered HTTP {response.status_code}")
+        response.raise_for_status()
+        found: dict[str, Any] = response.json()
+        return found
 
     def create(self, path: str, body: dict[str, Any]) -> None:
         try:
@@ -163,3 +179,21 @@ def server_events_from_pods(pods: list[dict[str, Any]], events: list[dict[str, A
         if stopped.created > pod_made.get(key, -1.0):  # not a stop from before the pod there now
             found[key] = stopped
     return found
+
+
+def kai_queue(client: KubeClient, namespace: str, backend: kai.Kai, group: str) -> kai.ClassQueue:
+    """The KAI queue of class ``group`` (KAI's Queue object, only that one), and its pods in ``namespace``."""
+    name = backend.queue(group)
+    selector = quote(f"{kai.QUEUE_LABEL}={name}", safe="")
+    try:
+        queue = client.get(f"{kai.QUEUES_PATH}/{quote(name, safe='')}")
+        pods = client.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
+    except requests.HTTPError as exc:
+        if exc.response is None or exc.response.status_code not in (401, 403):
+            raise
+        raise PermissionError(
+            f"The Kubernetes API refused the portal KAI's queue {name} (HTTP {exc.response.status_code}): its "
+            "ServiceAccount needs get on queues.scheduling.run.ai, which helm/gpuslice grants when "
+            "gpuSharing.backend is kai. Tell an admin."
+        ) from exc
+    return kai.read_queue(name, queue, pods)

@@ -4,9 +4,10 @@ Everything the two deployments do differently for the portal is a method of ``De
 where the GPUs and what holds them are read (this machine's GPUs and the ledger, or the
 Kubernetes API), where a server's history is kept, how the note of who stops a server is
 left, and which of the settings (gpuslice.yaml, or the chart's values) name Prometheus,
-Alertmanager and the markets. The rest of the portal talks to the
-hub's REST APIs, the same on both (``portal/data/hub.py``): the GPU line and the classes are
-read and changed only there (the classes live in the running hub: not in either file).
+Alertmanager and the markets; under KAI Scheduler, where a class's KAI queue is read. The rest
+of the portal talks to the hub's REST APIs, the same on both (``portal/data/hub.py``): the GPU
+line and the classes are read and changed only there (the classes live in the running hub: not
+in either file).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from portal.data.prometheus import MetricsUnavailableError
 from spawner import environ
 from spawner.inventory import Inventory
 from spawner.ledger import Held, ServerEvent
+from spawner.sharing.kai import ClassQueue, Kai
 
 
 class Deployment(Protocol):
@@ -50,6 +52,8 @@ class Deployment(Protocol):
     def proposals_per_hour(self) -> int: ...
 
     def models_root(self) -> Path: ...
+
+    def class_queue(self, group: str) -> ClassQueue | None: ...
 
 
 class OneMachine:
@@ -98,6 +102,10 @@ class OneMachine:
 
     def models_root(self) -> Path:
         return settings_models_root(self.settings)
+
+    def class_queue(self, group: str) -> ClassQueue | None:
+        """Classes have no KAI queue on one machine (gpuslice's own line is the only one)."""
+        return None
 
 
 class Kubernetes:
@@ -156,6 +164,13 @@ class Kubernetes:
 
     def models_root(self) -> Path:
         return settings_models_root(settings_from_environment(self.env))
+
+    def class_queue(self, group: str) -> ClassQueue | None:
+        """The class's KAI queue where KAI queues and places the GPU pods (``gpuSharing.backend: kai``), else None."""
+        backend = self.values.sharing_backend()
+        if not isinstance(backend, Kai):
+            return None
+        return cluster.kai_queue(self.client, self.namespace, backend, group)
 
 
 def _chart_url(url: str, key: str, what: str) -> str:

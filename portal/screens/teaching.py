@@ -1,4 +1,4 @@
-"""A teacher's page: their class's roster, servers, line, budget, reservations and usage.
+"""A teacher's page: their class's roster, servers, line, budget, KAI queue, reservations and usage.
 
 What it shows comes from the hub with the reader's own token (the hub answers only the
 classes they teach; admins every class), and every change goes to the hub, which checks again.
@@ -244,6 +244,42 @@ def live_class() -> None:
 
 
 live_class()
+
+
+# -- KAI's queue -----------------------------------------------------------------------------
+@st.fragment(run_every=classes.QUEUE_S)
+def kai_queue() -> None:
+    """Under KAI Scheduler: the class's KAI queue, its quota and what KAI counts in it, and who waits there."""
+    try:
+        queue = classes.class_queue(identity, chosen.name)
+    except PermissionError as exc:
+        st.error(str(exc))
+        return
+    except SourceUnavailableError as exc:
+        st.error(f"{exc}. Reload in a moment.")
+        return
+    if queue is None:
+        return  # KAI does not queue this platform's pods: the GPU line above is the only one
+    st.subheader("KAI queue", divider="gray")
+    if not queue.exists:
+        st.warning(
+            f"KAI has no queue named {views.plain(queue.name)}: KAI places none of this class's GPU servers until "
+            "an admin creates it (the chart makes one per class with gpuSharing.kai.createQueues)."
+        )
+    else:
+        st.caption(
+            f"KAI Scheduler queues and places this class's GPU servers: queue **{views.plain(queue.name)}** under "
+            f"**{views.plain(queue.parent or 'no parent')}**. Allocated and requested are KAI's counts for the queue."
+        )
+        st.markdown(" · ".join(f"{label}: **{value}**" for label, value in views.queue_figures(queue).items()))
+    if queue.waiting:
+        st.markdown("**Waiting for KAI**")
+        st.dataframe(views.queued_rows(queue.waiting), hide_index=True, width="stretch")
+    else:
+        st.caption("No server of this class waits for KAI.")
+
+
+kai_queue()
 
 # -- reservations and usage -----------------------------------------------------------------
 st.subheader("Reserved GPU memory", divider="gray")

@@ -3,10 +3,12 @@
 Read from the hub's classes API (hub/classes_api.py) on both backends: one snapshot with the
 portal's own token, shared by every reader. A teacher's page reads the classes they teach with
 their own token (the hub decides which), and changes them with it (the hub checks who may).
+Under KAI Scheduler a class's queue is read from the cluster, for those same readers only.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import streamlit as st
@@ -18,9 +20,11 @@ from portal.identity import Identity
 from portal.sources import clients
 from portal.sources.snapshot import Snapshot
 from spawner.quotas import GroupRules, read_groups
+from spawner.sharing.kai import ClassQueue, QueuedPod
 
 CLASSES_S = 1.0  # how old the classes may be: a class added elsewhere shows within a second
 GROUPS_S = 5.0  # the hub's groups (a chart's classes keep their members there)
+QUEUE_S = 2.0  # a class's KAI queue: what KAI counts in it changes as its controllers catch up
 
 
 @st.cache_resource
@@ -86,6 +90,27 @@ def taught(identity: Identity) -> list[ClassInfo]:
     """The classes the reader may manage, as the hub tells them with the reader's own token (a page's
     reruns within two seconds ask once)."""
     return hub.classes(clients.acting_client(identity))
+
+
+@st.cache_data(ttl=QUEUE_S, show_spinner=False)
+def _class_queue(name: str) -> ClassQueue | None:
+    return clients.deployment().class_queue(name)
+
+
+def class_queue(identity: Identity, name: str) -> ClassQueue | None:
+    """Class ``name``'s KAI queue (None: KAI does not queue this platform's pods), for the classes the hub
+    says the reader may manage (their own as a teacher, all as an admin); waiting people outside the reader's
+    scope unnamed."""
+    if name not in {c.name for c in taught(identity)}:
+        raise PermissionError(
+            f"{identity.name} may not read class {name}'s KAI queue: only its teachers and admins can"
+        )
+    found = _class_queue(name)
+    if found is None:
+        return None
+    viewer = scope(identity)
+    waiting = tuple(w if viewer.sees(w.user) else QueuedPod(access.HIDDEN, "", "", w.reason) for w in found.waiting)
+    return replace(found, waiting=waiting)
 
 
 def _act(identity: Identity, body: dict[str, Any]) -> dict[str, Any]:

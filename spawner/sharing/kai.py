@@ -11,13 +11,23 @@ hook does. Whole cards are ``nvidia.com/gpu`` limits, scheduled by KAI too. Sour
 pkg/common/constants/constants.go, pkg/binder/binding/resourcereservation/resource_reservation.go,
 pkg/resourcereservation/patcher/pod_patcher.go, docs/gpu-sharing/*.yaml,
 docs/quickstart/default-queues.yaml (tests/spawner/sharing/fixtures/kai_*.yaml cite the commit).
+
+A class's queue as its teachers read it (``read_queue``): the Queue's spec (parent, GPU quota and
+limit in cards, -1 for none) and the status KAI's controllers write (pkg/apis/scheduling/v2/queue_types.go:
+``allocated`` and ``requested``, ResourceLists summed from the queue's pod groups and child queues by
+pkg/queuecontroller; a fraction counts as ``nvidia.com/gpu`` in cards, a ``gpu-memory`` request as
+``run.ai/gpu.memory`` in MiB: pkg/podgroupcontroller/controllers/resources), with the queue's pods KAI
+has not placed and its reason, from their PodScheduled condition
+(pkg/scheduler/cache/status_updater/default_status_updater.go).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 
 from spawner.inventory import Gpu, Node, holds_resources
 from spawner.shares import GpuRequest, MiB
@@ -38,6 +48,7 @@ from spawner.sharing.base import (
     attach_whole_cards,
     pod_key,
     pod_limit,
+    pod_owner,
     slice_env,
     whole_cards,
 )
@@ -51,6 +62,9 @@ GPU_GROUP = "runai-gpu-group"
 RESERVED_UUID = "run.ai/reserve_for_gpu_index"  # the card's UUID, written by the reservation pod
 RESERVATION_NAMESPACE = "kai-resource-reservation"
 RESERVATIONS = ApiList("kai-reservations", f"/api/v1/namespaces/{RESERVATION_NAMESPACE}/pods")
+QUEUES_PATH = "/apis/scheduling.run.ai/v2/queues"  # cluster-scoped: deployments/kai-scheduler/crds
+REQUESTED_MEMORY = "run.ai/gpu.memory"  # MiB a queue's gpu-memory pods ask for, in status.requested
+NOT_TRIED = "KAI has not tried to place it yet"
 
 NOTE = (
     "A slice is a KAI Scheduler fraction of a GPU: KAI reserves your share but does not hold its memory; "
@@ -160,3 +174,97 @@ def fraction_bytes(pod: Obj, card_bytes: int) -> int:
     if annotations.get(GPU_MEMORY):
         return int(annotations[GPU_MEMORY]) * MiB
     return int(float(annotations.get(GPU_FRACTION, 0) or 0) * card_bytes)
+
+
+# -- a class's queue --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueuedPod:
+    """A pod of the queue that KAI has not placed, and why, in KAI's words."""
+
+    user: str
+    server: str
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClassQueue:
+    """A class's KAI queue as KAI keeps it. GPU amounts in cards (0.25: a quarter of one); a quota or limit
+    of -1 is none, None is unset. ``waiting``: the queue's pods of the namespace read that KAI has not placed."""
+
+    name: str
+    exists: bool = True
+    parent: str = ""
+    gpu_quota: float | None = None
+    gpu_limit: float | None = None
+    allocated_gpus: float = 0.0
+    requested_gpus: float = 0.0
+    requested_memory_bytes: int = 0
+    waiting: tuple[QueuedPod, ...] = ()
+
+
+def read_queue(name: str, queue: Obj | None, pods: Iterable[Obj]) -> ClassQueue:
+    """The queue ``name`` from its Queue object (None: KAI has no such queue) and the pods that name it."""
+    waiting = tuple(
+        QueuedPod(*pod_owner(pod), reason=_unplaced_reason(pod))
+        for pod in sorted(pods, key=_created)
+        if _queue_of(pod) == name and holds_resources(pod) and not pod.get("spec", {}).get("nodeName")
+    )
+    if queue is None:
+        return ClassQueue(name, exists=False, waiting=waiting)
+    spec, status = queue.get("spec") or {}, queue.get("status") or {}
+    gpu = (spec.get("resources") or {}).get("gpu") or {}
+    allocated, requested = status.get("allocated") or {}, status.get("requested") or {}
+    return ClassQueue(
+        name,
+        parent=str(spec.get("parentQueue") or ""),
+        gpu_quota=_number(gpu.get("quota")),
+        gpu_limit=_number(gpu.get("limit")),
+        allocated_gpus=count_of(allocated.get(NVIDIA_GPU, 0)),
+        requested_gpus=count_of(requested.get(NVIDIA_GPU, 0)),
+        requested_memory_bytes=round(count_of(requested.get(REQUESTED_MEMORY, 0)) * MiB),
+        waiting=waiting,
+    )
+
+
+_QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
+)
+_DECIMAL_SUFFIX = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def count_of(quantity: object) -> float:
+    """A Kubernetes quantity as a number ("250m": 0.25, "666666667n", "4096"); unreadable counts 0, as the
+    inventory counts an unreadable amount."""
+    found = _QUANTITY.match(str(quantity).strip())
+    if found is None:
+        return 0.0
+    number, exponent, suffix = found.group(1), found.group(2), found.group(3) or ""
+    try:
+        value = Decimal(number)
+    except InvalidOperation:  # pragma: no cover - the pattern admits only decimals
+        return 0.0
+    if suffix.endswith("i"):
+        return float(value * 1024 ** ("KMGTPE".index(suffix[0]) + 1))
+    return float(value.scaleb(int(exponent) if exponent else _DECIMAL_SUFFIX[suffix]))
+
+
+def _number(value: object) -> float | None:
+    try:
+        return float(value) if value is not None else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _queue_of(pod: Obj) -> str:
+    return str((pod.get("metadata", {}).get("labels") or {}).get(QUEUE_LABEL) or "")
+
+
+def _unplaced_reason(pod: Obj) -> str:
+    """KAI's message on the pod's PodScheduled condition (it writes the same in an Unschedulable event)."""
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or condition.get("reason") or NOT_TRIED)
+    return NOT_TRIED

@@ -63,3 +63,27 @@ groups:
     assert reservations["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "watch", "list"]}]
     assert hub_settings(docs)["backendSettings"]["queues"] == {"ai2": "ai-two"}
     assert not any(d["kind"] == "Queue" for d in render(values(tmp_path, "gpuSharing: {backend: kai}\n")))
+
+
+def queue_readers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Roles and ClusterRoles that grant anything on KAI's API group."""
+    return [
+        d
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        and any("scheduling.run.ai" in rule.get("apiGroups", []) for rule in d.get("rules") or [])
+    ]
+
+
+def test_under_kai_only_the_portal_may_read_kais_queues_for_the_teaching_page(tmp_path: Path) -> None:
+    docs = render(values(tmp_path, "gpuSharing: {backend: kai}\n"))
+    (role,) = queue_readers(docs)  # the hub gets none: it only labels pods with their queue
+    assert role["kind"] == "ClusterRole"  # Queues are cluster-scoped
+    assert role["rules"] == [{"apiGroups": ["scheduling.run.ai"], "resources": ["queues"], "verbs": ["get", "list"]}]
+    binding = next(
+        d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]
+    )
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gs-gpuslice-portal", "namespace": "jupyter"}]
+    for other in ("gpushare", "dra"):
+        assert not queue_readers(render(values(tmp_path, f"gpuSharing: {{backend: {other}}}\n"))), other
+    assert not queue_readers(render(values(tmp_path, "gpuSharing: {backend: kai}\nportal: {enabled: false}\n")))

@@ -164,7 +164,11 @@ class ApiServer(GroupsMixin):
         self.scheduler_name = scheduler_name
         self.store = Store()
         self.rest = Rest(self.store)
-        self.rest.on_created = {"pods": self._schedule_created, "persistentvolumeclaims": self._provision}
+        self.rest.on_created = {
+            "pods": self._schedule_created,
+            "persistentvolumeclaims": self._provision,
+            "queues.scheduling.run.ai": self.account_queues,
+        }
         self.rest.on_removed = {"pods": self._requeue}
         self.scheduling = asyncio.Lock()  # one pod placed at a time, as kube-scheduler's one scheduling cycle
         self.rest.stop_pod = self._stop_pod
@@ -422,6 +426,7 @@ class ApiServer(GroupsMixin):
     async def _requeue(self, removed: Obj) -> None:
         """kube-scheduler moves its unschedulable pods back to the queue when a pod leaves a node:
         each pod still unplaced is tried again, oldest first (a terminating pod held its room till now)."""
+        await self.account_queues()  # KAI's queue counted it
         if not removed.get("spec", {}).get("nodeName"):
             return
         async with self.scheduling:
@@ -506,11 +511,14 @@ class ApiServer(GroupsMixin):
         parts = ", ".join(f"{n} Insufficient {r}" for r, n in sorted(short.items()))
         await self._unschedulable(pod, len(nodes), parts)
 
-    async def _unschedulable(self, pod: Obj, total: int, parts: str) -> None:
-        message = (
-            f"0/{total} nodes are available: {parts}. preemption: 0/{total} nodes are available: "
-            f"{total} No preemption victims found for incoming pod."
+    async def _unschedulable(self, pod: Obj, total: int, parts: str, postfilter: str = "") -> None:
+        """Pending with kube-scheduler's FitError: the filters' reasons, then its PostFilter plugins' (default:
+        DefaultPreemption finding no lower-priority pod to evict on nodes a filter called Unschedulable)."""
+        postfilter = (
+            postfilter
+            or f"preemption: 0/{total} nodes are available: {total} No preemption victims found for incoming pod."
         )
+        message = f"0/{total} nodes are available: {parts}. {postfilter}"
         pod["status"]["conditions"] = [
             {
                 "type": "PodScheduled",

@@ -5,8 +5,9 @@ Their objects are served, as ``<plural>.<group>``, by the double's REST layer li
 (tests/kube/api/registry.py lists them). This mixin of ``ApiServer`` is asked first in ``_schedule``: a
 pod with ``spec.resourceClaims`` gets its claims made and allocated before it is bound (or stays Pending
 with kube-scheduler's words); a pod for ``kai-scheduler`` (when that scheduler runs:
-``--schedulers ...,kai-scheduler``) is placed as KAI places a fraction. A claim made for a pod is owned
-by it (ownerReferences) and goes with it by the garbage collector.
+``--schedulers ...,kai-scheduler``) is placed as KAI places a fraction, and KAI's queues' statuses follow
+its pods (``account_queues``: after a placement or refusal, a pod's removal, a queue's creation). A claim
+made for a pod is owned by it (ownerReferences) and goes with it by the garbage collector.
 """
 
 from __future__ import annotations
@@ -82,9 +83,13 @@ class GroupsMixin:
                     await self.store.put("resourceclaims.resource.k8s.io", namespace, claim, "MODIFIED")
                 await self._place(pod, name)  # type: ignore[attr-defined]
                 return
-        await self._unschedulable(pod, len(nodes), f"{len(nodes)} {dra.UNALLOCATABLE}")  # type: ignore[attr-defined]
+        await self._unschedulable(pod, len(nodes), *dra.unallocatable(len(nodes)))  # type: ignore[attr-defined]
 
     async def _schedule_kai(self, pod: Obj, nodes: list[Obj]) -> None:
+        await self._place_with_kai(pod, nodes)
+        await self.account_queues()
+
+    async def _place_with_kai(self, pod: Obj, nodes: list[Obj]) -> None:
         problem = kai.queue_problem(pod, self.store.items("queues.scheduling.run.ai", None))
         if problem:
             await self._kai_unschedulable(pod, problem)
@@ -110,3 +115,12 @@ class GroupsMixin:
         ]
         await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
         await self._event(pod, "Warning", "Unschedulable", message)  # type: ignore[attr-defined]
+
+    async def account_queues(self, _changed: Obj | None = None) -> None:
+        """KAI's pod-group and queue controllers: each Queue's status from its pods and child queues."""
+        queues = self.store.items("queues.scheduling.run.ai", None)
+        statuses = kai.queue_statuses(queues, self.store.items("pods", None), self.store.items("nodes", None))
+        for queue in queues:
+            if queue.get("status", {}) != statuses[queue["metadata"]["name"]]:
+                queue["status"] = statuses[queue["metadata"]["name"]]
+                await self.store.put("queues.scheduling.run.ai", "", queue, "MODIFIED")

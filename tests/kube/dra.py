@@ -13,8 +13,13 @@ What it serves and does, as Kubernetes 1.34+ does for the parts gpuslice uses:
   free: not allocated to any claim, or, with ``allowMultipleAllocations`` (DRAConsumableCapacity), with
   room for the request's ``capacity.requests`` (unrequested capacity consumes all of it). The claim's
   ``status.allocation`` records the devices (``consumedCapacity`` and a ``shareID`` for shared ones)
-  and a node selector, ``status.reservedFor`` the pod. No device: kube-scheduler's words,
-  ``cannot allocate all claims``.
+  and a node selector, ``status.reservedFor`` the pod. No device: the pod stays Pending with
+  kube-scheduler's FitError in its PodScheduled condition and a FailedScheduling event
+  (``unallocatable``): the plugin's Filter says ``cannot allocate all claims`` as
+  UnschedulableAndUnresolvable, so DefaultPreemption finds preemption "not helpful" on every
+  node, after the plugin's own PostFilter's ``still not schedulable``
+  (pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go; the message verbatim in
+  kubernetes' test/integration/dra/dra_test.go, commit b94367ca).
 
 CEL: only the subset the driver's DeviceClasses and gpuslice's templates use, ``&&`` of
 ``device.driver == '<s>'`` and ``device.attributes['<domain>'].<name> == '<s>'``; any other expression
@@ -42,6 +47,14 @@ RESOURCES = {
     "resourceclaimtemplates": ("ResourceClaimTemplate", True),
 }
 UNALLOCATABLE = "cannot allocate all claims"
+
+
+def unallocatable(nodes: int) -> tuple[str, str]:
+    """kube-scheduler's FitError for a pod whose claims no node can allocate: (filter reasons, PostFilter's)."""
+    preemption = f"preemption: 0/{nodes} nodes are available: {nodes} Preemption is not helpful for scheduling."
+    return f"{nodes} {UNALLOCATABLE}", f"still not schedulable, {preemption}"
+
+
 _COMPARISON = re.compile(
     r"^device\.(?:driver|attributes\['(?P<domain>[^']+)'\]\.(?P<name>[A-Za-z0-9_]+))\s*==\s*'(?P<value>[^']*)'$"
 )

@@ -11,6 +11,17 @@ pod gets the group's label and ``received-resource-type: Fraction`` and is bound
 stays Pending, its condition and event in KAI's words (pkg/scheduler/api/common_info/pod_errors.go:
 ``node(s) didn't have enough resources: GPUs``). Not modelled: queue quotas, fairness, reclaim and
 preemption, gangs, whole-card pods beyond a count check.
+
+Each Queue's status is kept as KAI's pod-group and queue controllers keep it (``queue_statuses``), after
+every placement, refusal, pod removal and queue creation: ``requested`` sums the queue's Pending and
+Running pods (``gpu-fraction`` as ``nvidia.com/gpu``, ``gpu-memory`` as ``run.ai/gpu.memory`` in MiB,
+whole cards as ``nvidia.com/gpu``), ``allocated`` its bound ones (a fraction as its share of the card:
+``gpu-memory`` over the node's ``nvidia.com/gpu.memory``, rounded up to nano as resource.Quantity
+parses it), a parent the sums of its children, listed in ``childQueues``; the values written as
+resource.Quantity writes them ("250m"). pkg/podgroupcontroller/controllers/metadata/pod.go and
+resources/{requested,received,fraction}.go, pkg/queuecontroller/controllers/resource_updater and
+childqueues_updater. Only the GPU entries: KAI also sums the containers' CPU and memory requests there,
+which gpuslice does not read.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import random
 import string
 import uuid
+from decimal import ROUND_UP, Decimal
 from typing import Any
 
 Obj = dict[str, Any]
@@ -28,6 +40,10 @@ QUEUE_LABEL = "kai.scheduler/queue"
 GPU_GROUP = "runai-gpu-group"
 RESERVATION_NAMESPACE = "kai-resource-reservation"
 RESERVED_UUID = "run.ai/reserve_for_gpu_index"
+GPU = "nvidia.com/gpu"
+REQUESTED_MEMORY = "run.ai/gpu.memory"
+NANO = Decimal("1e-9")
+SUFFIXES = ((18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k"), (0, ""), (-3, "m"), (-6, "u"), (-9, "n"))
 MiB = 2**20
 
 
@@ -123,3 +139,100 @@ def queue_problem(pod: Obj, queues: list[Obj]) -> str:
     if name in parents:
         return f"queue {name} is not a leaf queue"
     return ""
+
+
+def queue_statuses(queues: list[Obj], pods: list[Obj], nodes: list[Obj]) -> dict[str, Obj]:
+    """Each queue's ``status`` (GPU entries) as KAI's controllers write it from its pods and child queues."""
+    card_mib = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.memory") for n in nodes}
+    own: dict[str, tuple[dict[str, Decimal], dict[str, Decimal]]] = {}
+    for pod in pods:
+        name = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+        if name and pod["status"].get("phase") in ("Pending", "Running"):
+            requested, allocated = own.setdefault(name, ({}, {}))
+            _add(requested, _requested(pod))
+            if pod["status"].get("phase") == "Running" or _scheduled(pod):
+                _add(allocated, _allocated(pod, card_mib.get(pod["spec"].get("nodeName", ""))))
+    children = {q["metadata"]["name"]: [] for q in queues}
+    for queue in queues:
+        parent = (queue.get("spec") or {}).get("parentQueue")
+        if parent in children:
+            children[parent].append(queue["metadata"]["name"])
+
+    def sums(name: str) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
+        requested, allocated = ({**own.get(name, ({}, {}))[0]}, {**own.get(name, ({}, {}))[1]})
+        for child in children.get(name, []):
+            more = sums(child)
+            _add(requested, more[0])
+            _add(allocated, more[1])
+        return requested, allocated
+
+    statuses = {}
+    for name in children:
+        requested, allocated = sums(name)
+        status: Obj = {}
+        if allocated:
+            status["allocated"] = {k: quantity(v) for k, v in sorted(allocated.items())}
+        if requested:
+            status["requested"] = {k: quantity(v) for k, v in sorted(requested.items())}
+        if children[name]:
+            status["childQueues"] = sorted(children[name])
+        statuses[name] = status
+    return statuses
+
+
+def quantity(value: Decimal) -> str:
+    """As resource.Quantity writes a decimal amount: no fraction, the largest suffix that allows it."""
+    if value == 0:
+        return "0"
+    for exponent, suffix in SUFFIXES:
+        scaled = value.scaleb(-exponent)
+        if scaled == scaled.to_integral_value():
+            return f"{int(scaled)}{suffix}"
+    raise ValueError(f"{value} is finer than a nano")  # parsed amounts are rounded up to nano
+
+
+def _parsed(text: str) -> Decimal:
+    """resource.MustParse of a plain decimal: an amount finer than nano is rounded up to nano."""
+    return Decimal(text).quantize(NANO, rounding=ROUND_UP)
+
+
+def _requested(pod: Obj) -> dict[str, Decimal]:
+    annotations = pod["metadata"].get("annotations") or {}
+    found = {GPU: Decimal(_cards(pod))} if _cards(pod) else {}
+    if annotations.get("gpu-fraction"):
+        found[GPU] = found.get(GPU, Decimal(0)) + _parsed(annotations["gpu-fraction"])
+    if annotations.get("gpu-memory"):
+        found[REQUESTED_MEMORY] = _parsed(annotations["gpu-memory"])
+    return found
+
+
+def _allocated(pod: Obj, node_card_mib: str | None) -> dict[str, Decimal]:
+    annotations = pod["metadata"].get("annotations") or {}
+    share = Decimal(_cards(pod))
+    if annotations.get("received-resource-type") == "Fraction":
+        if annotations.get("gpu-fraction"):
+            share += _parsed(annotations["gpu-fraction"])
+        elif annotations.get("gpu-memory") and node_card_mib:
+            share += _parsed(repr(int(annotations["gpu-memory"]) / float(node_card_mib)))  # FormatFloat(.., 'f', -1)
+    return {GPU: share} if share else {}
+
+
+def _cards(pod: Obj) -> int:
+    """Whole cards the containers request (requests default to the limits for extended resources)."""
+    total = 0
+    for container in pod["spec"].get("containers") or []:
+        resources = container.get("resources") or {}
+        amount = (resources.get("requests") or {}).get(GPU) or (resources.get("limits") or {}).get(GPU) or 0
+        total += int(amount)
+    return total
+
+
+def _scheduled(pod: Obj) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in pod["status"].get("conditions") or []
+    )
+
+
+def _add(into: dict[str, Decimal], more: dict[str, Decimal]) -> None:
+    for key, value in more.items():
+        into[key] = into.get(key, Decimal(0)) + value

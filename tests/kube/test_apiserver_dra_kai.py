@@ -13,6 +13,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from portal.data.cluster import KubeClient, kai_queue
 from spawner import sharing
 from spawner.shares import GiB, GpuRequest
 from spawner.sharing.base import Target
@@ -102,9 +103,16 @@ def test_the_double_allocates_shared_gpu_claims_by_capacity_and_refuses_as_kube_
     assert devices["jupyter-cara"] is None
     refused = [e["message"] for e in events if e["reason"] == "FailedScheduling"]
     assert refused == [
-        "0/1 nodes are available: 1 cannot allocate all claims. preemption: 0/1 nodes are available: "
-        "1 No preemption victims found for incoming pod."
+        "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, preemption: 0/1 nodes are "
+        "available: 1 Preemption is not helpful for scheduling."
     ]
+    assert pods[2]["status"]["conditions"][0] | {"lastTransitionTime": ""} == {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": refused[0],
+        "lastTransitionTime": "",
+    }
     # gpuslice reads it back: each card with its owner, the third pod holding nothing.
     inventory = sharing.build_kube(nodes, pods, Dra(), objects={"resourceslices": slices, "resourceclaims": claims})
     assert [[(a.user, a.memory_bytes) for a in g.allocations] for g in inventory.gpus()] == [
@@ -133,9 +141,11 @@ def test_the_double_places_kai_fractions_with_a_reservation_pod_and_refuses_in_k
     node["metadata"]["labels"]["nvidia.com/gpu.memory"] = "6144"
     for key in ("capacity", "allocatable"):
         node["status"][key]["nvidia.com/gpu"] = "1"
-    queue = {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": "ml101"}, "spec": {}}
+    parent = {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": "gpuslice"}, "spec": {}}
+    queue = {**parent, "metadata": {"name": "ml101"}, "spec": {"parentQueue": "gpuslice"}}
 
-    async def run(http: aiohttp.ClientSession) -> tuple[list[dict[str, Any]], ...]:
+    async def run(http: aiohttp.ClientSession) -> tuple[Any, ...]:
+        await post(http, "/apis/scheduling.run.ai/v2/queues", parent)
         await post(http, "/apis/scheduling.run.ai/v2/queues", queue)
         pods = []
         for user in ("gina", "hal"):  # 4 GiB each on a 6 GiB card: the second does not fit
@@ -149,9 +159,23 @@ def test_the_double_places_kai_fractions_with_a_reservation_pod_and_refuses_in_k
         lost["metadata"]["labels"] = {"kai.scheduler/queue": "nowhere"}
         await post(http, "/api/v1/namespaces/ns/pods", lost)
         pods.append(await settle(http, "jupyter-ivy"))
-        return pods, await listed(http, "/api/v1/namespaces/kai-resource-reservation/pods")
+        queues = {q["metadata"]["name"]: q["status"] for q in await listed(http, "/apis/scheduling.run.ai/v2/queues")}
+        # The portal's data layer reads the class's queue as its Teaching page shows it (its client is blocking).
+        async with http.get("/version") as response:
+            client = KubeClient(str(response.url).removesuffix("/version"), token="")
+        seen = await asyncio.to_thread(kai_queue, client, "ns", Kai(), "ml101")
+        async with http.delete("/api/v1/namespaces/ns/pods/jupyter-gina") as response:
+            assert response.status == 200
+        for _ in range(200):  # gina's pod gone, KAI places hal in her GPU group; the queue follows
+            async with http.get("/apis/scheduling.run.ai/v2/queues/ml101") as response:
+                after = (await response.json())["status"]
+            if after.get("requested") == {"run.ai/gpu.memory": "4096"} and "allocated" in after:
+                break
+            await asyncio.sleep(0.02)
+        reservations = await listed(http, "/api/v1/namespaces/kai-resource-reservation/pods")
+        return pods, reservations, queues, seen, after
 
-    pods, reservations = asyncio.run(with_double([node], run, frozenset({"kai-scheduler"})))
+    pods, reservations, queues, seen, after = asyncio.run(with_double([node], run, frozenset({"kai-scheduler"})))
     gina, hal, ivy = pods
     (reservation,) = reservations
     assert gina["spec"]["nodeName"] == "gpu-k" and reservation["spec"]["nodeName"] == "gpu-k"
@@ -163,3 +187,13 @@ def test_the_double_places_kai_fractions_with_a_reservation_pod_and_refuses_in_k
     assert ivy["status"]["conditions"][0]["message"] == "queue nowhere does not exist"
     inventory = sharing.build_kube([node], pods, Kai(), objects={"kai-reservations": reservations})
     assert [[(a.user, a.memory_bytes) for a in g.allocations] for g in inventory.gpus()] == [[("gina", 4 * GiB)]]
+    # KAI's controllers count the queue: gina's 4096 of 6144 MiB allocated (a fraction rounded up to nano), both
+    # asked as memory; the parent sums its child.
+    assert queues["ml101"] == {
+        "allocated": {"nvidia.com/gpu": "666666667n"},
+        "requested": {"run.ai/gpu.memory": "8192"},
+    }
+    assert queues["gpuslice"] == {**queues["ml101"], "childQueues": ["ml101"]}
+    assert (seen.parent, seen.allocated_gpus, seen.requested_memory_bytes) == ("gpuslice", 0.666666667, 8 * GiB)
+    assert [(w.user, w.reason) for w in seen.waiting] == [("hal", hal["status"]["conditions"][0]["message"])]
+    assert after == {"allocated": {"nvidia.com/gpu": "666666667n"}, "requested": {"run.ai/gpu.memory": "4096"}}

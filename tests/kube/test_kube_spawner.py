@@ -2,20 +2,28 @@
 
 import asyncio
 import copy
+import json
+import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from jupyterhub.objects import Hub
 from kubernetes_asyncio.client import ApiClient
 
-from spawner.kube import KubeGpuSpawner, scheduling_message, usage_from_pods
+from spawner.kube import CACHES, ClusterCache, KubeGpuSpawner, Snapshot, scheduling_message, usage_from_pods
 from spawner.request import GpuRefused
 from spawner.shares import parse_request
 from spawner.sharing import build_kube
 from spawner.sharing.gpushare import Gpushare
 from tests.kube.conftest import gpushare_node
+from tests.kube.dra import unallocatable
+
+SHARING_FIXTURES = Path(__file__).parents[1] / "spawner" / "sharing" / "fixtures"
+CARD_0 = "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"  # gpu-a's first GPU in dra_cluster.yaml
 
 GiB = 2**30
 
@@ -189,6 +197,53 @@ def test_scheduling_explanations() -> None:
     text = LOOP.run_until_complete(spawner._scheduling_explanation("0/1 nodes are available"))
     assert "workloads outside it hold the GPUs" in text
     assert scheduling_message("m", "e") == "Waiting for a GPU: e (scheduler: m)"
+
+
+def test_a_dra_claim_kube_scheduler_cannot_allocate_is_explained_from_the_room_it_waits_for(tmp_path: Path) -> None:
+    """The pod's own placement (held for it until its claim is allocated) is not room taken from it, and the hub,
+    which lists every claim in the cluster, names the card its claim asks for instead of unseen workloads."""
+    objects = yaml.safe_load((SHARING_FIXTURES / "dra_cluster.yaml").read_text())["items"]
+    nodes = [o for o in objects if o["kind"] == "Node"]
+    slices = [o for o in objects if o["kind"] == "ResourceSlice"]
+    spawner = make("dra", StubUser("cara"), gpu_memory="4GiB")
+    spawner.gpu_ledger_path = str(tmp_path / "ledger.sqlite")
+    spawner.gpu_inventory_ttl = 3600.0
+
+    def listed(*claims: dict[str, Any]) -> None:  # the hub's listing: nodes, the driver's slices, every claim
+        cache = CACHES.setdefault(spawner.namespace, ClusterCache())
+        cache._snapshot = Snapshot(nodes, [], time.monotonic(), {"resourceslices": slices, "resourceclaims": [*claims]})
+
+    def claim(name: str, device: str, memory: str | None) -> dict[str, Any]:
+        result: dict[str, Any] = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "gpu-a", "device": device}
+        if memory:
+            result["consumedCapacity"] = {"memory": memory}
+        meta = {"name": name, "namespace": "lab", "ownerReferences": [{"kind": "Pod", "name": name}]}
+        return {"metadata": meta, "status": {"allocation": {"devices": {"results": [result]}}}}
+
+    listed()
+    LOOP.run_until_complete(spawner._check_and_place())
+    assert spawner._gpu_card is not None and spawner._gpu_card.uuid == CARD_0  # the claim asks for this card
+    assert CARD_0 in json.dumps(spawner._gpu_claim)
+    filters, postfilter = unallocatable(1)  # the pod's PodScheduled condition and event, as kube-scheduler words it
+    scheduler = f"0/1 nodes are available: {filters}. {postfilter}"
+    try:
+        # Another namespace's claim takes 38 GiB of that card before kube-scheduler reaches the pod.
+        listed(claim("lab-notebook", "gpu-0", "38Gi"))
+        text = LOOP.run_until_complete(spawner._scheduling_explanation(scheduler))
+        assert text == (
+            "Waiting for a GPU: its claim asks for gpu-a GPU 0 (NVIDIA A100-SXM4-40GB), the card chosen when it was "
+            "placed, where 2 GiB is free now; the server starts when 4 GiB is free there; gpu-a GPU 1 has room "
+            f"now: start again to be placed there. (scheduler: {scheduler})"
+        )
+        # The other card is taken whole too: nothing holds 4 GiB, said as the hub says it at a refusal, with
+        # the 2 GiB truly free (not the 4 GiB held for this very pod).
+        listed(claim("lab-notebook", "gpu-0", "38Gi"), claim("lab-trainer", "gpu-1", None))
+        text = LOOP.run_until_complete(spawner._scheduling_explanation(scheduler))
+        assert text.startswith("Waiting for a GPU: Nothing can hold 4 GiB of one GPU right now.")
+        assert "The largest free slice is 2 GiB on gpu-a GPU 0" in text and text.endswith(f"(scheduler: {scheduler})")
+    finally:
+        spawner._forget_placement()
+        CACHES.pop(spawner.namespace, None)
 
 
 def test_notebook_pods_meet_the_restricted_profile_with_the_charts_settings() -> None:

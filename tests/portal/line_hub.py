@@ -139,8 +139,10 @@ def serve_line(
     doubles: dict[str, LineHubDouble] = {}
 
     def acting(identity: Identity) -> hub.HubClient:
-        doubles[identity.name] = LineHubDouble(ledger, identity, rules, groups, classes)
-        return hub.HubClient(API, "reader", session=doubles[identity.name])
+        double = doubles.get(identity.name)
+        if double is None or double.caller != identity:  # one per reader: it keeps all a page run sent
+            double = doubles[identity.name] = LineHubDouble(ledger, identity, rules, groups, classes)
+        return hub.HubClient(API, "reader", session=double)
 
     portal = LineHubDouble(ledger, None, rules, groups, classes)
     monkeypatch.setattr(clients, "hub_client", lambda: hub.HubClient(API, "portal", session=portal))

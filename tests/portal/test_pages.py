@@ -4,12 +4,16 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import streamlit as st
+import yaml
 from streamlit.testing.v1 import AppTest
 
+from hub.kube_values import KubeValues
 from portal import auth, views
+from portal.data import deployment
 from portal.data.alertmanager import AlertRow
 from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ClassInfo, ServerRow
@@ -28,6 +32,7 @@ from tests.portal.line_hub import serve_line
 pytestmark = pytest.mark.pages  # Streamlit pages run by AppTest: not in the fast tier
 
 APP = str(Path(__file__).parents[2] / "portal" / "app.py")
+SHARING_FIXTURES = Path(__file__).parents[1] / "spawner" / "sharing" / "fixtures"
 GiB = 2**30
 NOW = datetime.now(UTC)
 TWO_HOURS_AGO = NOW - timedelta(hours=2)
@@ -651,6 +656,78 @@ def test_a_teacher_manages_their_class_from_the_teaching_page(
     stop.click().run()
     hub_double = fakes["hub"]["tina"]  # type: ignore[index]
     assert hub_double.stopped == [("alice", "")]  # through the classes API: the hub stops it with its authority
+
+
+class KaiCluster:
+    """The Kubernetes API as the portal's KubeClient reads it: KAI's queues and the namespace's pods of
+    tests/spawner/sharing/fixtures/kai_queues.yaml (every pod, whatever the selector), each path asked noted."""
+
+    def __init__(self, *more_pods: dict[str, Any]) -> None:
+        items = yaml.safe_load((SHARING_FIXTURES / "kai_queues.yaml").read_text())["items"]
+        self.queues = {i["metadata"]["name"]: i for i in items if i["kind"] == "Queue"}
+        self.pods = [*(i for i in items if i["kind"] == "Pod"), *more_pods]
+        self.asked: list[str] = []
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        self.asked.append(path)
+        return self.queues.get(path.rsplit("/", 1)[1])
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        self.asked.append(path)
+        return self.pods
+
+
+def test_under_kai_a_teacher_sees_their_classs_queue_and_no_other_classs(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The class's KAI queue on the Teaching page: its parent, GPU quota and limit, what KAI counts in it, and
+    who waits in it with KAI's reason; a teacher of ml101 never has cv202's queue read for her."""
+    add_class(fakes, {"name": "ml101", "members": ["alice", "bob"], "teachers": ["tina"]})
+    add_class(fakes, {"name": "cv202", "members": ["carl", "dana"], "teachers": ["tom"]})
+    fakes["identity"] = Identity("tina")
+    assert "KAI queue" not in [h.value for h in run("screens/teaching.py").subheader]  # one machine: no KAI
+    labels, annotations = {"kai.scheduler/queue": "ml101"}, {"hub.jupyter.org/username": "zed"}
+    meta = {
+        "name": "jupyter-zed",
+        "labels": labels,
+        "annotations": annotations,
+        "creationTimestamp": "2026-03-09T09:00:00Z",
+    }
+    stranger = {"metadata": meta, "spec": {}}
+    cluster = KaiCluster(stranger)  # someone of no class of hers, in her class's queue: counted, not named
+    values = KubeValues.model_validate({"notebookImage": "nb", "proxyApiUrl": "http://proxy", "backend": "kai"})
+    monkeypatch.setattr(clients, "deployment", lambda: deployment.Kubernetes(values, cluster))  # type: ignore[arg-type]
+    classes._class_queue.clear()  # what the one machine answered a moment ago
+    at = run("screens/teaching.py")
+    assert "KAI queue" in [h.value for h in at.subheader]
+    assert (
+        "GPU quota: **2.5 GPUs** · GPU limit: **2.5 GPUs** · allocated: **0.25 of a GPU** · "
+        "requested: **12 GiB of GPU memory**"
+    ) in markdown_text(at)
+    assert "queue **ml101** under **gpuslice**" in texts(at)
+    waiting = next(f.value for f in at.dataframe if "why it waits" in f.value.columns)
+    assert waiting.to_dict("records") == [
+        {
+            "student": "bob",
+            "server": "(default)",
+            "why it waits": "0/1 nodes are available: 1 node(s) didn't have enough resources: GPUs.",
+        },
+        {"student": "someone outside your classes", "server": "", "why it waits": "KAI has not tried to place it yet"},
+    ]
+    assert "zed" not in everything(at) and "dana" not in everything(at)
+    assert any(p.endswith("/queues/ml101") for p in cluster.asked)
+    assert not any("cv202" in p for p in cluster.asked)  # nor asked for her: only her class's queue is read
+    with pytest.raises(PermissionError, match="only its teachers and admins can"):
+        classes.class_queue(Identity("tina"), "cv202")
+    with pytest.raises(PermissionError):
+        classes.class_queue(Identity("alice"), "ml101")  # a student manages no class
+    fakes["identity"] = Identity("root", admin=True)
+    at = run("screens/teaching.py")
+    at.selectbox[0].select("cv202").run()
+    assert not at.exception, at.exception
+    assert "allocated: **0.5 of a GPU** · requested: **0.5 of a GPU and 4 GiB of GPU memory**" in markdown_text(at)
+    waiting = next(f.value for f in at.dataframe if "why it waits" in f.value.columns)
+    assert list(waiting["student"]) == ["dana"]
 
 
 def test_the_teaching_page_is_for_teachers_and_admins_and_a_teacher_stops_only_their_students(
