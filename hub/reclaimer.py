@@ -71,6 +71,7 @@ from spawner.waitline import (
     still_freeing,
     stop_at,
     stop_due,
+    waits_for_room,
     with_gpu_activity,
 )
 from spawner.words import instant
@@ -239,7 +240,7 @@ class Reclaimer:
 
     def step(self, now: float) -> list[str]:
         """Warn and stop as needed; returns the servers stopped."""
-        waiting = sum(1 for e in self.ledger.line() if not e.away(now))
+        waiting = sum(1 for e in self.ledger.line() if waits_for_room(e, now))
         if not waiting:
             self.warned, self.freeing = {}, {}
             return []  # nobody waits: nothing to reclaim, no cluster to read

@@ -104,7 +104,46 @@ CREATE TABLE IF NOT EXISTS server_process (
     PRIMARY KEY (pid, started)
 );
 """
-SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS)
+# Step 3: batch jobs (spawner/jobs.py, spawner/job_ledger.py): each job with what it asked and how it went,
+# its events, and which line entries are backfill jobs (docs/jobs.md).
+JOBS = """
+CREATE TABLE IF NOT EXISTS job (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    user TEXT NOT NULL,          -- its owner: it runs as them
+    spec TEXT NOT NULL,          -- JSON: what was asked (spawner/jobs.py JobSpec), for resubmit
+    plan TEXT NOT NULL,          -- JSON: what the platform made of it at submission (spawner/jobs.py JobPlan)
+    state TEXT NOT NULL,         -- spawner/jobs.py STATES
+    reason TEXT NOT NULL DEFAULT '',  -- why it is in that state, in words
+    exit_code INTEGER,           -- the last attempt's exit status (negative: the signal that ended it)
+    attempts INTEGER NOT NULL DEFAULT 0,  -- attempts started
+    failures INTEGER NOT NULL DEFAULT 0,  -- attempts that failed (retries count these)
+    preemptions INTEGER NOT NULL DEFAULT 0,
+    submitted REAL NOT NULL,
+    started REAL,                -- the current (or last) attempt's start
+    finished REAL,
+    runner_pid INTEGER,          -- the process that runs and watches it (spawner/job_runner.py) and its start
+    runner_started REAL,
+    pid INTEGER,                 -- the job's own process and its start time
+    pid_started REAL,
+    unit TEXT NOT NULL DEFAULT '',      -- its cgroup or systemd scope, or its Kubernetes Job
+    placed TEXT NOT NULL DEFAULT '',    -- where its GPU is, in words
+    stop_kind TEXT NOT NULL DEFAULT '', -- a stop asked for: spawner/jobs.py STOP_KINDS
+    stop_reason TEXT NOT NULL DEFAULT '',
+    stop_asked REAL
+);
+CREATE INDEX IF NOT EXISTS job_user ON job (user, id);
+CREATE INDEX IF NOT EXISTS job_state ON job (state);
+CREATE TABLE IF NOT EXISTS job_event (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    message TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_event_job ON job_event (job, id);
+ALTER TABLE waiting ADD COLUMN backfill INTEGER NOT NULL DEFAULT 0;
+"""
+SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS, JOBS)
 
 # What happened to a server, in the order it can happen. The portal's Jobs page
 # reads the latest one: why a pending server waits, why a stopped one failed.
@@ -508,22 +547,24 @@ def _insert_entry(db: sqlite3.Connection, e: Entry) -> None:
     models = sorted(d.models) if d.models is not None else None
     demand = {"gpus": d.gpus, "slice_units": d.slice_units, "slice_fraction": d.slice_fraction, "models": models}
     db.execute(
-        "INSERT OR REPLACE INTO waiting (key, user, demand, asked_bytes, grp, arrived, priority, seen, label)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (e.key, e.user, json.dumps(demand), e.asked_bytes, e.group, e.arrived, e.priority, e.seen, e.label),
+        "INSERT OR REPLACE INTO waiting (key, user, demand, asked_bytes, grp, arrived, priority, seen, label, backfill)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (e.key, e.user, json.dumps(demand), e.asked_bytes, e.group, e.arrived, e.priority, e.seen, e.label, e.backfill),
     )
 
 
 def _read_line(db: sqlite3.Connection) -> list[Entry]:
     rows = db.execute(
-        "SELECT key, user, demand, asked_bytes, grp, arrived, priority, seen, label FROM waiting ORDER BY arrived, key"
+        "SELECT key, user, demand, asked_bytes, grp, arrived, priority, seen, label, backfill FROM waiting"
+        " ORDER BY arrived, key"
     ).fetchall()
     entries = []
-    for key, user, demand, asked, grp, arrived, priority, seen, label in rows:
+    for key, user, demand, asked, grp, arrived, priority, seen, label, backfill in rows:
         d = json.loads(demand)
         models = frozenset(d["models"]) if d.get("models") is not None else None
         parsed = Demand(gpus=d["gpus"], slice_units=d["slice_units"], slice_fraction=d["slice_fraction"])
-        entries.append(Entry(key, user, replace(parsed, models=models), asked, grp, arrived, priority, seen, label))
+        demand_ = replace(parsed, models=models)
+        entries.append(Entry(key, user, demand_, asked, grp, arrived, priority, seen, label, bool(backfill)))
     return entries
 
 

@@ -44,6 +44,7 @@ from spawner.waitline import (
     never_fits,
     positions,
     stop_at,
+    waits_for_room,
     warning_lead,
 )
 from spawner.words import instant, place_words
@@ -204,7 +205,9 @@ class WaitingLineMixin(GpuShareMixin):
             raise LeftLineError()
         wait = wait or mine is not None  # back after a hub restart: keep the place
         reserved = any(r.on(now) for r in reservations)
-        if request.kind is RequestKind.CPU or (not wait and not reserved and not any(not e.away(now) for e in line)):
+        if request.kind is RequestKind.CPU or (
+            not wait and not reserved and not any(waits_for_room(e, now) for e in line)
+        ):
             return self._decide(request, image, holds), None  # nobody waits: the direct path and its refusals
         inventory = self._inventory(holds)
         me = self._entry(request, image, inventory, holds, mine, now)
@@ -226,7 +229,7 @@ class WaitingLineMixin(GpuShareMixin):
         if placed is not None:
             return self._rows(request, inventory, me.group, placed.choice), None
         if not wait:
-            ahead = sum(1 for e in line if not e.away(now))
+            ahead = sum(1 for e in line if waits_for_room(e, now))
             why = f"{ahead} request(s) wait in line for a GPU before yours."
             if not ahead:
                 why = "The free GPU memory is reserved for another class now."
