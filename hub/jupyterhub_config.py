@@ -7,6 +7,7 @@ hub/wiring.py ``configure_hub``. Here: what only the single machine has.
 """
 # ruff: noqa: F821  (`c` is provided by JupyterHub when it loads this file)
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from spawner import environ
 from spawner.cgroups import limits_for
 from spawner.gpus import machine
 from spawner.ledger import Ledger
+from spawner.lifecycle import HOOK_DIR
 
 env = environ.read()
 settings = from_environment(env)
@@ -114,6 +116,14 @@ configure_hub(
             },
         },
         metrics_token=metrics_token,
+        # Batch jobs (hub/job_dispatch.py): placed from the GPU line, run as their owners, confined as servers are.
+        jobs_args=(
+            f"--data-dir={data_dir}",
+            f"--simulate={settings.simulate}",
+            f"--hook-dir={userenv.hook_dir(settings.user_env) if settings.isolation == 'unix-users' else HOOK_DIR}",
+            f"--device-dir={env.get(environ.DEVICE_DIR)}",
+            f"--limits={json.dumps(dict(settings.limits))}",
+        ),
         managed=tuple(
             filter(
                 None,

@@ -35,6 +35,7 @@ from spawner.jobs import (
 )
 from spawner.ledger import Held, Ledger, _insert, _insert_entry, _leave, _read, _read_line, _read_reservations
 from spawner.processes import Proc
+from spawner.shares import RequestKind
 from spawner.waitline import Entry, Reservation
 
 EVENTS_KEPT_PER_JOB = 50
@@ -161,7 +162,8 @@ class JobLedger(Ledger):
                 (user, json.dumps(spec.to_json()), json.dumps(plan.to_json()), QUEUED, "waiting in line", now),
             )
             job_id = int(cursor.lastrowid or 0)
-            _insert_entry(db, entry_for(job_id, now))
+            if needs_gpu(plan):  # CPU only: nothing to wait for, the dispatcher starts it at its next look
+                _insert_entry(db, entry_for(job_id, now))
             _event(db, job_id, QUEUED, f"submitted by {user}; waiting in line for {plan.label}")
         found = self.job(job_id)
         assert found is not None
@@ -183,10 +185,11 @@ class JobLedger(Ledger):
             line = {e.key: e for e in _read_line(db)}
             for placement in decided.placements:
                 job = by_id[placement.job]
-                if job.state != QUEUED or job.key not in line:
+                if job.state != QUEUED or (job.key not in line and needs_gpu(job.plan)):
                     continue
                 _insert(db, job.key, placement.rows)
-                _leave(db, line[job.key], "placed", now)
+                if job.key in line:
+                    _leave(db, line[job.key], "placed", now)
                 db.execute(
                     "UPDATE job SET state = ?, reason = ?, placed = ?, attempts = attempts + 1, started = NULL,"
                     " runner_pid = NULL, runner_started = NULL, pid = NULL, pid_started = NULL, unit = '',"
@@ -202,15 +205,19 @@ class JobLedger(Ledger):
 
     # -- a job's runner ---------------------------------------------------------------------------
 
-    def runner_started(self, job_id: int, runner: Proc) -> JobRecord | None:
-        """The runner is up: recorded, and the job as it is now (a stop may already have been asked)."""
+    def runner_started(self, job_id: int, runner: Proc, runs: Callable[[Proc], bool]) -> JobRecord | None:
+        """The runner is up: recorded, and the job as it is now (a stop may already have been asked); None when
+        there is nothing for it to run, or another runner that still runs has the job (``runs``: whether one does).
+        """
         with self._write() as db:
+            found = _select(db, "WHERE id = ? AND state IN (?, ?)", (job_id, STARTING, STOPPING))
+            other = found[0].runner if found else None
+            if not found or (other is not None and other != runner and runs(other)):
+                return None
             db.execute(
-                "UPDATE job SET runner_pid = ?, runner_started = ? WHERE id = ? AND state IN (?, ?)",
-                (runner.pid, runner.started, job_id, STARTING, STOPPING),
+                "UPDATE job SET runner_pid = ?, runner_started = ? WHERE id = ?", (runner.pid, runner.started, job_id)
             )
-            found = _select(db, "WHERE id = ?", (job_id,))
-        return found[0] if found else None
+            return _select(db, "WHERE id = ?", (job_id,))[0]
 
     def process_started(self, job_id: int, process: Proc, unit: str) -> JobRecord | None:
         """The job's process exists (its slice's rows name it, for the exporter); the job as it is now."""
@@ -268,13 +275,19 @@ class JobLedger(Ledger):
                 (int(outcome.failed), int(outcome.preempted), exit_code, job_id),
             )
             if outcome.state == QUEUED and requeue is not None:
-                _insert_entry(db, requeue)
+                if needs_gpu(job.plan):
+                    _insert_entry(db, requeue)
                 db.execute("UPDATE job SET state = ?, reason = ? WHERE id = ?", (QUEUED, outcome.reason, job_id))
                 _event(db, job_id, QUEUED, outcome.reason)
             else:
                 _set_finished(db, job_id, outcome.state, outcome.reason, exit_code, now)
             after = _select(db, "WHERE id = ?", (job_id,))
         return after[0]
+
+
+def needs_gpu(plan: JobPlan) -> bool:
+    """Whether a job waits in the GPU line (a CPU-only one holds nothing there and never waits)."""
+    return plan.request.kind is not RequestKind.CPU
 
 
 def _ask_stop(db: sqlite3.Connection, job_id: int, kind: str, reason: str, now: float) -> None:

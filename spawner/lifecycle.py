@@ -35,6 +35,29 @@ HOOK_DIR = Path(__file__).parent / "kernel_hook"
 LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
 
 
+def placement_rows(
+    key: str, server: str, request: GpuRequest, inventory: Inventory, group: str | None, choice: Choice | None
+) -> list[Held]:
+    """The ledger rows of a local placement, one per card (none for CPU only): a server's or a job's."""
+    if choice is None:
+        return []
+    node = inventory.nodes[choice.node]
+    whole = request.kind is RequestKind.WHOLE
+    user = key.partition("/")[0]
+    return [
+        Held(
+            key,
+            node.gpus[i].index,
+            user,
+            server,
+            node.gpus[i].memory_bytes if whole else request.bytes_on(node.gpus[i].memory_bytes),
+            whole,
+            group,
+        )
+        for i in choice.gpus
+    ]
+
+
 class RestartCheck:
     """The first poll after a hub restart, for every backend (local processes and Kubernetes pods).
 
@@ -117,23 +140,7 @@ class LedgerGpuMixin(WaitingLineMixin):
 
     def _rows(self, request: GpuRequest, inventory: Inventory, group: str | None, choice: Choice | None) -> list[Held]:
         """The ledger rows for a placement (none for CPU only)."""
-        if choice is None:
-            return []
-        node = inventory.nodes[choice.node]
-        return [
-            Held(
-                self._key,
-                node.gpus[i].index,
-                self.user.name,  # type: ignore[attr-defined]
-                self.name,  # type: ignore[attr-defined]
-                node.gpus[i].memory_bytes
-                if request.kind is RequestKind.WHOLE
-                else request.bytes_on(node.gpus[i].memory_bytes),
-                request.kind is RequestKind.WHOLE,
-                group,
-            )
-            for i in choice.gpus
-        ]
+        return placement_rows(self._key, self.name, request, inventory, group, choice)  # type: ignore[attr-defined]
 
     def allocate(self) -> tuple[GpuRequest, list[Held] | None]:
         """Check and place the request; write it to the ledger. Counts refusals.

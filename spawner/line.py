@@ -349,14 +349,18 @@ class WaitingLineMixin(GpuShareMixin):
     def _frees_at(self, holds: list[Held], now: float) -> list[float]:
         """When each GPU server ends at the latest while anyone waits, from the line's state: a warned one at
         its announced stop, else at the stop it would be warned of once idle for the idle timeout."""
+        return list(self.gpu_ends(holds, now).values())
+
+    def gpu_ends(self, holds: list[Held], now: float) -> dict[str, float]:
+        """Each GPU server's latest end while anyone waits (``_frees_at``), by its key (jobs' API too)."""
         activity = self._last_activity()
         warned = {key: e.created for key, e in self._ledger.latest_events().items() if e.kind == "warned"}
         lead = self.gpu_warning_lead
         report_every = activity_report_interval(lead)
-        return [
-            expected_end(activity.get(key, now), warned.get(key), self.gpu_idle_timeout, lead, report_every)
+        return {
+            key: expected_end(activity.get(key, now), warned.get(key), self.gpu_idle_timeout, lead, report_every)
             for key in {h.key for h in holds}
-        ]
+        }
 
     def _last_activity(self) -> dict[str, float]:
         """Each running server's last activity (else its start) from JupyterHub's database (empty outside a hub)."""

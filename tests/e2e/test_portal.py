@@ -36,6 +36,7 @@ def test_every_page_through_the_gate_with_screenshots(portal: Platform) -> None:
         expected = {
             "": "Overview",
             "gpus": "GPUs",
+            "servers": "Servers",
             "jobs": "Jobs",
             "classes": "Classes",
             "alerts": "Alerts",
