@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from hub import job_cli, state_cli, top_cli
+from hub import job_cli, patrol, state_cli, top_cli
 from hub import settings as settings_mod
 from spawner import environ, sharing
 from spawner.placement import POLICIES
@@ -133,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     state_cli.add_commands(commands)  # backup, restore, upgrade
     top_cli.add_command(commands)
     job_cli.add_command(commands)
+    patrol.add_command(commands)
     _plugin_commands(commands)
     return parser
 
@@ -157,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return top_cli.run(args)
     if args.command == "job":
         return job_cli.run(args)
+    if args.command == "patrol":
+        return patrol.run(args)
     if args.command in state_cli.COMMANDS:
         return state_cli.run(args)
     return int(args.run(args))  # a command a plugin registered (_plugin_commands)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from jupyterhub import orm
@@ -39,14 +38,13 @@ from hub.line_api import viewer_of
 from spawner.checked import problems
 from spawner.job_ledger import JobLedger, JobRecord, TooManyQueuedError
 from spawner.job_request import plan_job
-from spawner.job_runner import log_path
 from spawner.jobs import CANCEL, QUEUED, STATES, JobSpec, line_entry
 from spawner.ledger import Held
-from spawner.line import LineView, WaitingLineMixin, group_bytes_of, line_view
+from spawner.line import LineView, LogRead, WaitingLineMixin, group_bytes_of, servers_by_user
 from spawner.quotas import budgets
 from spawner.request import GpuRefused
 from spawner.scope import Scope
-from spawner.waitline import budget_holding_back, estimated_start, waits_for_room
+from spawner.waitline import budget_holding_back, estimated_start, fair_order, waits_for_room
 
 READ_SCOPE, SUBMIT_SCOPE, CANCEL_SCOPE = "read:servers", "servers", "delete:servers"
 LOG_CHUNK = 1024 * 1024  # the most of a log one read returns (the portal's tail; a download has it whole)
@@ -129,15 +127,27 @@ class JobsBase(APIHandler):  # type: ignore[misc]
         line = ledger.line()
         budget_of = budgets(spawner.gpu_group_rules)
         frees_at = _frees_at(spawner, ledger, holds, now)
+        present = [e for e in line if waits_for_room(e, now) or e.backfill]
+        order = fair_order(present, servers_by_user(holds))  # once for all: a long line is read in one pass
+        place = {e.key: i for i, e in enumerate(order, start=1)}
+        used = group_bytes_of(holds)
+        ends = sorted(frees_at.get(h.key, now) for h in holds)
         found = {}
         for job in queued:
-            me = next((e for e in line if e.key == job.key), None)
+            me = next((e for e in order if e.key == job.key), None)
             if me is None:
                 continue
-            present = [e for e in line if e.key != me.key and (waits_for_room(e, now) or e.backfill)]
-            view = line_view(me, present, holds, budget_holding_back(me, budget_of, group_bytes_of(holds)))
-            eta = estimated_start(view.start_rank, [frees_at.get(h.key, now) for h in view.freeing], now)
-            found[job.id] = {"position": view.position, "estimated_start": eta, "why": _why(job, view, present)}
+            position = place[me.key]
+            group = budget_holding_back(me, budget_of, used)
+            if group is None:
+                view = LineView(position, holds, position)
+                eta = estimated_start(position, ends, now)
+            else:
+                ahead = sum(1 for e in order[: position - 1] if e.group == group) + 1
+                freeing = [h for h in holds if h.group == group]
+                view = LineView(position, freeing, ahead, group)
+                eta = estimated_start(ahead, [frees_at.get(h.key, now) for h in freeing], now)
+            found[job.id] = {"position": position, "estimated_start": eta, "why": _why(job, view, present)}
         return found
 
 
@@ -197,12 +207,13 @@ class JobsHandler(JobsBase):
             spec = JobSpec.model_validate(self.get_json_body() or {})
         except ValidationError as exc:
             raise web.HTTPError(400, problems(exc)) from None
-        job = self._submit(user, spec)
+        job = await self._submit(user, spec)
         self._send({"job": job_json(job)}, 201)
 
-    def _submit(self, user: Any, spec: JobSpec) -> JobRecord:
+    async def _submit(self, user: Any, spec: JobSpec) -> JobRecord:
         spawner = self._spawner(user)
         try:
+            await spawner._refresh_view()  # on Kubernetes the cluster's cards, as a spawn reads them
             plan = plan_job(spawner, spec)  # type: ignore[arg-type]
             return self._ledger(user).submit(
                 user.name, spec, plan, lambda job_id, now: line_entry(job_id, user.name, spec, plan, now, now)
@@ -228,28 +239,22 @@ class JobLogHandler(JobsBase):
         _, job = self._visible(user, int(job_id))
         if not (user.admin or job.user == user.name):
             raise web.HTTPError(403, "a job's output is for its owner and admins only")
-        path = log_path(Path(self._spawner(user).gpu_ledger_path).absolute().parent / "jobs", job.id)
-        size = path.stat().st_size if path.exists() else 0
         try:
             offset = max(0, int(self.get_argument("offset", "0")))
             tail = max(0, int(self.get_argument("tail", "0")))
         except ValueError:
             raise web.HTTPError(400, "offset and tail must be whole numbers of bytes") from None
-        if tail:
-            offset = max(0, size - tail)
         download = self.get_argument("download", "") not in ("", "0")
+        wanted = LogRead(
+            offset=0 if download else offset, tail=0 if download else tail, most=None if download else LOG_CHUNK
+        )
+        data, size = await self._spawner(user).gpu_job_log(job, wanted)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("Cache-Control", "no-store")
         self.set_header("X-Log-Size", str(size))
         if download:
             self.set_header("Content-Disposition", f'attachment; filename="job-{job.id}.log"')
-            offset = 0
-        data = b""
-        if path.exists() and offset < size:
-            with path.open("rb") as log:
-                log.seek(offset)
-                data = log.read(None if download else LOG_CHUNK)
         self.finish(data)
 
 
@@ -269,7 +274,7 @@ class JobActionHandler(JobsBase):
         _, job = self._visible(user, int(job_id))
         if job.user != user.name:
             raise web.HTTPError(403, "only its owner may resubmit a job: it runs as whoever submits it")
-        self._send({"job": job_json(self._submit(user, job.spec))}, 201)
+        self._send({"job": job_json(await self._submit(user, job.spec))}, 201)
 
 
 # On every hub (hub/wiring.py configure_hub).

@@ -19,6 +19,7 @@ from hub.settings import from_environment
 from hub.top_cli import TOP_SERVICE
 from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub, incident_recorder, renewals_service
 from spawner import environ
+from spawner.card_health import CardLedger
 from spawner.cgroups import limits_for
 from spawner.gpus import machine
 from spawner.ledger import Ledger
@@ -134,6 +135,17 @@ configure_hub(
                     # What has a horizon renews itself (hub/renewals.py): the Alertmanager config (the
                     # rotation's 26 weeks) daily, the idle-holder notices weekly when notice_mail.weekly is on.
                     renewals_service(env.get(environ.SETTINGS), data_dir, with_hub),
+                    # Each free card checked every 6 hours; one that fails is out of placement (hub/patrol.py).
+                    {
+                        "name": "gpu-patrol",
+                        "command": [
+                            *with_hub,
+                            "hub.patrol",
+                            f"--ledger={ledger_path}",
+                            f"--simulate={settings.simulate}",
+                            f"--faults={data_dir / 'monitoring' / 'faults.json'}",
+                        ],
+                    },
                 ),
             )
         ),
@@ -158,5 +170,7 @@ def _home_limit(user: str) -> int:
 
 
 metrics.register_allocations(metrics.HomeCollector(_home_sizes.latest, _home_limit))
+# Each card's last patrol (gpuslice patrol, the gpu-patrol service), for GpuPatrolFailed.
+metrics.register_allocations(metrics.PatrolCollector("localhost", lambda: CardLedger(ledger_path).health()))
 # ... and told to the user on the hub's home page and in JupyterLab (hub/notice.py).
 c.JupyterHub.template_vars.update({homes.HOME_NOTICE: homes.home_notice(_home_sizes, _home_limit)})  # lazy until set

@@ -31,6 +31,7 @@ from spawner.jobs import (
     JobPlan,
     JobSpec,
     Outcome,
+    job_id_of,
     job_key,
 )
 from spawner.ledger import Held, Ledger, _insert, _insert_entry, _leave, _read, _read_line, _read_reservations
@@ -110,9 +111,39 @@ class Dispatch:
     stops: list[Stop] = field(default_factory=list)
 
 
+@dataclass
+class Looked:
+    """The jobs one look at the line sees: the active ones, the CPU-only ones waiting (they are in no line),
+    and any queued one by its key, read when asked (``load``: in the look's transaction)."""
+
+    active: list[JobRecord]
+    cpu_queued: list[JobRecord]
+    load: Callable[[int], JobRecord | None]
+    _read: dict[int, JobRecord] = field(default_factory=dict)
+
+    def queued(self, key: str) -> JobRecord | None:
+        job_id = job_id_of(key)
+        if job_id is None:
+            return None
+        if job_id not in self._read:
+            found = self.load(job_id)
+            if found is None or found.state != QUEUED:
+                return None
+            self._read[job_id] = found
+        return self._read[job_id]
+
+    def by_id(self, job_id: int) -> JobRecord | None:
+        return self._read.get(job_id) or next((j for j in self.cpu_queued if j.id == job_id), None)
+
+
 # One look at the line: every hold, the line (jobs' entries marked present), the reservations not yet
-# over, and the jobs that are queued or active; what to place and what to stop.
-Decide = Callable[[list[Held], list[Entry], list[Reservation], list[JobRecord]], Dispatch]
+# over, and the jobs (``Looked``); what to place and what to stop.
+Decide = Callable[[list[Held], list[Entry], list[Reservation], Looked], Dispatch]
+# A queued job that is in no line: a CPU-only one.
+_NOT_IN_LINE = "(user || '/job:' || id) NOT IN (SELECT key FROM waiting)"
+# Each look marks at least this share of the queued jobs' entries present (the stalest first): every entry
+# within a few looks, far inside the line's AWAY_AFTER_S, at a cost that does not grow with the line.
+PRESENCE_SHARE = 1 / 10
 
 _COLUMNS = (
     "id, user, spec, plan, state, reason, exit_code, attempts, failures, preemptions, submitted, started, finished,"
@@ -172,24 +203,31 @@ class JobLedger(Ledger):
     # -- the dispatcher's look at the line --------------------------------------------------------
 
     def dispatch(self, decide: Decide) -> tuple[Dispatch, dict[int, JobRecord]]:
-        """One atomic look at the line: the queued jobs' entries marked present now (the dispatcher is
-        their presence), then ``decide``'s placements written (slices held, places left, state starting)
-        and its stops asked (state stopping). Returns what was decided, and the active jobs as they are after it."""
+        """One atomic look at the line: the queued jobs' entries marked present (the dispatcher is their
+        presence), then ``decide``'s placements written (slices held, places left, state starting) and its stops
+        asked (state stopping). Returns what was decided, and the active jobs as they are after it.
+
+        A queued job is read only when ``decide`` asks for it (``Looked.queued``): a long line costs its
+        entries, not its jobs' records."""
         with self._write() as db:
             now = time.time()
-            db.execute("UPDATE waiting SET seen = ? WHERE key LIKE '%/job:%'", (now,))
-            jobs = _select(db, "WHERE state IN (?, ?, ?, ?)", (QUEUED, STARTING, RUNNING, STOPPING))
+            _mark_present(db, now)
+            looked = Looked(
+                active=_select(db, "WHERE state IN (?, ?, ?)", (STARTING, RUNNING, STOPPING)),
+                cpu_queued=_select(db, f"WHERE state = ? AND {_NOT_IN_LINE}", (QUEUED,)),
+                load=lambda job_id: next(iter(_select(db, "WHERE id = ?", (job_id,))), None),
+            )
+            line = _read_line(db)
             reservations = [r for r in _read_reservations(db) if r.end > now]
-            decided = decide(_read(db), _read_line(db), reservations, jobs)
-            by_id = {j.id: j for j in jobs}
-            line = {e.key: e for e in _read_line(db)}
+            decided = decide(_read(db), line, reservations, looked)
+            in_line = {e.key: e for e in line}
             for placement in decided.placements:
-                job = by_id[placement.job]
-                if job.state != QUEUED or (job.key not in line and needs_gpu(job.plan)):
+                job = looked.by_id(placement.job)
+                if job is None or job.state != QUEUED or (job.key not in in_line and needs_gpu(job.plan)):
                     continue
                 _insert(db, job.key, placement.rows)
-                if job.key in line:
-                    _leave(db, line[job.key], "placed", now)
+                if job.key in in_line:
+                    _leave(db, in_line[job.key], "placed", now)
                 db.execute(
                     "UPDATE job SET state = ?, reason = ?, placed = ?, attempts = attempts + 1, started = NULL,"
                     " runner_pid = NULL, runner_started = NULL, pid = NULL, pid_started = NULL, unit = '',"
@@ -197,8 +235,9 @@ class JobLedger(Ledger):
                     (STARTING, f"placed: {placement.placed}; starting", placement.placed, job.id),
                 )
                 _event(db, job.id, STARTING, f"placed: {placement.placed}")
+            active = {j.id: j for j in looked.active}
             for stop in decided.stops:
-                if by_id.get(stop.job) is not None and by_id[stop.job].state in (STARTING, RUNNING):
+                if stop.job in active and active[stop.job].state in (STARTING, RUNNING):
                     _ask_stop(db, stop.job, stop.kind, stop.reason, now)
             after = {j.id: j for j in _select(db, "WHERE state IN (?, ?, ?)", (STARTING, RUNNING, STOPPING))}
         return decided, after
@@ -235,6 +274,24 @@ class JobLedger(Ledger):
                 if found[0].state == RUNNING:
                     _event(db, job_id, RUNNING, f"running (attempt {found[0].attempts}, pid {process.pid})")
         return found[0] if found else None
+
+    def unit_started(self, job_id: int, unit: str, placed: str) -> None:
+        """On a cluster: the job's Job is made (its pod to come); the Job's name and where it goes recorded."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE job SET unit = ?, placed = ?, reason = ? WHERE id = ? AND state IN (?, ?)",
+                (unit, placed, f"placed: {placed}; its pod starting", job_id, STARTING, STOPPING),
+            )
+
+    def unit_running(self, job_id: int) -> None:
+        """On a cluster: the job's pod runs."""
+        with self._write() as db:
+            changed = db.execute(
+                "UPDATE job SET state = ?, reason = 'running', started = ? WHERE id = ? AND state = ?",
+                (RUNNING, time.time(), job_id, STARTING),
+            ).rowcount
+            if changed:
+                _event(db, job_id, RUNNING, "running: its pod started")
 
     def ask_stop(
         self, job_id: int, kind: str, reason: str, check: Callable[[JobRecord], None] | None = None
@@ -283,6 +340,16 @@ class JobLedger(Ledger):
                 _set_finished(db, job_id, outcome.state, outcome.reason, exit_code, now)
             after = _select(db, "WHERE id = ?", (job_id,))
         return after[0]
+
+
+def _mark_present(db: sqlite3.Connection, now: float) -> None:
+    """The stalest tenth of the jobs' places in line (at least 50) marked present: the dispatcher is their presence."""
+    count = db.execute("SELECT COUNT(*) FROM waiting WHERE key LIKE '%/job:%'").fetchone()[0]
+    db.execute(
+        "UPDATE waiting SET seen = ? WHERE key IN (SELECT key FROM waiting WHERE key LIKE '%/job:%'"
+        " ORDER BY COALESCE(seen, arrived) LIMIT ?)",
+        (now, max(50, int(count * PRESENCE_SHARE) + 1)),
+    )
 
 
 def needs_gpu(plan: JobPlan) -> bool:
@@ -346,7 +413,7 @@ def _record(row: Sequence[object]) -> JobRecord:
     return JobRecord(
         id=int(job_id),  # type: ignore[call-overload]
         user=str(user),
-        spec=JobSpec.model_validate(json.loads(str(spec))),
+        spec=JobSpec.stored(json.loads(str(spec))),
         plan=JobPlan.from_json(json.loads(str(plan))),
         state=str(state),
         reason=str(reason),

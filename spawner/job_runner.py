@@ -28,6 +28,7 @@ from typing import BinaryIO
 from spawner.confinement import Confinement, for_machine
 from spawner.job_ledger import JobLedger, JobRecord
 from spawner.jobs import LOST, SHUTDOWN, TIME_LIMIT, Ending, duration_words, line_entry, outcome
+from spawner.lifetime import die_with_parent
 from spawner.processes import Proc, identify, running
 
 LOG_TAIL_BYTES = 16 * 1024  # how much of the log's end the runner reads to say why a job failed
@@ -68,11 +69,15 @@ def log_path(jobs_dir: Path, job_id: int) -> Path:
     return jobs_dir / str(job_id) / "output.log"
 
 
-def _unblock_signals() -> None:
-    """In the job's process, before exec: the runner's blocked signals are not the job's."""
+def _in_the_job() -> None:
+    """In the job's process, before exec: the runner's blocked signals are not the job's, and the job ends with
+    its runner (killed, the runner's end could not be written: a job nobody watches would run on unseen; the
+    dispatcher then counts the attempt lost). The kernel forgets this when the job becomes its owner's account
+    (a change of credentials); its cgroup, removed with the attempt, stands for it there."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(number, signal.SIG_DFL)
+    die_with_parent(signum=signal.SIGKILL)
 
 
 class Runner:
@@ -105,7 +110,7 @@ class Runner:
                 env=self.launch.env,
                 cwd=self.launch.cwd,
                 start_new_session=True,  # its own process group: signals reach everything it started
-                preexec_fn=_unblock_signals,
+                preexec_fn=_in_the_job,
                 close_fds=True,
             )
         except OSError as exc:
@@ -187,18 +192,28 @@ class Runner:
         log.write(f"\n--- gpuslice {stamp}: {words} ---\n".encode())
 
 
-def lost(ledger: JobLedger, job: JobRecord, why: str, confinement: Confinement | None) -> JobRecord | None:
+def lost(
+    ledger: JobLedger, job: JobRecord, why: str, confinement: Confinement | None, jobs_dir: Path | None = None
+) -> JobRecord | None:
     """A job whose runner is gone (killed, or the machine restarted): ended as a lost attempt, what it left
-    running ended, retried if its retries allow (the dispatcher calls this)."""
+    running ended, retried if its retries allow (the dispatcher calls this). ``jobs_dir``: where the attempts'
+    launches are (the runner may have died before it recorded the job's cgroup: the launch names it)."""
     if job.process is not None and running(job.process):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(job.process.pid, signal.SIGKILL)
-    if job.unit and confinement is not None:
-        confinement.remove(job.unit)
+    unit = job.unit or (_planned_unit(jobs_dir, job) if jobs_dir else "")
+    if unit and confinement is not None:
+        confinement.remove(unit)
     ending = Ending(None, LOST, why)
     result = outcome(ending, failures_before=job.failures, retries=job.spec.retries, time_limit_s=job.spec.time_limit_s)
     requeue = line_entry(job.id, job.user, job.spec, job.plan, job.submitted, time.time())
     return ledger.finish(job.id, result, None, requeue)
+
+
+def _planned_unit(jobs_dir: Path, job: JobRecord) -> str:
+    """The cgroup or scope the dispatcher made for the job's current attempt (its launch file), if any."""
+    launch = launch_path(jobs_dir, job.id)
+    return Launch.read(launch).unit if launch.exists() else ""
 
 
 def main(argv: list[str]) -> None:

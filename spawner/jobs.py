@@ -238,6 +238,14 @@ class JobSpec(Checked):
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
 
+    @classmethod
+    def stored(cls, data: dict[str, Any]) -> JobSpec:
+        """A spec the ledger kept: checked when it was accepted, read back without checking again (a long
+        line reads hundreds of them a second)."""
+        fields = {**data, "command": tuple(data["command"]) if data.get("command") else None}
+        fields["models"] = tuple(data.get("models") or ())
+        return cls.model_construct(**fields)
+
 
 @dataclass(frozen=True)
 class JobPlan:

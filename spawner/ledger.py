@@ -23,12 +23,13 @@ no hub claims (hub/recovery.py), and every one at a full stop.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -105,7 +106,7 @@ CREATE TABLE IF NOT EXISTS server_process (
 );
 """
 # Step 3: batch jobs (spawner/jobs.py, spawner/job_ledger.py): each job with what it asked and how it went,
-# its events, and which line entries are backfill jobs (docs/jobs.md).
+# its events, and which line entries are backfill jobs (docs/jobs.md); each card's last patrol (spawner/patrol.py).
 JOBS = """
 CREATE TABLE IF NOT EXISTS job (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -142,6 +143,13 @@ CREATE TABLE IF NOT EXISTS job_event (
 );
 CREATE INDEX IF NOT EXISTS job_event_job ON job_event (job, id);
 ALTER TABLE waiting ADD COLUMN backfill INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS card_health (
+    gpu_index INTEGER PRIMARY KEY, -- a card of this machine
+    healthy INTEGER NOT NULL,     -- 0: its patrol failed; out of placement until an admin clears it
+    message TEXT NOT NULL,        -- what the last check found
+    checked REAL NOT NULL,        -- when
+    cleared_by TEXT NOT NULL DEFAULT ''  -- the admin who put it back, after a failure
+);
 """
 SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS, JOBS)
 
@@ -558,14 +566,18 @@ def _read_line(db: sqlite3.Connection) -> list[Entry]:
         "SELECT key, user, demand, asked_bytes, grp, arrived, priority, seen, label, backfill FROM waiting"
         " ORDER BY arrived, key"
     ).fetchall()
-    entries = []
-    for key, user, demand, asked, grp, arrived, priority, seen, label, backfill in rows:
-        d = json.loads(demand)
-        models = frozenset(d["models"]) if d.get("models") is not None else None
-        parsed = Demand(gpus=d["gpus"], slice_units=d["slice_units"], slice_fraction=d["slice_fraction"])
-        demand_ = replace(parsed, models=models)
-        entries.append(Entry(key, user, demand_, asked, grp, arrived, priority, seen, label, bool(backfill)))
-    return entries
+    return [
+        Entry(key, user, _demand(demand), asked, grp, arrived, priority, seen, label, bool(backfill))
+        for key, user, demand, asked, grp, arrived, priority, seen, label, backfill in rows
+    ]
+
+
+@functools.lru_cache(maxsize=1024)
+def _demand(text: str) -> Demand:
+    """A line entry's demand from its JSON; a long line has few distinct ones (read once each: Demand is frozen)."""
+    d = json.loads(text)
+    models = frozenset(d["models"]) if d.get("models") is not None else None
+    return Demand(gpus=d["gpus"], slice_units=d["slice_units"], slice_fraction=d["slice_fraction"], models=models)
 
 
 def _read(db: sqlite3.Connection) -> list[Held]:

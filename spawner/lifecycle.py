@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,9 +20,11 @@ import aiohttp
 from traitlets import Instance, Unicode
 
 from spawner import environ
+from spawner.card_health import CardLedger
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, ServerProcess, stop_message
-from spawner.line import WAITING_PROGRESS, WaitingLineMixin, usage_of
+from spawner.line import WAITING_PROGRESS, LogRead, WaitingLineMixin, usage_of
+from spawner.patrol import with_health
 from spawner.placement import Choice, Demand
 from spawner.processes import Proc, identify, running
 from spawner.quotas import Usage
@@ -122,7 +125,9 @@ class LedgerGpuMixin(WaitingLineMixin):
     ).tag(config=True)
 
     def _inventory(self, holds: list[Held]) -> Inventory:
-        return build_local(self._machine.gpus, [(h.gpu_index, h.allocation()) for h in holds])
+        # A card whose patrol failed is out of placement until an admin clears it (spawner/patrol.py).
+        gpus = with_health(self._machine.gpus, CardLedger(self.gpu_ledger_path).out_of_placement())
+        return build_local(gpus, [(h.gpu_index, h.allocation()) for h in holds])
 
     def form_state(self) -> tuple[Inventory, Usage]:
         others = [h for h in self._ledger.holdings() if h.key != self._key]
@@ -329,6 +334,18 @@ class LedgerGpuMixin(WaitingLineMixin):
         if self._gpu_models:
             env[environ.MODELS.name] = ",".join(self._gpu_models)
         return env
+
+    async def gpu_job_log(self, job: Any, read: LogRead) -> tuple[bytes, int]:
+        """A job's log file (DATA/jobs/ID/output.log, written by its runner)."""
+        path = Path(self.gpu_ledger_path).absolute().parent / "jobs" / str(job.id) / "output.log"
+        try:
+            with path.open("rb") as log:
+                size = os.fstat(log.fileno()).st_size
+                start, length = read.window(size)
+                log.seek(start)
+                return log.read(-1 if length is None else length), size
+        except FileNotFoundError:
+            return b"", 0
 
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()  # type: ignore[misc]

@@ -376,6 +376,10 @@ class WaitingLineMixin(GpuShareMixin):
                 found[f"{spawner.user.name}/{spawner.name}"] = last.replace(tzinfo=datetime.UTC).timestamp()
         return found
 
+    async def gpu_job_log(self, job: Any, read: LogRead) -> tuple[bytes, int]:
+        """A job's output as ``read`` says, and its whole size (one machine: its log file; Kubernetes: its pod's)."""
+        raise NotImplementedError
+
     def run_pre_spawn_hook(self) -> Any:
         # JupyterHub reads start_timeout once start() is called: a waiting spawn gets the line's
         # limit on top, so JupyterHub never gives up on it before the line does.
@@ -399,6 +403,20 @@ class WaitingLineMixin(GpuShareMixin):
             self._gpu_stages.append(Stage(progress, message, time.monotonic()))
             for listener in self._gpu_stage_listeners or ():
                 listener.set()
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """Which part of a job's output to read: from ``offset``, or its last ``tail`` bytes; at most ``most``."""
+
+    offset: int = 0
+    tail: int = 0
+    most: int | None = None
+
+    def window(self, size: int) -> tuple[int, int | None]:
+        """(start, length) of the part of an output of ``size`` bytes (length None: to its end)."""
+        start = max(0, size - self.tail) if self.tail else min(self.offset, size)
+        return start, self.most
 
 
 @dataclass(frozen=True)

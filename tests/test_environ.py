@@ -41,8 +41,9 @@ def test_every_variable_is_documented() -> None:
 
 
 # Where the process environment may be read: the declarations' one reader, the hand-over of
-# secrets (to a 0600 file and back), and the kernel hook (standalone in users' kernels).
-READERS = ("spawner/environ.py", "spawner/secretenv.py", "spawner/kernel_hook/")
+# secrets (to a 0600 file and back), the kernel hook (standalone in users' kernels) and the notebook
+# server's extensions (standalone in users' servers: JupyterHub's variables, not ours).
+READERS = ("spawner/environ.py", "spawner/secretenv.py", "spawner/kernel_hook/", "spawner/lab/")
 
 
 def environment_reads(path: Path) -> list[str]:

@@ -15,8 +15,12 @@ The hub no longer reads the proxy's traffic as activity either (``last_activity_
 A user can run their own server without this file; they gain nothing they could not have
 by running a cell now and then, which any user may do.
 
+It also loads JupyterLab's "Run as job" (gpuslice_lab_jobs.py beside it: the notebook submitted to the
+hub's jobs API as a batch job).
+
 Only jupyter_server is imported: this runs in the users' environment, not the platform's.
 """
+# ruff: noqa: F821  (`c` and `__file__` are given by the config loader that runs this file)
 
 READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
 # Writes an open page makes by itself (seen in JupyterLab 4 with a notebook open: a PUT of the
@@ -55,3 +59,18 @@ def count_only_changes() -> bool:
 
 
 count_only_changes()
+
+
+def run_as_job() -> None:
+    """JupyterLab's "Run as job": the server extension beside this file (a folder every account can read)."""
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.append(here)
+    c.ServerApp.jpserver_extensions.update({"gpuslice_lab_jobs": True})  # type: ignore[name-defined]
+
+
+if "c" in globals():  # run by the config loader (a test imports this file's functions alone)
+    run_as_job()

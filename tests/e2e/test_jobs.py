@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 import requests
 
+from hub.accounts import passwords_path, set_password
 from spawner.jobs import GRACE_S
-from tests.e2e.platform import Platform
+from tests.e2e.platform import PASSWORD, Platform
 
 STUDENTS, TEACHER = ("jann", "jbob"), "jtina"
 REPO = Path(__file__).resolve().parents[2]
@@ -100,6 +101,8 @@ def root_platform() -> Iterator[Platform]:
         },
     }
     platform = Platform(root, settings)
+    platform.data_dir.mkdir(mode=0o700)
+    set_password(passwords_path(platform.data_dir), TEACHER, PASSWORD)  # as `gpuslice user set-password`
     try:
         platform.start(timeout_s=300)  # the first start as root builds the users' environment
         yield platform

@@ -20,7 +20,7 @@ from hub.job_dispatch import Dispatcher, decide, preempt_words
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.job_launch import Machine
-from spawner.job_ledger import JobLedger, JobRecord
+from spawner.job_ledger import JobLedger, JobRecord, Looked
 from spawner.jobs import CANCEL, CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobPlan, JobSpec, line_entry
 from spawner.ledger import Held
 from spawner.processes import running
@@ -51,12 +51,13 @@ def test_the_line_places_jobs_behind_a_person_and_stops_backfill_for_them(tmp_pa
     filler = new_job(ledger, home, {"command": ["a"], "gpu_memory": "16GiB", "priority": "backfill"}, user="cy")
 
     def look(holds: list[Held], line: list[Entry]) -> tuple[list[int], list[int]]:
-        jobs = [j for j in ledger.jobs() if j.state != "cancelled"]
+        jobs = {j.id: j for j in ledger.jobs()}
+        looked = Looked([j for j in jobs.values() if j.state in ("starting", "running", "stopping")], [], jobs.get)
         decided = decide(
             holds,
             line,
             [],
-            jobs,
+            looked,
             inventory_of=lambda rows: build_local(CARDS, [(h.gpu_index, h.allocation()) for h in rows]),
             words=lambda rows: "",
             budgets_now={},
@@ -178,11 +179,15 @@ def test_jobs_run_end_and_say_why_through_their_runners(tmp_path: Path) -> None:
         dispatcher.step(time.time())
         wait_for(lambda: "attempt 2" in log_of(machine, filler.id), "the backfill job runs again")
 
-        # Its runner killed: the job is lost, its process ended, and it goes back in line (a lost node is retried).
+        # Its runner killed: the job dies with it, and is lost (it failed: its retries are 0).
+        wait_for(lambda: ledger.job(filler.id).process is not None, "the runner records the job's process")  # type: ignore[union-attr]
+        process = ledger.job(filler.id).process  # type: ignore[union-attr]
         runner = ledger.job(filler.id).runner  # type: ignore[union-attr]
         assert runner is not None
         os.kill(runner.pid, signal.SIGKILL)
         wait_for(lambda: not running(runner), "the runner ends")
+        assert process is not None
+        wait_for(lambda: not running(process), "the job ends with its runner")
         dispatcher.step(time.time())
         after = ledger.job(filler.id)
         assert after is not None and after.state == FAILED and after.reason.startswith("node lost: its runner ended")

@@ -63,7 +63,8 @@ def test_the_single_machine_config_goes_through_the_one_wiring(tmp_path: Path, m
     # renewals: the single machine renews its Alertmanager config and notices itself (hub/renewals.py);
     # no incident-recorder here: gpuslice up did not start monitoring, so it made no webhook token.
     assert set(found) == {
-        *("idle-culler", "gpu-reclaimer", "portal", "renewals", "gpuslice-top", "gpuslice-cli", "job-dispatcher")
+        *("idle-culler", "gpu-reclaimer", "portal", "renewals", "gpuslice-top", "gpuslice-cli", "job-dispatcher"),
+        "gpu-patrol",
     }
     assert f"--ledger={tmp_path / 'data' / 'ledger.sqlite'}" in found["gpu-reclaimer"]["command"]
     # Jobs: the dispatcher with the same ledger and classes, the jobs API, and servers' tokens that may submit.

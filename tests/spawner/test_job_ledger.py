@@ -7,7 +7,7 @@ import pytest
 
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
-from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Placement, Stop, TooManyQueuedError
+from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement, Stop, TooManyQueuedError
 from spawner.jobs import (
     CANCEL,
     CANCELLED,
@@ -38,13 +38,12 @@ def submit(ledger: JobLedger, user: str = "ann", gib: int = 4, priority: str = "
 
 
 def place_what_the_line_admits(
-    holds: list[Held], line: list[Entry], reservations: list[Reservation], jobs: list[JobRecord]
+    holds: list[Held], line: list[Entry], reservations: list[Reservation], jobs: Looked
 ) -> Dispatch:
     inventory = build_local(CARDS, [(h.gpu_index, h.allocation()) for h in holds])
-    by_key = {j.key: j for j in jobs}
     placements = []
     for a in admit(line, inventory, budgets={}, group_bytes={}, now=time.time(), reservations=reservations):
-        job = by_key.get(a.entry.key)
+        job = jobs.queued(a.entry.key)
         if job is not None:
             rows = [Held(job.key, CARDS[a.choice.gpus[0]].index, job.user, f"job:{job.id}", job.plan.asked_bytes)]
             placements.append(Placement(job.id, rows, f"GPU {a.choice.gpus[0]}"))

@@ -59,6 +59,7 @@ def test_a_command_job_with_every_setting_reads_back_as_written() -> None:
     spec = JobSpec.model_validate(body)
     assert spec.time_limit_s == 5400 and spec.backfill and spec.models == ("langid-97",)
     assert JobSpec.model_validate(spec.to_json()) == spec  # what the ledger keeps, read back
+    assert JobSpec.stored(spec.to_json()) == spec  # and read back unchecked, as the ledger does
     assert spec.title() == "train"
     assert JobSpec.model_validate({"command": ["python", "a.py"]}).title() == "python a.py"
 
