@@ -106,7 +106,7 @@ def add_command(commands: Any) -> None:
     submit.add_argument("--backfill", action="store_true", help="run on slices nobody waits for; yields to people")
     submit.add_argument("--notebook", help="run this notebook (a path in your home) instead of a command")
     submit.add_argument("--wait", action="store_true", help="follow its output until it ends; exit with its code")
-    submit.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
+    submit.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")  # not "command": gpuslice's
     ls = sub.add_parser("ls", help="your jobs (a teacher's: their classes'; an admin's: all)")
     ls.add_argument("--state", action="append", default=[], help="only jobs in this state (repeatable)")
     ls.add_argument("--user", default="", help="only this user's jobs")
@@ -124,7 +124,7 @@ def add_command(commands: Any) -> None:
 
 def spec_of(args: argparse.Namespace) -> dict[str, Any]:
     """The job's spec (hub/jobs_api.py's body) from ``submit``'s arguments."""
-    command = list(args.command)
+    command = list(args.program)
     if command and command[0] == "--":
         command = command[1:]
     env = {}

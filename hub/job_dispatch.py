@@ -293,7 +293,7 @@ async def _run_kube(args: argparse.Namespace, ledger: JobLedger, rules: Callable
     backend = sharing.backend(args.kube_backend, **json.loads(args.kube_backend_settings))
     pod = job_pod_from_args(args.kube_namespace, args.scheduler_name, args.models_claim, args.home_claim, args.ttl)
     async with client.ApiClient() as api:
-        await run(KubeJobs(ledger, api, backend, pod, rules, args.policy), args.interval)
+        await run(KubeJobs(ledger, client.CoreV1Api(api), backend, pod, rules, args.policy), args.interval)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,12 @@ from spawner.job_ledger import JobLedger, JobRecord, Placement
 from spawner.jobs import (
     FINISHED,
     LOST,
+    QUEUED,
     RUNNING,
     STARTING,
     STOPPING,
     Ending,
+    Outcome,
     executed_path,
     job_env,
     line_entry,
@@ -61,7 +63,7 @@ class KubeJobs:
     """The dispatcher's state on a cluster between looks: placements not yet listed, Jobs it deleted."""
 
     ledger: JobLedger
-    api: Any  # a kubernetes_asyncio ApiClient
+    api: Any  # a kubernetes_asyncio CoreV1Api (its api_client makes the raw calls)
     backend: SharingBackend
     pod: JobPod
     rules: Any  # () -> the groups' rules now
@@ -75,7 +77,7 @@ class KubeJobs:
         return f"{base}/namespaces/{self.pod.namespace}/{what}{'/' + name if name else ''}"
 
     async def _get(self, path: str) -> Any:
-        return await self.api.call_api(
+        return await self.api.api_client.call_api(
             path,
             "GET",
             header_params={"Accept": "application/json"},
@@ -202,6 +204,10 @@ class KubeJobs:
             mine = [dict(p) for p in pods if (p["metadata"].get("labels") or {}).get("job-name") == name]
             if job.state == STOPPING:
                 await self._stopping(job, name, found)
+            elif found is None and not job.unit and name not in self.created:
+                # Placed, but its Job never made (the hub stopped in between): back in line, its place kept.
+                requeue = line_entry(job.id, job.user, job.spec, job.plan, job.submitted, time.time())
+                self.ledger.finish(job.id, Outcome(QUEUED, "its Job was never made; back in line"), None, requeue)
             elif found is None:
                 if time.monotonic() - self.created.get(name, -1e9) > LOST_AFTER_S:
                     self._finish(job, Ending(None, LOST, f"its Job {name} is gone"))

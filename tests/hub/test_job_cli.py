@@ -51,6 +51,7 @@ def test_submit_turns_the_command_line_into_the_apis_body() -> None:
         "memory": "8GiB",
         "command": ["python", "train.py", "--epochs", "3"],
     }
+    assert args.command == "job" and args.job_command == "submit"  # the program is not taken for gpuslice's command
     notebook = job_cli.spec_of(parsed("submit", "--notebook", "work/train.ipynb", "--gpu", "4GiB"))
     assert notebook["notebook"] == "work/train.ipynb" and "command" not in notebook
     with pytest.raises(job_cli.JobClientError, match="NAME=VALUE"):

@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def jupyter_server(tmp_path: Path, config_path: str | None) -> Iterator[str]:
+def jupyter_server(tmp_path: Path, config_path: str | None, extra: dict[str, str] | None = None) -> Iterator[str]:
     """A real jupyter_server on loopback, with JUPYTER_CONFIG_PATH as the spawner sets it (or none)."""
     port = free_port()
     home = tmp_path / f"home-{port}"
@@ -37,6 +37,7 @@ def jupyter_server(tmp_path: Path, config_path: str | None) -> Iterator[str]:
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "run"))
     if config_path is not None:
         env["JUPYTER_CONFIG_PATH"] = config_path
+    env.update(extra or {})
     command = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--ip=127.0.0.1", "--no-browser"]
     command += [f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={home}", "--allow-root"]
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -98,3 +99,55 @@ def test_without_it_jupyter_server_counts_every_poll_as_use(tmp_path: Path) -> N
         time.sleep(1.1)
         poll_like_an_open_page(url)
         assert last_activity(url) > before
+
+
+def test_run_as_job_submits_the_notebook_through_the_hub(tmp_path: Path) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked: list[tuple[str, str, dict[str, object]]] = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            asked.append((self.path, self.headers["Authorization"], body))
+            answer = json.dumps({"job": {"id": 7, "state": "queued"}}).encode()
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    extra = {
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub.server_address[1]}/hub/api",
+        "JUPYTERHUB_API_TOKEN": "the-servers-own-token",
+    }
+    try:
+        with jupyter_server(tmp_path, str(LAB_DIR), extra) as url:
+            assert requests.get(f"{url}/lab", headers=auth(), timeout=30).status_code == 200  # JupyterLab still on
+            run = f"{url}/gpuslice/run-as-job"
+            assert requests.post(run, json={"path": "a.ipynb"}, timeout=30).status_code == 403  # its owner only
+            assert requests.post(run, headers=auth(), json={"notebook": "x"}, timeout=30).status_code == 400
+            body = {"path": "work/train.ipynb", "gpu_memory": "4GiB", "time_limit": "1h", "user": "bob"}
+            answer = requests.post(run, headers=auth(), json=body, timeout=30)
+            assert answer.status_code == 201 and answer.json()["job"]["id"] == 7
+    finally:
+        hub.shutdown()
+    assert asked == [
+        (
+            "/hub/api/gpuslice/jobs",
+            "token the-servers-own-token",
+            {
+                "notebook": "work/train.ipynb",
+                "name": "Run as job: work/train.ipynb",
+                "gpu_memory": "4GiB",
+                "time_limit": "1h",
+            },
+        )
+    ]  # the dialog's fields only: nothing else of the body (no "user") reaches the hub
