@@ -78,6 +78,22 @@ def register(commands: Any) -> None:
         "--scale", type=float, default=3.0, help="with --validate: real seconds per model minute (default 3)"
     )
     day.set_defaults(run=_class_day)
+    jobs = benches.add_parser(
+        "jobs", help="batch jobs: overhead against running directly, a long queue, backfill nights"
+    )
+    jobs.add_argument(
+        "--part",
+        action="append",
+        choices=("overhead", "queue", "night"),
+        help="one of the three measurements (repeatable; default: all three)",
+    )
+    jobs.add_argument("--job-seconds", type=float, default=30.0, help="(1) the job's length (default 30)")
+    jobs.add_argument(
+        "--runs", type=int, default=3, help="(1) runs through the platform and directly, each (default 3)"
+    )
+    jobs.add_argument("--seeds", type=int, default=10, help="(3) days and nights lived, seeds 101.. (default 10)")
+    jobs.add_argument("--json", action="store_true", help="print JSON instead of the lines")
+    jobs.set_defaults(run=_jobs)
 
 
 @contextlib.contextmanager
@@ -134,6 +150,23 @@ def _class_day(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2) if args.json else report_sweep(result))
         return 0
     result = run(seeds)
+    print(json.dumps(result, indent=2) if args.json else report(result))
+    return 0
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    from bench.jobs import overhead, queue, report
+    from bench.jobs_night import run as night
+
+    parts = args.part or ["overhead", "queue", "night"]
+    result: dict[str, Any] = {}
+    if "queue" in parts:
+        result["queue"] = queue()
+    if "night" in parts:
+        result["night"] = night(tuple(range(101, 101 + args.seeds)))
+    if "overhead" in parts:
+        with _bench_extra():
+            result["overhead"] = overhead(args.job_seconds, args.runs)
     print(json.dumps(result, indent=2) if args.json else report(result))
     return 0
 

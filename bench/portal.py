@@ -27,7 +27,7 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-PAGES = {"": "Overview", "jobs": "Jobs", "gpus": "GPUs", "classes": "Classes"}
+PAGES = {"": "Overview", "servers": "Servers", "gpus": "GPUs", "classes": "Classes"}
 TEACHING = {"teaching": "Teaching"}  # for teachers and admins
 PAGE_TIMEOUT_MS = 60_000
 # A session's first page starts its Streamlit session and, for the first of them, the portal's

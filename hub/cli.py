@@ -9,8 +9,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from hub import job_cli, patrol, state_cli, top_cli
 from hub import settings as settings_mod
-from hub import state_cli, top_cli
 from spawner import environ, sharing
 from spawner.placement import POLICIES
 from spawner.quotas import GroupRules
@@ -133,6 +133,8 @@ def _parser() -> argparse.ArgumentParser:
 
     state_cli.add_commands(commands)  # backup, restore, upgrade
     top_cli.add_command(commands)
+    job_cli.add_command(commands)
+    patrol.add_command(commands)
     _plugin_commands(commands)
     return parser
 
@@ -155,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _oncall_config(args)
     if args.command == "top":
         return top_cli.run(args)
+    if args.command == "job":
+        return job_cli.run(args)
+    if args.command == "patrol":
+        return patrol.run(args)
     if args.command in state_cli.COMMANDS:
         return state_cli.run(args)
     return int(args.run(args))  # a command a plugin registered (_plugin_commands)

@@ -27,6 +27,7 @@ from hub.settings import MONITORING_USER
 from spawner import environ
 from spawner.gpus import GpuSample
 from spawner.inventory import Gpu
+from spawner.jobs import job_server
 from spawner.ledger import Held, Ledger
 
 MiB = 1024 * 1024
@@ -45,12 +46,15 @@ class Owner:
 
 
 def owner_from_proc(pid: int, proc: Path = Path("/proc")) -> Owner | None:
-    """The notebook server a process belongs to, from the environment it inherited."""
+    """The notebook server (or batch job) a process belongs to, from the environment it inherited."""
     try:
         raw = (proc / str(pid) / "environ").read_bytes()
     except OSError:
         return None
     env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    job_user, job_id = env.get(environ.JOB_USER.name.encode()), env.get(environ.JOB_ID.name.encode())
+    if job_user is not None and job_id is not None:  # a batch job's process: named as the ledger names it
+        return Owner(job_user.decode(), job_server(int(job_id)))
     user = env.get(b"JUPYTERHUB_USER")
     if user is None:
         return None

@@ -7,6 +7,7 @@ hub/wiring.py ``configure_hub``. Here: what only the single machine has.
 """
 # ruff: noqa: F821  (`c` is provided by JupyterHub when it loads this file)
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,9 +19,11 @@ from hub.settings import from_environment
 from hub.top_cli import TOP_SERVICE
 from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub, incident_recorder, renewals_service
 from spawner import environ
+from spawner.card_health import CardLedger
 from spawner.cgroups import limits_for
 from spawner.gpus import machine
 from spawner.ledger import Ledger
+from spawner.lifecycle import HOOK_DIR
 
 env = environ.read()
 settings = from_environment(env)
@@ -114,6 +117,14 @@ configure_hub(
             },
         },
         metrics_token=metrics_token,
+        # Batch jobs (hub/job_dispatch.py): placed from the GPU line, run as their owners, confined as servers are.
+        jobs_args=(
+            f"--data-dir={data_dir}",
+            f"--simulate={settings.simulate}",
+            f"--hook-dir={userenv.hook_dir(settings.user_env) if settings.isolation == 'unix-users' else HOOK_DIR}",
+            f"--device-dir={env.get(environ.DEVICE_DIR)}",
+            f"--limits={json.dumps(dict(settings.limits))}",
+        ),
         managed=tuple(
             filter(
                 None,
@@ -124,6 +135,17 @@ configure_hub(
                     # What has a horizon renews itself (hub/renewals.py): the Alertmanager config (the
                     # rotation's 26 weeks) daily, the idle-holder notices weekly when notice_mail.weekly is on.
                     renewals_service(env.get(environ.SETTINGS), data_dir, with_hub),
+                    # Each free card checked every 6 hours; one that fails is out of placement (hub/patrol.py).
+                    {
+                        "name": "gpu-patrol",
+                        "command": [
+                            *with_hub,
+                            "hub.patrol",
+                            f"--ledger={ledger_path}",
+                            f"--simulate={settings.simulate}",
+                            f"--faults={data_dir / 'monitoring' / 'faults.json'}",
+                        ],
+                    },
                 ),
             )
         ),
@@ -148,5 +170,7 @@ def _home_limit(user: str) -> int:
 
 
 metrics.register_allocations(metrics.HomeCollector(_home_sizes.latest, _home_limit))
+# Each card's last patrol (gpuslice patrol, the gpu-patrol service), for GpuPatrolFailed.
+metrics.register_allocations(metrics.PatrolCollector("localhost", lambda: CardLedger(ledger_path).health()))
 # ... and told to the user on the hub's home page and in JupyterLab (hub/notice.py).
 c.JupyterHub.template_vars.update({homes.HOME_NOTICE: homes.home_notice(_home_sizes, _home_limit)})  # lazy until set

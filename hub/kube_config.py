@@ -8,6 +8,7 @@ only the chart's hub has, KubeGpuSpawner's pods.
 """
 # ruff: noqa: F821  (`c` is provided by JupyterHub when it loads this file)
 
+import json
 import sys
 from pathlib import Path
 
@@ -76,6 +77,11 @@ c.KubeGpuSpawner.container_security_context = {
     "runAsNonRoot": True,
 }
 
+# The job dispatcher reads the cluster with the same sharing backend as the spawner (gpushare's unit included).
+_job_backend_settings = {
+    **({"memory_unit": values.gpushare_memory_unit} if values.backend == "gpushare" else {}),
+    **c.KubeGpuSpawner.gpu_backend_settings,
+}
 # The GPU line (spawns that wait for room, "wait": true) in the ledger's SQLite file on the hub's
 # PVC, kept across restarts (the pods stay the allocations).
 configure_hub(
@@ -96,5 +102,14 @@ configure_hub(
         metrics_token=env.require(environ.METRICS_TOKEN),
         # Classes change in the running hub (the portal's Teaching page; `gpuslice class` in the hub's pod).
         classes=LiveClasses(data / "gpuslice-classes.sqlite", data, service_token(data, CLI_SERVICE)),
+        # Batch jobs as batch/v1 Jobs, made when the GPU line places them (hub/job_dispatch_kube.py).
+        jobs_args=(
+            f"--kube-namespace={env.pod_namespace}",
+            f"--kube-backend={values.backend}",
+            f"--kube-backend-settings={json.dumps(_job_backend_settings)}",
+            f"--policy={values.policy}",
+            *([f"--scheduler-name={values.scheduler_name}"] if values.scheduler_name else []),
+            *([f"--models-claim={values.models_claim}"] if values.models_claim else []),
+        ),
     ),
 )

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from spawner.inventory import Gpu
 from spawner.ledger import Held
+from spawner.patrol import CardHealth
 
 
 class AllocationCollector(Collector):
@@ -63,6 +64,32 @@ class HomeCollector(Collector):
             limit.add_metric([user], float(self.limit_of(user)))
         yield used
         yield limit
+
+
+class PatrolCollector(Collector):
+    """Each card's last patrol (spawner/patrol.py): healthy or out of placement, and when it was checked."""
+
+    def __init__(self, node: str, health: Callable[[], Iterable[CardHealth]]) -> None:
+        self.node, self.health = node, health
+
+    def collect(self) -> Iterable[Metric]:
+        healthy = GaugeMetricFamily(
+            "gpuslice_patrol_healthy",
+            "1 when the card's last patrol passed (or an admin cleared it), 0 when it is out of placement.",
+            labels=["node", "gpu"],
+        )
+        checked = GaugeMetricFamily(
+            "gpuslice_patrol_checked_timestamp_seconds", "When the card was last patrolled.", labels=["node", "gpu"]
+        )
+        try:
+            found = list(self.health())
+        except Exception:  # a failing source drops its families, never the scrape
+            return
+        for card in found:
+            healthy.add_metric([self.node, str(card.gpu)], 1.0 if card.healthy else 0.0)
+            checked.add_metric([self.node, str(card.gpu)], card.checked)
+        yield healthy
+        yield checked
 
 
 def register_allocations(collector: Collector, registry: CollectorRegistry = REGISTRY) -> None:

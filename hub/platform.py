@@ -285,6 +285,7 @@ def up(settings: Settings, config_path: Path | None) -> int:
         # A full stop ends every server, those the hub lost track of included. A hub that
         # merely died (killed, crashed) leaves them for the next start to adopt or stop.
         ledger, confined = Ledger(data_dir / "ledger.sqlite"), confinement.for_machine(data_dir)
+        recovery.stop_jobs(ledger)  # jobs outlive a hub, not the platform: back in line for the next start
         for hold in recovery.stop_servers(ledger, confinement=confined):
             print(f"gpuslice: released {hold.memory_bytes} bytes on GPU {hold.gpu_index} held by {hold.key} (stopped)")
     return proc.returncode

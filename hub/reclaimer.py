@@ -3,7 +3,7 @@
 While anyone waits in the GPU line, a server holding a slice whose activity has stopped
 for ``--gpu-idle-timeout`` seconds is stopped, longest idle first and no more than the
 line needs (spawner/waitline.py ``reclaim`` decides). Its owner is warned first: a
-``warned`` event on the server (shown on the portal's Jobs page and in the hub's log),
+``warned`` event on the server (shown on the portal's Servers page and in the hub's log),
 and the server is stopped only if it is still idle ``--warn-before`` seconds later and one
 activity report after that: each notebook server reports its activity to the hub every
 ``activity_report_interval(warn_before)`` seconds (its ``JUPYTERHUB_ACTIVITY_INTERVAL``, set by
@@ -90,6 +90,7 @@ from spawner.waitline import (
     presence_stale_after,
     reclaims,
     still_freeing,
+    waits_for_room,
     with_gpu_activity,
 )
 from spawner.words import instant
@@ -260,7 +261,7 @@ class Reclaimer:
 
     def step(self, now: float) -> list[str]:
         """Warn and stop as needed; returns the servers stopped."""
-        waiting = sum(1 for e in self.ledger.line() if not e.away(now))
+        waiting = sum(1 for e in self.ledger.line() if waits_for_room(e, now))
         presence = self.ledger.presence() if self.rule is not None else {}
         if not waiting and not presence:
             self.warned, self.freeing = {}, {}

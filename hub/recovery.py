@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from spawner.confinement import Confinement
+from spawner.job_ledger import JobLedger
+from spawner.jobs import ACTIVE, GRACE_S, SHUTDOWN, Ending, line_entry, outcome
 from spawner.ledger import Held, Ledger, ServerProcess, server_key
 from spawner.processes import Proc, running, stop_trees
 
@@ -105,9 +109,37 @@ def reconcile(
     _stop(ledger, decided.orphans, "no hub claims it (its hub was killed, or stopped without stopping it)", say)
     for process in decided.ended:
         ledger.forget_process(process)
-    kept = {p.unit for p in still_running - set(decided.orphans) if p.unit}
+    jobs = JobLedger(ledger.path).jobs(states=sorted(ACTIVE))  # their runners outlive hubs: the dispatcher sees to them
+    kept = {p.unit for p in still_running - set(decided.orphans) if p.unit} | {j.unit for j in jobs if j.unit}
     _remove_units(confinement, kept, "no hub claims it", say)
-    return ledger.reconcile(decided.live)
+    return ledger.reconcile(decided.live | {j.key for j in jobs})
+
+
+def stop_jobs(ledger: Ledger, say: Callable[[str], None] = print, grace_s: float = GRACE_S + 15) -> list[int]:
+    """At a full stop: every running job stopped (SIGTERM, its grace period, SIGKILL) and put back in line, to run
+    again at the next start (a stop of the platform is not a failure of the job); returns the jobs stopped."""
+    jobs = JobLedger(ledger.path)
+    active = jobs.jobs(states=sorted(ACTIVE))
+    for job in active:
+        jobs.ask_stop(job.id, SHUTDOWN, "the platform stopped")
+        if job.runner is None or not running(job.runner) or not _tell(job.runner):
+            ending = Ending(None, SHUTDOWN, "the platform stopped")
+            result = outcome(ending, failures_before=job.failures, retries=job.spec.retries, time_limit_s=1)
+            jobs.finish(job.id, result, None, line_entry(job.id, job.user, job.spec, job.plan, job.submitted, 0))
+    deadline = time.monotonic() + grace_s
+    for job in active:
+        while job.runner is not None and running(job.runner) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        say(f"gpuslice: stopped job {job.id} of {job.user}: it runs again at the next start")
+    return [j.id for j in active]
+
+
+def _tell(runner: Proc) -> bool:
+    try:
+        os.kill(runner.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def stop_servers(

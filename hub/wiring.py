@@ -28,6 +28,7 @@ roles) are kept; an entry of the same name is completed, not doubled.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from hub.accounts import passwords_path, roster_names, service_token
 from hub.activity import clamp_future_activity
 from hub.classes import CLI_SERVICE
 from hub.classes_api import CLASSES_HANDLERS
+from hub.jobs_api import JOBS_HANDLERS
 from hub.line_api import LINE_HANDLERS, SLOW_SPAWN_TIMEOUT_S
 from hub.logins import LOOPBACK
 from hub.presence import PRESENCE_HANDLERS
@@ -53,6 +55,8 @@ from spawner.quotas import DEFAULT_GROUP, GroupRules, classes
 from spawner.waitline import warning_lead
 
 TEMPLATES = Path(roles.__file__).parent / "templates"  # from the package: kube_config.py is copied out of it
+# JupyterHub's own server role's scopes (jupyterhub/roles.py): what $JUPYTERHUB_API_TOKEN may do by default.
+SERVER_TOKEN_SCOPES = ("users:activity!user", "access:servers!server")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class HubParts:
     top_token: str = ""  # `gpuslice top`'s read-only token on one machine; empty: none (admins use their own)
     classes: LiveClasses | None = None  # None: the classes are the configured ones, changed by a restart
     managed: tuple[dict[str, Any], ...] = ()  # services only this hub runs (the single machine's recorder, renewals)
+    jobs_args: tuple[str, ...] | None = None  # the job dispatcher's backend arguments (None: this hub runs no jobs)
 
 
 def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
@@ -105,7 +110,12 @@ def configure_hub(c: Any, platform: Platform, parts: HubParts) -> None:
     clamp_future_activity()  # and never later than now: a forged report buys no idle-free hour (hub/activity.py)
     # Our pages first (the spawn page's words for the line, the home page's reclaim warning).
     c.JupyterHub.template_paths = [str(TEMPLATES), *(p for p in _listed(c.JupyterHub, "template_paths") if p)]
-    handlers = [*LINE_HANDLERS, *PRESENCE_HANDLERS, *(CLASSES_HANDLERS if parts.classes is not None else [])]
+    handlers = [
+        *LINE_HANDLERS,
+        *PRESENCE_HANDLERS,
+        *(CLASSES_HANDLERS if parts.classes is not None else []),
+        *(JOBS_HANDLERS if parts.jobs_args is not None else []),
+    ]
     there = _listed(c.JupyterHub, "extra_handlers")
     c.JupyterHub.extra_handlers = [*there, *(h for h in handlers if h not in there)]
     # Start that waits in line shows its place on the spawn page within seconds, not after JupyterHub's
@@ -125,6 +135,10 @@ def _spawner(c: Any, platform: Platform, parts: HubParts) -> None:
     spawner.gpu_ledger_path = parts.ledger_path
     spawner.gpu_idle_timeout = platform.gpu_idle_timeout  # the line's estimated starts count on reclaiming
     spawner.gpu_culler_timeout = platform.idle_timeout  # the culler's: its stops are named
+    if parts.jobs_args is not None:
+        # A server's own token may submit and follow its user's jobs (`gpuslice job` in a terminal, JupyterLab's
+        # "Run as job"): JupyterHub's server role, with the user's own servers (docs/security.md#jobs).
+        spawner.server_token_scopes = [*SERVER_TOKEN_SCOPES, "servers!user", "read:users:groups!user"]
 
 
 def _live_classes(c: Any, platform: Platform, live: LiveClasses) -> tuple[GroupRules, ...]:
@@ -183,6 +197,8 @@ def _services(
         }
         found.append((culler, roles.STOPS_IDLE_SERVERS))
     found.append((reclaimer_service(platform, parts, groups), roles.STOPS_IDLE_SERVERS))
+    if parts.jobs_args is not None:
+        found.append((job_dispatcher_service(platform, parts), ()))  # it needs nothing of the hub's API
     if parts.portal is not None:
         portal = {
             "name": "portal",
@@ -261,6 +277,24 @@ def reclaimer_service(
             f"--warn-before={warning_lead(idle_timeout_s)}",
             f"--interval={min(30.0, min(idle_timeout_s, platform.gpu_left_timeout) / 10)}",
             *max_hold_options(platform.groups if groups is None else groups),
+        ],
+        **({"environment": dict(parts.service_env)} if parts.service_env else {}),
+    }
+
+
+def job_dispatcher_service(platform: Platform, parts: HubParts) -> dict[str, Any]:
+    """The job dispatcher (hub/job_dispatch.py) as a managed service: jobs from the GPU line to their runners,
+    with the groups' rules as configured (and the class store, where classes change live)."""
+    groups = json.dumps([g.model_dump(mode="json") for g in platform.groups])
+    return {
+        "name": "job-dispatcher",
+        "command": [
+            *parts.run_module,
+            "hub.job_dispatch",
+            f"--ledger={parts.ledger_path}",
+            f"--groups={groups}",
+            *([f"--classes={parts.classes.store}"] if parts.classes is not None else []),
+            *(parts.jobs_args or ()),
         ],
         **({"environment": dict(parts.service_env)} if parts.service_env else {}),
     }

@@ -17,7 +17,9 @@ except SourceUnavailableError:  # the hub is busy: the page is back at the next 
 pages = [
     st.Page("screens/overview.py", title="Overview", icon=":material/dashboard:", default=True),
     st.Page("screens/gpus.py", title="GPUs", icon=":material/memory:"),
+    st.Page("screens/servers.py", title="Servers", icon=":material/dns:"),
     st.Page("screens/jobs.py", title="Jobs", icon=":material/list:"),
+    st.Page("screens/new_job.py", title="New job", icon=":material/add_task:"),
     st.Page("screens/classes.py", title="Classes", icon=":material/school:"),
     *([st.Page("screens/teaching.py", title="Teaching", icon=":material/co_present:")] if teaches else []),
     st.Page("screens/usage.py", title="Usage", icon=":material/query_stats:"),

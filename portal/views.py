@@ -122,14 +122,14 @@ def class_rows(
     return rows
 
 
-JOB_STATES = ("pending", "running", "stopping", "stopped", "refused", "failed")
+SERVER_STATES = ("pending", "running", "stopping", "stopped", "refused", "failed")
 
 
 @dataclass(frozen=True)
-class JobRow:
+class ServerView:
     user: str
     server: str
-    state: str  # one of JOB_STATES
+    state: str  # one of SERVER_STATES
     detail: str  # why it waits, was refused, failed or stopped (and who stopped it); empty when unknown
     progress: int | None  # 0-100 while pending
     slice: str
@@ -140,9 +140,9 @@ class JobRow:
     last_activity: datetime | None
 
 
-def job_rows(
+def server_rows(
     servers: list[ServerRow], holds: list[Held], events: dict[str, ServerEvent], now_ts: float
-) -> list[JobRow]:
+) -> list[ServerView]:
     """Hub state joined with the ledger: a stopped server whose last event is a failure failed."""
     held = {h.key: h for h in holds}
     rows = []
@@ -151,7 +151,7 @@ def job_rows(
         event = events.get(key)
         state, detail, progress = _job_state(s, event)
         rows.append(
-            JobRow(
+            ServerView(
                 user=s.user,
                 server=s.name,
                 state=state,
@@ -183,7 +183,7 @@ def _job_state(server: ServerRow, event: ServerEvent | None) -> tuple[str, str, 
     return server.state, "", None
 
 
-def job_matches(row: JobRow, states: set[str], search: str) -> bool:
+def server_matches(row: ServerView, states: set[str], search: str) -> bool:
     text = search.strip().lower()
     return (not states or row.state in states) and (not text or text in row.user.lower() or text in row.image.lower())
 

@@ -40,6 +40,7 @@ class Limits:
     tmp_bytes: int = GiB
     shm_bytes: int = GiB
     home_bytes: int = 10 * GiB  # not a cgroup's: the HomeOverSize alert's line (docs/security.md)
+    cpus: float | None = None  # a hard CPU quota in cores (a job's ``cpus``); None: the weight alone
 
     def describe(self) -> str:
         return (
@@ -168,16 +169,25 @@ def cpu_shares(weight: int) -> int:
     return max(2, weight * 1024 // 100)
 
 
+CPU_PERIOD_US = 100_000  # the kernel's default period; a quota of N cores is N periods of CPU time per period
+
+
+def cpu_quota_us(cpus: float | None) -> int:
+    """Microseconds of CPU time per ``CPU_PERIOD_US`` for ``cpus`` cores (at least 1 ms, the kernel's floor)."""
+    return max(1000, round((cpus or 0) * CPU_PERIOD_US))
+
+
 def v1_files(limits: Limits, devices: list[str]) -> dict[str, list[tuple[str, str]]]:
     """controller -> (file, value) to write, in order, in the server's cgroup of that controller.
 
     ``memory.limit_in_bytes`` charges a tmpfs page to the cgroup of the process that first
     touched it, so /tmp and /dev/shm count; ``devices.deny a`` first closes the list.
     """
+    quota = [("cpu.cfs_period_us", str(CPU_PERIOD_US)), ("cpu.cfs_quota_us", str(cpu_quota_us(limits.cpus)))]
     return {
         "memory": [("memory.limit_in_bytes", str(limits.memory_bytes))],
         "pids": [("pids.max", str(limits.processes))],
-        "cpu": [("cpu.shares", str(cpu_shares(limits.cpu_weight)))],
+        "cpu": [("cpu.shares", str(cpu_shares(limits.cpu_weight))), *(quota if limits.cpus else [])],
         "devices": [("devices.deny", "a"), *(("devices.allow", rule) for rule in devices)],
     }
 
@@ -190,6 +200,7 @@ def v2_files(limits: Limits) -> list[tuple[str, str]]:
         ("memory.swap.max", "0"),  # a limit that swap could stretch is no limit on a shared machine
         ("pids.max", str(limits.processes)),
         ("cpu.weight", str(limits.cpu_weight)),
+        *([("cpu.max", f"{cpu_quota_us(limits.cpus)} {CPU_PERIOD_US}")] if limits.cpus else []),
     ]
 
 
@@ -201,6 +212,7 @@ def systemd_properties(limits: Limits, nodes: list[DeviceNode], cards: set[int])
         "MemorySwapMax=0",
         f"TasksMax={limits.processes}",
         f"CPUWeight={limits.cpu_weight}",
+        *([f"CPUQuota={round(limits.cpus * 100)}%"] if limits.cpus else []),
         "DevicePolicy=closed",  # the standard pseudo-devices only, and what DeviceAllow adds
         "DeviceAllow=char-pts rw",
         "DeviceAllow=/dev/ptmx rw",

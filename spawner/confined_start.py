@@ -116,7 +116,20 @@ def main(argv: list[str]) -> None:
         private_tmpfs("/dev/shm", plan.shm_bytes, [])
     if plan.user:
         become(plan.user)
-    os.execvp(plan.command[0], plan.command)
+    run(plan.command)
+
+
+def run(command: list[str]) -> None:
+    """Become ``command``; one that cannot be run exits as a shell's would (127: not found, 126: not runnable),
+    which a job's runner reads as "could not start"."""
+    try:
+        os.execvp(command[0], command)
+    except FileNotFoundError:
+        print(f"confined_start.py: {command[0]}: command not found", file=sys.stderr)
+        os._exit(127)
+    except PermissionError:
+        print(f"confined_start.py: {command[0]}: not executable", file=sys.stderr)
+        os._exit(126)
 
 
 if __name__ == "__main__":

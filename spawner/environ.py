@@ -85,6 +85,25 @@ SIMULATED = EnvVar("GPUSLICE_SIMULATED", '"1" when the server\'s GPUs are simula
 MODELS = EnvVar("GPUSLICE_MODELS", "Comma-separated ids of the models mounted in the server.")
 MODELS_DIR = EnvVar("GPUSLICE_MODELS_DIR", "The folder in the server where the models are mounted.")
 
+# -- batch jobs: set by the job runner for the job's processes (spawner/jobs.py job_env, docs/jobs.md) --------
+JOB_ID = EnvVar("GPUSLICE_JOB_ID", "The job's id (a job's processes only; the exporter names the job by it).")
+JOB_USER = EnvVar("GPUSLICE_JOB_USER", "The job's owner (a job's processes only; the exporter's per-process series).")
+JOB_ATTEMPT = EnvVar(
+    "GPUSLICE_JOB_ATTEMPT", "Which attempt of the job this is: 1, then 2 after a retry or a preemption."
+)
+JOB_PRIORITY = EnvVar("GPUSLICE_JOB_PRIORITY", "The job's priority class: normal or backfill.")
+JOB_GRACE_S = EnvVar(
+    "GPUSLICE_JOB_GRACE_S", "Seconds from the SIGTERM that stops a job to the SIGKILL: time to write a checkpoint."
+)
+JOB_TIME_LIMIT_S = EnvVar("GPUSLICE_JOB_TIME_LIMIT_S", "The job's time limit in seconds.")
+JOB_PREEMPTIBLE = EnvVar(
+    "GPUSLICE_JOB_PREEMPTIBLE",
+    '"1" for a backfill job: a SIGTERM may come when a person needs its slice; checkpoint, and it runs again later.',
+)
+JOB_PREEMPTED = EnvVar(
+    "GPUSLICE_JOB_PREEMPTED", "How many times this backfill job was stopped for a person before: above 0, resume."
+)
+
 # -- set by others: JupyterHub for its managed services, Kubernetes in every pod ---------------------
 HUB_API_URL = EnvVar(
     "JUPYTERHUB_API_URL", "The hub's REST API, for a service JupyterHub started.", "http://127.0.0.1:8081/hub/api"

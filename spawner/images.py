@@ -118,6 +118,11 @@ class ImagesMixin(HasTraits):
         wanted = options.get("models")
         if wanted is None:
             wanted = store.selected_models(self.user.name) if store else []  # type: ignore[attr-defined]
+        return self.models_named(wanted, backend_ready)
+
+    def models_named(self, wanted: Any, backend_ready: bool) -> list[Model]:
+        """The approved models of these ids (a server's or a job's); GpuRefused(400) naming one that is not."""
+        store = self._market()
         if not isinstance(wanted, list) or not all(isinstance(m, str) for m in wanted):
             raise GpuRefused(400, 'models must be a list of model ids, for example ["langid-97"].', "invalid")
         if wanted and (store is None or not backend_ready):
@@ -130,10 +135,13 @@ class ImagesMixin(HasTraits):
             models.append(model)
         return models
 
-    def gpu_model_folders(self) -> dict[str, Path]:
-        """Each wanted model's folder under the models root (checked again: no way out of it)."""
+    def gpu_model_folders(self, wanted: list[str] | None = None) -> dict[str, Path]:
+        """Each wanted model's folder under the models root (checked again: no way out of it); ``wanted``: a
+        job's model ids (None: the spawn's options)."""
         folders: dict[str, Path] = {}
-        for model in self.wanted_models(bool(self.gpu_models_root)):
+        ready = bool(self.gpu_models_root)
+        models = self.wanted_models(ready) if wanted is None else self.models_named(wanted, ready)
+        for model in models:
             try:
                 folders[model.slug] = inside(Path(self.gpu_models_root), model.path)
             except ModelFilesError as exc:

@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -47,6 +48,7 @@ from spawner.gpus import Machine
 from spawner.images import SpawnImage
 from spawner.inventory import (
     GROUP_ANNOTATION,
+    SERVERNAME,
     USERNAME,
     Allocation,
     Gpu,
@@ -55,14 +57,16 @@ from spawner.inventory import (
     add_pending,
     holds_resources,
 )
+from spawner.job_request import JobPlace
+from spawner.jobs import is_job_key
 from spawner.ledger import Held, LedgerError, server_key, stop_message
 from spawner.lifecycle import RestartCheck
-from spawner.line import WaitingLineMixin
+from spawner.line import LogRead, WaitingLineMixin
 from spawner.mixin import asked_bytes
 from spawner.placement import Choice, ClusterState, Demand, explain, held_demands, make_policy
 from spawner.quotas import Usage
 from spawner.request import OPTION_KEYS, GpuRefused
-from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.shares import GpuRequest, RequestKind, format_bytes, parse_quantity
 from spawner.sharing.base import ApiList, Listing, SharingBackend, Target
 from spawner.sharing.gpushare import unit_bytes
 from spawner.stop_events import STOPPED, pod_event, stop_request
@@ -83,6 +87,7 @@ class ApiUnavailableError(web.HTTPError):
 MODELS_VOLUME = "gpuslice-models"
 CLAIM = "gpu"  # the pod's resource claim (DRA), made from the template named after the pod
 MODELS_DIR = "/models"
+JOB_HOME = "/home/jovyan"  # a job pod's working folder (the notebook image's user)
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,8 @@ def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str, pend
         if meta.get("name") == except_pod or not holds_resources(pod):
             continue
         annotations = meta.get("annotations") or {}
-        if (annotations.get(USERNAME) or (meta.get("labels") or {}).get(USERNAME)) == user:
+        is_job = is_job_key(f"/{annotations.get(SERVERNAME, '')}")  # a batch job's pod is not a server
+        if not is_job and (annotations.get(USERNAME) or (meta.get("labels") or {}).get(USERNAME)) == user:
             servers += 1
         group = annotations.get(GROUP_ANNOTATION)
         if group:
@@ -414,6 +420,33 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
             mount = {"name": MODELS_VOLUME, "mountPath": f"{MODELS_DIR}/{model.slug}", "subPath": model.path}
             mounts.append({**mount, "readOnly": True})
         return mounts
+
+    # -- batch jobs (hub/jobs_api.py; hub/job_dispatch_kube.py makes their Jobs) --------------
+
+    def job_place(self, image: str, group: str | None) -> JobPlace:
+        """A job's pod runs the image's container as the notebook pods' user, in their home's place; its
+        notebook is read there when it runs (the hub cannot look into a volume now)."""
+        memory = parse_quantity(str(self.mem_limit)) if self.mem_limit else None
+        return JobPlace(self.images()[image].target, Path(JOB_HOME), memory_limit_bytes=memory, sees_home=False)
+
+    async def gpu_job_log(self, job: Any, read: LogRead) -> tuple[bytes, int]:
+        """The output of the job's newest pod, from the pod log API."""
+        selector = f"gpuslice.io/job={job.id}"
+        pods = await _items(
+            self.api.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
+        )
+        if not pods:
+            return b"", 0
+        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
+        try:
+            text = await self.api.read_namespaced_pod_log(newest["metadata"]["name"], self.namespace)
+        except ApiException as exc:
+            if exc.status in (400, 404):  # not started yet, or gone
+                return b"", 0
+            raise
+        data = str(text).encode()
+        start, length = read.window(len(data))
+        return data[start : None if length is None else start + length], len(data)
 
     # -- the lifecycle -------------------------------------------------------------------
 

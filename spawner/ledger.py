@@ -23,12 +23,13 @@ no hub claims (hub/recovery.py), and every one at a full stop.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -126,11 +127,57 @@ CREATE TABLE IF NOT EXISTS held (
 );
 CREATE INDEX IF NOT EXISTS held_ended ON held (ended);
 """
-SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS, PRESENCE_AND_HELD)
 # Ended holds are kept this long (the least-served order reads today's).
 HELD_KEPT_S = 2 * 86400
+# Step 4: batch jobs (spawner/jobs.py, spawner/job_ledger.py): each job with what it asked and how it went,
+# its events, and which line entries are backfill jobs (docs/jobs.md); each card's last patrol (spawner/patrol.py).
+JOBS = """
+CREATE TABLE IF NOT EXISTS job (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    user TEXT NOT NULL,          -- its owner: it runs as them
+    spec TEXT NOT NULL,          -- JSON: what was asked (spawner/jobs.py JobSpec), for resubmit
+    plan TEXT NOT NULL,          -- JSON: what the platform made of it at submission (spawner/jobs.py JobPlan)
+    state TEXT NOT NULL,         -- spawner/jobs.py STATES
+    reason TEXT NOT NULL DEFAULT '',  -- why it is in that state, in words
+    exit_code INTEGER,           -- the last attempt's exit status (negative: the signal that ended it)
+    attempts INTEGER NOT NULL DEFAULT 0,  -- attempts started
+    failures INTEGER NOT NULL DEFAULT 0,  -- attempts that failed (retries count these)
+    preemptions INTEGER NOT NULL DEFAULT 0,
+    submitted REAL NOT NULL,
+    started REAL,                -- the current (or last) attempt's start
+    finished REAL,
+    runner_pid INTEGER,          -- the process that runs and watches it (spawner/job_runner.py) and its start
+    runner_started REAL,
+    pid INTEGER,                 -- the job's own process and its start time
+    pid_started REAL,
+    unit TEXT NOT NULL DEFAULT '',      -- its cgroup or systemd scope, or its Kubernetes Job
+    placed TEXT NOT NULL DEFAULT '',    -- where its GPU is, in words
+    stop_kind TEXT NOT NULL DEFAULT '', -- a stop asked for: spawner/jobs.py STOP_KINDS
+    stop_reason TEXT NOT NULL DEFAULT '',
+    stop_asked REAL
+);
+CREATE INDEX IF NOT EXISTS job_user ON job (user, id);
+CREATE INDEX IF NOT EXISTS job_state ON job (state);
+CREATE TABLE IF NOT EXISTS job_event (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    message TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_event_job ON job_event (job, id);
+ALTER TABLE waiting ADD COLUMN backfill INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS card_health (
+    gpu_index INTEGER PRIMARY KEY, -- a card of this machine
+    healthy INTEGER NOT NULL,     -- 0: its patrol failed; out of placement until an admin clears it
+    message TEXT NOT NULL,        -- what the last check found
+    checked REAL NOT NULL,        -- when
+    cleared_by TEXT NOT NULL DEFAULT ''  -- the admin who put it back, after a failure
+);
+"""
+SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS, PRESENCE_AND_HELD, JOBS)
 
-# What happened to a server, in the order it can happen. The portal's Jobs page
+# What happened to a server, in the order it can happen. The portal's Servers page
 # reads the latest one: why a pending server waits, why a stopped one failed.
 # "stopping": someone asked to stop the server (the portal writes who); the spawner then writes "stopped".
 # "cancelled": someone took the request out of the GPU line (the message says who).
@@ -593,23 +640,29 @@ def _insert_entry(db: sqlite3.Connection, e: Entry) -> None:
     models = sorted(d.models) if d.models is not None else None
     demand = {"gpus": d.gpus, "slice_units": d.slice_units, "slice_fraction": d.slice_fraction, "models": models}
     db.execute(
-        "INSERT OR REPLACE INTO waiting (key, user, demand, asked_bytes, grp, arrived, priority, seen, label)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (e.key, e.user, json.dumps(demand), e.asked_bytes, e.group, e.arrived, e.priority, e.seen, e.label),
+        "INSERT OR REPLACE INTO waiting (key, user, demand, asked_bytes, grp, arrived, priority, seen, label, backfill)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (e.key, e.user, json.dumps(demand), e.asked_bytes, e.group, e.arrived, e.priority, e.seen, e.label, e.backfill),
     )
 
 
 def _read_line(db: sqlite3.Connection) -> list[Entry]:
     rows = db.execute(
-        "SELECT key, user, demand, asked_bytes, grp, arrived, priority, seen, label FROM waiting ORDER BY arrived, key"
+        "SELECT key, user, demand, asked_bytes, grp, arrived, priority, seen, label, backfill FROM waiting"
+        " ORDER BY arrived, key"
     ).fetchall()
-    entries = []
-    for key, user, demand, asked, grp, arrived, priority, seen, label in rows:
-        d = json.loads(demand)
-        models = frozenset(d["models"]) if d.get("models") is not None else None
-        parsed = Demand(gpus=d["gpus"], slice_units=d["slice_units"], slice_fraction=d["slice_fraction"])
-        entries.append(Entry(key, user, replace(parsed, models=models), asked, grp, arrived, priority, seen, label))
-    return entries
+    return [
+        Entry(key, user, _demand(demand), asked, grp, arrived, priority, seen, label, bool(backfill))
+        for key, user, demand, asked, grp, arrived, priority, seen, label, backfill in rows
+    ]
+
+
+@functools.lru_cache(maxsize=1024)
+def _demand(text: str) -> Demand:
+    """A line entry's demand from its JSON; a long line has few distinct ones (read once each: Demand is frozen)."""
+    d = json.loads(text)
+    models = frozenset(d["models"]) if d.get("models") is not None else None
+    return Demand(gpus=d["gpus"], slice_units=d["slice_units"], slice_fraction=d["slice_fraction"], models=models)
 
 
 def _read(db: sqlite3.Connection) -> list[Held]:

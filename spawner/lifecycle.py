@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,9 +20,11 @@ import aiohttp
 from traitlets import Instance, Unicode
 
 from spawner import environ
+from spawner.card_health import CardLedger
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, ServerProcess, stop_message
-from spawner.line import WAITING_PROGRESS, WaitingLineMixin, usage_of
+from spawner.line import WAITING_PROGRESS, LogRead, WaitingLineMixin, usage_of
+from spawner.patrol import with_health
 from spawner.placement import Choice, Demand
 from spawner.processes import Proc, identify, running
 from spawner.quotas import Usage
@@ -33,6 +36,29 @@ from spawner.waitline import activity_report_interval
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
 LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
+
+
+def placement_rows(
+    key: str, server: str, request: GpuRequest, inventory: Inventory, group: str | None, choice: Choice | None
+) -> list[Held]:
+    """The ledger rows of a local placement, one per card (none for CPU only): a server's or a job's."""
+    if choice is None:
+        return []
+    node = inventory.nodes[choice.node]
+    whole = request.kind is RequestKind.WHOLE
+    user = key.partition("/")[0]
+    return [
+        Held(
+            key,
+            node.gpus[i].index,
+            user,
+            server,
+            node.gpus[i].memory_bytes if whole else request.bytes_on(node.gpus[i].memory_bytes),
+            whole,
+            group,
+        )
+        for i in choice.gpus
+    ]
 
 
 class RestartCheck:
@@ -99,7 +125,9 @@ class LedgerGpuMixin(WaitingLineMixin):
     ).tag(config=True)
 
     def _inventory(self, holds: list[Held]) -> Inventory:
-        return build_local(self._machine.gpus, [(h.gpu_index, h.allocation()) for h in holds])
+        # A card whose patrol failed is out of placement until an admin clears it (spawner/patrol.py).
+        gpus = with_health(self._machine.gpus, CardLedger(self.gpu_ledger_path).out_of_placement())
+        return build_local(gpus, [(h.gpu_index, h.allocation()) for h in holds])
 
     def form_state(self) -> tuple[Inventory, Usage]:
         others = [h for h in self._ledger.holdings() if h.key != self._key]
@@ -117,23 +145,7 @@ class LedgerGpuMixin(WaitingLineMixin):
 
     def _rows(self, request: GpuRequest, inventory: Inventory, group: str | None, choice: Choice | None) -> list[Held]:
         """The ledger rows for a placement (none for CPU only)."""
-        if choice is None:
-            return []
-        node = inventory.nodes[choice.node]
-        return [
-            Held(
-                self._key,
-                node.gpus[i].index,
-                self.user.name,  # type: ignore[attr-defined]
-                self.name,  # type: ignore[attr-defined]
-                node.gpus[i].memory_bytes
-                if request.kind is RequestKind.WHOLE
-                else request.bytes_on(node.gpus[i].memory_bytes),
-                request.kind is RequestKind.WHOLE,
-                group,
-            )
-            for i in choice.gpus
-        ]
+        return placement_rows(self._key, self.name, request, inventory, group, choice)  # type: ignore[attr-defined]
 
     def allocate(self) -> tuple[GpuRequest, list[Held] | None]:
         """Check and place the request; write it to the ledger. Counts refusals.
@@ -322,6 +334,18 @@ class LedgerGpuMixin(WaitingLineMixin):
         if self._gpu_models:
             env[environ.MODELS.name] = ",".join(self._gpu_models)
         return env
+
+    async def gpu_job_log(self, job: Any, read: LogRead) -> tuple[bytes, int]:
+        """A job's log file (DATA/jobs/ID/output.log, written by its runner)."""
+        path = Path(self.gpu_ledger_path).absolute().parent / "jobs" / str(job.id) / "output.log"
+        try:
+            with path.open("rb") as log:
+                size = os.fstat(log.fileno()).st_size
+                start, length = read.window(size)
+                log.seek(start)
+                return log.read(-1 if length is None else length), size
+        except FileNotFoundError:
+            return b"", 0
 
     def get_state(self) -> dict[str, Any]:
         state: dict[str, Any] = super().get_state()  # type: ignore[misc]

@@ -45,6 +45,7 @@ from spawner.waitline import (
     never_fits,
     positions,
     stop_at,
+    waits_for_room,
     warning_lead,
     with_served,
 )
@@ -225,7 +226,9 @@ class WaitingLineMixin(GpuShareMixin):
             raise LeftLineError()
         wait = wait or mine is not None  # back after a hub restart: keep the place
         reserved = any(r.on(now) for r in reservations)
-        if request.kind is RequestKind.CPU or (not wait and not reserved and not any(not e.away(now) for e in line)):
+        if request.kind is RequestKind.CPU or (
+            not wait and not reserved and not any(waits_for_room(e, now) for e in line)
+        ):
             return self._decide(request, image, holds), None  # nobody waits: the direct path and its refusals
         inventory = self._inventory(holds)
         me = self._entry(request, image, inventory, holds, mine, now)
@@ -248,7 +251,7 @@ class WaitingLineMixin(GpuShareMixin):
         if placed is not None:
             return self._rows(request, inventory, me.group, placed.choice), None
         if not wait:
-            ahead = sum(1 for e in line if not e.away(now))
+            ahead = sum(1 for e in line if waits_for_room(e, now))
             why = f"{counted(ahead, 'request waits', 'requests wait')} in line for a GPU before yours."
             if not ahead:
                 why = "The free GPU memory is reserved for another class now."
@@ -376,14 +379,18 @@ class WaitingLineMixin(GpuShareMixin):
     def _frees_at(self, holds: list[Held], now: float) -> list[float]:
         """When each GPU server ends at the latest while anyone waits, from the line's state: a warned one at
         its announced stop, else at the stop it would be warned of once idle for the idle timeout."""
+        return list(self.gpu_ends(holds, now).values())
+
+    def gpu_ends(self, holds: list[Held], now: float) -> dict[str, float]:
+        """Each GPU server's latest end while anyone waits (``_frees_at``), by its key (jobs' API too)."""
         activity = self._last_activity()
         warned = {key: e.created for key, e in self._ledger.latest_events().items() if e.kind == "warned"}
         lead = self.gpu_warning_lead
         report_every = activity_report_interval(lead)
-        return [
-            expected_end(activity.get(key, now), warned.get(key), self.gpu_idle_timeout, lead, report_every)
+        return {
+            key: expected_end(activity.get(key, now), warned.get(key), self.gpu_idle_timeout, lead, report_every)
             for key in {h.key for h in holds}
-        ]
+        }
 
     def _last_activity(self) -> dict[str, float]:
         """Each running server's last activity (else its start) from JupyterHub's database (empty outside a hub)."""
@@ -398,6 +405,10 @@ class WaitingLineMixin(GpuShareMixin):
             if last is not None:
                 found[f"{spawner.user.name}/{spawner.name}"] = last.replace(tzinfo=datetime.UTC).timestamp()
         return found
+
+    async def gpu_job_log(self, job: Any, read: LogRead) -> tuple[bytes, int]:
+        """A job's output as ``read`` says, and its whole size (one machine: its log file; Kubernetes: its pod's)."""
+        raise NotImplementedError
 
     def run_pre_spawn_hook(self) -> Any:
         # JupyterHub reads start_timeout once start() is called: a waiting spawn gets the line's
@@ -422,6 +433,20 @@ class WaitingLineMixin(GpuShareMixin):
             self._gpu_stages.append(Stage(progress, message, time.monotonic()))
             for listener in self._gpu_stage_listeners or ():
                 listener.set()
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """Which part of a job's output to read: from ``offset``, or its last ``tail`` bytes; at most ``most``."""
+
+    offset: int = 0
+    tail: int = 0
+    most: int | None = None
+
+    def window(self, size: int) -> tuple[int, int | None]:
+        """(start, length) of the part of an output of ``size`` bytes (length None: to its end)."""
+        start = max(0, size - self.tail) if self.tail else min(self.offset, size)
+        return start, self.most
 
 
 @dataclass(frozen=True)

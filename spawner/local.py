@@ -32,6 +32,7 @@ from traitlets import Bool, Dict, Unicode, validate
 from spawner import environ, mounts
 from spawner.cgroups import Limits, limits_for
 from spawner.confinement import Confinement, Server, for_machine, nvidia_nodes, platform_id, unit_name
+from spawner.job_request import JobPlace
 from spawner.lifecycle import LedgerGpuMixin
 
 SYSTEM_PREFIX = "jupyter-"
@@ -156,6 +157,16 @@ class LocalGpuSpawner(LedgerGpuMixin, LocalProcessSpawner):  # type: ignore[misc
                 self.cmd = mounts.bind_command(models_dir, models, list(self.cmd))
         elif models or models_dir.exists():
             mounts.prepare_links(models_dir, models)
+
+    def job_place(self, image: str, group: str | None) -> JobPlace:
+        """Where this user's jobs run: the image's environment, their home (made now), their account; the memory
+        their class's servers may have, where servers are held to it (as root)."""
+        local = self.images()[image]
+        self.prepare_home()
+        account = self.system_user if self.isolation == "unix-users" else ""
+        confined = self.gpu_confine and os.geteuid() == 0
+        memory = limits_for(self.gpu_limits, [group] if group else []).memory_bytes if confined else None
+        return JobPlace(local.target, self.home_dir, account, memory)
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()

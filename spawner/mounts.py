@@ -40,6 +40,28 @@ def prepare_mountpoints(models_dir: Path, models: dict[str, Path]) -> None:
         (models_dir / name).mkdir(exist_ok=True)
 
 
+def add_links(models_dir: Path, models: dict[str, Path]) -> None:
+    """A symlink per model in ``models_dir``, leaving the others (a job beside a running server)."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    for name, source in models.items():
+        link = models_dir / name
+        if link.is_symlink() and link.readlink() != source:
+            link.unlink()
+        if not link.is_symlink():
+            link.symlink_to(source, target_is_directory=True)
+
+
+def add_mountpoints(models_dir: Path, models: dict[str, Path]) -> None:
+    """An empty folder per model to bind it on, leaving the others: a job beside a running server must not
+    take away the server's mountpoints (each binds its models in its own mount namespace)."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        target = models_dir / name
+        if target.is_symlink():
+            target.unlink()
+        target.mkdir(exist_ok=True)
+
+
 def bind_command(models_dir: Path, models: dict[str, Path], command: list[str]) -> list[str]:
     """``command`` wrapped to run in a private mount namespace with the models bound read-only."""
     unshare = shutil.which("unshare") or "unshare"

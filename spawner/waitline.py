@@ -58,6 +58,7 @@ class Entry:
     seen: float | None = None  # last time the waiting spawn was alive; None: at arrival
     label: str = ""  # what was asked, in words (for people)
     served: float = 0.0  # least-served order: seconds its user held a GPU today, as if arrived that much later
+    backfill: bool = False  # a backfill job: placed only when nobody else waits (``admit``), behind everyone
 
     def in_order(self) -> float:
         """The arrival the line's order uses: later by what the user already held today (``served``)."""
@@ -81,12 +82,13 @@ class Admission:
 def fair_order(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None = None) -> list[Entry]:
     """The line in fair-share order (see the module's docstring)."""
     held = held_by_user or {}
-    turns: dict[str, int] = {}
+    turns: dict[tuple[str, bool], int] = {}  # a user's backfill jobs take no turns from their other requests
     keyed = []
     for entry in sorted(entries, key=lambda e: (e.arrived, e.key)):
-        turn = turns.get(entry.user, 0)
-        turns[entry.user] = turn + 1
-        keyed.append(((-entry.priority, held.get(entry.user, 0) + turn, entry.in_order(), entry.key), entry))
+        turn = turns.get((entry.user, entry.backfill), 0)
+        turns[(entry.user, entry.backfill)] = turn + 1
+        order = (entry.backfill, -entry.priority, held.get(entry.user, 0) + turn, entry.in_order(), entry.key)
+        keyed.append((order, entry))
     return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
 
 
@@ -94,6 +96,11 @@ def with_served(entries: Iterable[Entry], groups: Set[str], served: Mapping[str,
     """The entries of ``groups`` (the classes that order their line least-served first) with what their users
     held today (``served``: seconds per user); the others as they are."""
     return [replace(e, served=served.get(e.user, 0.0)) if e.group in groups else e for e in entries]
+
+
+def waits_for_room(entry: Entry, now: float, away_after_s: float = AWAY_AFTER_S) -> bool:
+    """Whether ``entry`` holds up the line now: present, and not a backfill job (those wait for room nobody wants)."""
+    return not entry.backfill and not entry.away(now, away_after_s)
 
 
 def positions(entries: Iterable[Entry], held_by_user: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -119,6 +126,9 @@ def admit(
     ``group_bytes``: what each group holds now. Never places more than is free, and
     never gives another class the memory a reservation keeps for one (that entry is
     passed over; entries of the reserved class behind it still go).
+
+    Backfill entries (jobs that use slices nobody waits for) come last and are placed only
+    when every other entry present was: each where it fits, none holding up another.
     """
     state = ClusterState.from_inventory(inventory)
     line = fair_order(entries, held_by_user)
@@ -127,18 +137,26 @@ def admit(
     used = dict(group_bytes)
     blocked_groups: set[str | None] = set()
     admitted: list[Admission] = []
+    someone_waits = False  # a present entry that is not backfill stays in line: no backfill goes now
     for entry in line:
+        if entry.backfill and someone_waits:
+            break  # backfill entries are last in the order
         if entry.away(now, away_after_s) or (entry.group is not None and entry.group in blocked_groups):
             continue
         if not _within_budget(entry, budgets, used):
-            blocked_groups.add(entry.group)
+            if not entry.backfill:
+                blocked_groups.add(entry.group)
+                someone_waits = True
             continue
         others = arrived - Counter({entry.demand: 1})  # known_workload adds the one being placed
         choice = make_policy(policy, known_workload(others, entry.demand), once=True).choose(state, entry.demand)
         if choice is None:
+            if entry.backfill:
+                continue  # backfill takes what fits and holds up nobody
             break  # strict: nobody behind the first that does not fit goes ahead of it
         kept = kept_for_others(reservations, entry.group, used, now)
         if kept and _free_bytes(state) - float(state.taken(choice, entry.demand).sum()) < kept:
+            someone_waits = someone_waits or not entry.backfill
             continue  # the room left is reserved for another class now
         state.commit(choice, entry.demand)
         if entry.group is not None:

@@ -42,7 +42,8 @@ def test_every_variable_is_documented() -> None:
 
 # Where the process environment may be read: the declarations' one reader, the hand-over of
 # secrets (to a 0600 file and back), the kernel hook (standalone in users' kernels) and the notebook
-# servers' presence reports (JupyterHub's own variables, in users' servers).
+# servers' presence reports and their extensions (standalone in users' servers: JupyterHub's variables,
+# not ours).
 READERS = ("spawner/environ.py", "spawner/secretenv.py", "spawner/kernel_hook/", "spawner/lab/")
 
 

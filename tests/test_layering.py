@@ -36,6 +36,8 @@ LAYERS: dict[str, int] = {
     "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
     "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
+    "spawner.jobs": CORE,  # batch jobs: the spec people send, states, endings in words (and jobs_backfill)
+    "spawner.patrol": CORE,  # a card's health check, as data: which cards, what passes, who is out
     "spawner.anomaly": CORE,  # per-card anomaly models (scikit-learn): series in, findings out
     "spawner.usage": CORE,  # utilization reports: GPU-hours per user, class and week (CLI and portal)
     "spawner.scope": CORE,  # whose servers and names a viewer may see (the portal and the hub's line API)
@@ -46,6 +48,9 @@ LAYERS: dict[str, int] = {
     "spawner.ledger": LOWER,
     "spawner.class_store": LOWER,  # the classes the running hub keeps (the hub, its spawners and the CLI share it)
     "spawner.sqlite_schema": LOWER,  # versioned schemas of our SQLite stores (the ledger, incidents)
+    "spawner.job_ledger": LOWER,  # batch jobs in the ledger's file, in its transactions
+    "spawner.card_health": LOWER,  # each card's last patrol, in the ledger's file
+    "spawner.job_runner": LOWER,  # runs one attempt of a job, outside the hub's process tree
     "spawner.line_admin": LOWER,  # reading and managing the GPU line in the ledger (the portal and the hub's API)
     "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)
     "spawner.gpus": LOWER,

@@ -115,7 +115,7 @@ def note_kube_stop(client: KubeClient, namespace: str, scope: Scope, user: str, 
             note = pod_event(pod, STOP_REQUESTED, f"{scope.viewer} in the portal", "gpuslice-portal", now)
             try:
                 client.create(f"/api/v1/namespaces/{namespace}/events", note)
-            except requests.HTTPError as exc:  # the note is for people reading Jobs: never block the stop
+            except requests.HTTPError as exc:  # the note is for people reading Servers: never block the stop
                 log.warning(
                     "could not note who stops %s/%s (%s): the chart grants the portal events create", user, server, exc
                 )

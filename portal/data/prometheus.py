@@ -63,6 +63,18 @@ def gpu_readings(prom: PrometheusConnect) -> dict[tuple[str, str], GpuReading]:
     }
 
 
+JOB_MEMORY_QUERY = 'sum by (user, server) (gpuslice_process_gpu_memory_bytes{server=~"job:[0-9]+"})'
+
+
+def job_gpu_memory(prom: PrometheusConnect) -> dict[tuple[str, str], float]:
+    """(owner, "job:ID") -> the GPU memory its processes use now, from the exporter's per-process series."""
+    found = {}
+    for series in _query(prom, JOB_MEMORY_QUERY):
+        metric = series["metric"]
+        found[(metric.get("user", ""), metric.get("server", ""))] = float(series["value"][1])
+    return found
+
+
 def summary(prom: PrometheusConnect) -> dict[str, float]:
     """Cluster totals from the recording rules, in one query."""
     return {s["metric"]["__name__"]: float(s["value"][1]) for s in _query(prom, SUMMARY_QUERY)}

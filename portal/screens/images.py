@@ -28,7 +28,7 @@ except MarketError as exc:
 mine = [s for s in servers.servers(identity) if s.user == identity.name and s.name == ""]
 busy = next((s for s in mine if s.state in ("running", "starting", "stopping")), None)
 if busy is not None:
-    st.info(f"Your server is {busy.state} with image {busy.image}. Stop it on the Jobs page to launch another.")
+    st.info(f"Your server is {busy.state} with image {busy.image}. Stop it on the Servers page to launch another.")
 
 inventory, _ = servers.inventory(identity)
 largest_card = max((g.memory_bytes for g in inventory.gpus()), default=0)

@@ -1,226 +1,113 @@
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
 
-import pandas as pd
 import streamlit as st
 
-from portal import views
+from portal import job_views, views
 from portal.data.errors import SourceUnavailableError
-from portal.sources import classes, clients, line, servers
-from spawner.line_admin import Waiting
-from spawner.quotas import classes as class_rules
-from spawner.shares import format_bytes, parse_quantity
-from spawner.waitline import may_manage
-from spawner.words import ordinal
+from portal.data.jobs import JobInfo
+from portal.sources import clients, jobs
 
 identity = st.session_state["identity"]
 where = views.zone(st.context.timezone)  # the reader's own clock
 st.title("Jobs")
+st.caption(
+    "Batch jobs: a command or a notebook run headless on a GPU slice, in the same line as the servers."
+    " Submit one on New job, with `gpuslice job submit`, or from JupyterLab."
+)
 left, right = st.columns([2, 1])
-search = left.text_input("Search user or image")
-states = set(right.multiselect("State", views.JOB_STATES))
+search = left.text_input("Search user, name or image")
+states = set(right.multiselect("State", job_views.JOB_STATES))
 
 
-def _label(job: views.JobRow) -> str:
-    return f"{job.user}/{job.server or '(default)'}"
+def _label(job: JobInfo) -> str:
+    return f"{job.id}: {job.name} ({job.user}, {job.state})"
 
 
-def _act(action: Callable[[], object], done: str) -> None:
-    """Run what the reader asked; a refusal (checked in the data layer or by the hub) shows as an error."""
+def _act(action: Callable[[], JobInfo], done: Callable[[JobInfo], str]) -> None:
+    """What the reader asked, with the hub's refusal (its words) shown as an error."""
     try:
-        action()
-    except (PermissionError, ValueError) as exc:
+        after = action()
+    except (PermissionError, LookupError, ValueError) as exc:
         st.error(str(exc))
     except SourceUnavailableError as exc:
         st.error(f"{exc}. Nothing was changed; try again in a moment.")
     else:
-        st.success(done)
+        st.success(done(after))
 
 
 @st.fragment(run_every=clients.REFRESH_S)
-def live_table() -> list[views.JobRow]:
-    """The table and the reasons, re-read twice a second without reloading the page."""
+def live_table() -> list[JobInfo]:
+    """The jobs the hub lets the reader see, re-read without reloading the page."""
     now = time.time()
     try:
-        jobs = views.job_rows(
-            servers.servers(identity), servers.inventory(identity)[1], servers.server_events(identity), now_ts=now
-        )
+        found = jobs.jobs(identity)
     except SourceUnavailableError as exc:  # inside a fragment the app's handler does not see it
         st.error(f"{exc}. This page needs it; reload in a moment.")
         return []
-    shown = [j for j in jobs if views.job_matches(j, states, search)]
-    counts = {state: sum(j.state == state for j in jobs) for state in views.JOB_STATES}
-    st.caption(" · ".join(f"{n} {state}" for state, n in counts.items() if n) or "No servers yet.")
+    shown = [j for j in found if job_views.job_matches(j, states, search)]
+    counts = {state: sum(j.state == state for j in found) for state in job_views.JOB_STATES}
+    st.caption(" · ".join(f"{n} {state}" for state, n in counts.items() if n) or "No jobs yet.")
+    gpus = jobs.gpu_use([j for j in shown if j.state == "running"])
     st.dataframe(
-        [
-            {
-                "user": j.user,
-                "server": j.server or "(default)",
-                "state": j.state,
-                "slice": j.slice,
-                "image": j.image,
-                "age": views.duration_text(j.age_s),
-                "idle": views.duration_text(j.idle_s),
-                "progress": j.progress,
-                "why": views.times_in_words(j.detail, now, where),
-                "last activity": views.ago_text(j.last_activity, now),
-            }
-            for j in shown
-        ],
+        job_views.job_rows(shown, gpus, now, where),
         hide_index=True,
         width="stretch",
-        column_config={
-            "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=100, format="%d%%"),
-            "why": st.column_config.TextColumn("why", width="medium"),
-        },
+        column_config={"detail": st.column_config.TextColumn("detail", width="large")},
     )
-    explained = [j for j in shown if j.detail and j.state in ("pending", "refused", "failed", "stopped")]
-    if explained:  # the full reason, wrapped: a table cell cuts it at its width
-        st.markdown(
-            "\n".join(
-                f"- **{views.plain(_label(j))}** ({j.state}): {views.plain(views.times_in_words(j.detail, now, where))}"
-                for j in explained
-            )
-        )
     return shown
 
 
 shown = live_table() or []
-
-with st.expander("History of a server"):
-    chosen = st.selectbox("Server", shown, format_func=_label, key="history")
-    if chosen is not None:
-        try:
-            history = servers.server_history(identity, chosen.user, chosen.server)
-        except PermissionError as exc:
-            st.error(str(exc))
-        else:
-            now = time.time()
-            st.dataframe(
-                [
-                    {
-                        "when": views.clock_text(e.created, now, where),
-                        "event": e.kind,
-                        "message": views.times_in_words(e.message, now, where),
-                    }
-                    for e in history
-                ],
-                hide_index=True,
-                width="stretch",
-            )
-
-stoppable = [j for j in shown if j.state in ("running", "pending") and (identity.admin or j.user == identity.name)]
-if stoppable:
-    choice = st.selectbox("Stop a server", stoppable, format_func=_label)
-    if st.button("Stop", type="primary") and choice is not None:
-        _act(lambda: servers.stop_server(identity, choice.user, choice.server), f"Stopping {_label(choice)}.")
-
-manager = line.line_manager(identity)
-
-
-def _waiting_label(w: Waiting) -> str:
-    return f"{ordinal(w.position)}: {w.user}/{w.server or '(default)'}, {w.asked}"
-
-
-@st.fragment(run_every=clients.REFRESH_S)
-def live_queue() -> None:
-    """The GPU line, re-read like the table above: someone placed leaves it within a second."""
-    st.subheader("Queue", anchor="queue")
+chosen = st.selectbox("Job", shown, format_func=_label, key="job")
+if chosen is not None:
     try:
-        waiting = line.waiting_line(identity)
-    except SourceUnavailableError as exc:
-        st.error(f"The queue cannot be read now: {exc}.")
-        return
-    if not waiting:
-        st.caption("Nobody waits for a GPU." if manager.admin else "Nobody you can see waits for a GPU.")
-        return
+        job, events = jobs.job(identity, chosen.id)
+    except (PermissionError, LookupError) as exc:
+        st.error(str(exc))
+        st.stop()
     now = time.time()
-    rows = [
-        {
-            "place": ordinal(w.position),
-            "user": w.user,
-            "server": w.server or "(default)",
-            "asked for": w.asked,
-            "class": w.group or "",
-            "waiting for": views.duration_text(now - w.since),
-            "expected start": views.when_text(w.estimated_start, now, where) if w.estimated_start else "not known",
-            "note": "its page was closed when the hub restarted: starts when asked again" if w.away else "",
-        }
-        for w in waiting
-    ]
-    # A plain table: every word in the page itself (read aloud, found by a search), not drawn on a canvas.
-    st.table(pd.DataFrame(rows).set_index("place"))
+    st.subheader(f"Job {job.id}: {job.name}")
+    st.write(views.plain(job_views.detail(job, None, now, where)))
+    spec = job.spec
+    what = f"notebook {spec['notebook']}" if spec.get("notebook") else " ".join(spec.get("command") or [])
+    st.code(what, language=None)
     st.caption(
-        "Expected start: at the latest, when as many GPU servers as are ahead have stopped, each left idle"
-        " until it is reclaimed for the line. Not known: fewer servers run than are ahead."
+        f"{job.gpu}, image {job.image}, {job.priority}, time limit {spec.get('time_limit')}, "
+        f"retries {spec.get('retries', 0)}; attempts {job.attempts}, preempted {job.preemptions} time(s)"
     )
-    # Admins change any request; a class's teachers the requests charged to their class (the
-    # hub checks again: these lists are only what to offer).
-    manageable = [w for w in waiting if may_manage(manager, w.group) is None]
-    if manageable:
-        chosen_wait = st.selectbox("Waiting request", manageable, format_func=_waiting_label, key="waiting")
-        first_col, cancel_col = st.columns(2)
-        if first_col.button("Put first") and chosen_wait is not None:
-            _act(
-                lambda: line.put_first(identity, chosen_wait.user, chosen_wait.server),
-                f"{views.plain(chosen_wait.user)} goes first.",
-            )
-        if cancel_col.button("Cancel the request") and chosen_wait is not None:
-            _act(
-                lambda: line.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),
-                f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.",
-            )
-
-
-live_queue()
-
-st.subheader("Reserved GPU memory")
-booked = line.reservations(identity)
-now = time.time()
-if booked:
     st.dataframe(
-        [
-            {
-                "class": r.group,
-                "GPU memory": format_bytes(r.memory_bytes),
-                "from": views.clock_text(r.start, now, where),
-                "until": views.clock_text(r.end, now, where),
-                "by": r.by,
-            }
-            for r in booked
-        ],
+        [{"when": views.clock_text(e.at, now, where), "state": e.state, "message": e.message} for e in events],
         hide_index=True,
         width="stretch",
     )
-else:
-    st.caption("No GPU memory is reserved for a class.")
+    cancel_col, resubmit_col = st.columns(2)
+    if job.state not in ("succeeded", "failed", "cancelled") and cancel_col.button("Cancel", type="primary"):
+        _act(lambda: jobs.cancel(identity, job.id), lambda after: f"Job {after.id}: {after.reason}")
+    if job.user == identity.name and resubmit_col.button("Resubmit with the same settings"):
+        _act(lambda: jobs.resubmit(identity, job.id), lambda after: f"Submitted as job {after.id}.")
 
-taught = sorted({rule.name for rule in class_rules(classes.group_rules())} if manager.admin else set(manager.classes))
-if taught:
-    with st.form("reserve"):
-        st.caption("Keep GPU memory for a class's students for a time: others cannot take it meanwhile.")
-        group = st.selectbox("Class", taught)
-        size_text = st.text_input("GPU memory", "8 GiB")
-        local_now = datetime.now(where)
-        day = st.date_input("Day", local_now.date())
-        start_time = st.time_input(f"From ({local_now:%Z} time)", local_now.time().replace(second=0, microsecond=0))
-        hours = st.number_input("For hours", min_value=0.25, max_value=24.0, value=2.0, step=0.25)
-        if st.form_submit_button("Reserve"):
-            start = datetime.combine(day, start_time, tzinfo=where)
+    if job.user == identity.name or identity.admin:  # the hub says the same: output is its owner's and admins'
+
+        @st.fragment(run_every=clients.REFRESH_S if job.state not in ("succeeded", "failed", "cancelled") else None)
+        def live_log() -> None:
             try:
-                size = parse_quantity(size_text.strip().replace(" ", ""))
-                end = start + timedelta(hours=hours)
-                line.reserve(identity, group or "", size, start.timestamp(), end.timestamp())
-            except (ValueError, PermissionError) as exc:  # a size that is not one, a window that does not fit
-                st.error(f"Not reserved: {exc}")
+                data, size = jobs.log_tail(identity, job.id)
+            except (PermissionError, LookupError) as exc:
+                st.error(str(exc))
+                return
+            cut = f" (the last {len(data) // 1024} KiB of {size // 1024} KiB)" if size > len(data) else ""
+            st.caption(f"Output{cut}, as the job wrote it:")
+            # st.code shows text as text: whatever a job prints (markup, HTML, escapes) is never rendered.
+            st.code(job_views.printable(data) or "(nothing yet)", language=None)
+
+        live_log()
+        if st.button("Prepare the whole output for download"):
+            try:
+                whole = jobs.whole_log(identity, job.id)
+            except (PermissionError, LookupError) as exc:
+                st.error(str(exc))
             else:
-                st.success(f"Reserved {format_bytes(size)} for {group}.")
-    mine = [r for r in booked if manager.admin or r.group in manager.classes]
-    if mine:
-        dropped = st.selectbox(
-            "Reservation", mine, format_func=lambda r: f"{r.group}: {format_bytes(r.memory_bytes)}", key="dropped"
-        )
-        if st.button("Remove the reservation") and dropped is not None and dropped.id is not None:
-            reservation, group_name = dropped.id, dropped.group
-            _act(lambda: line.drop_reservation(identity, reservation), f"Removed the reservation for {group_name}.")
+                st.download_button("Download", whole, file_name=f"job-{job.id}.log", mime="text/plain")
+    else:
+        st.caption("A job's output is for its owner and admins.")

@@ -189,7 +189,7 @@ if codes_made:
 # -- servers and the line --------------------------------------------------------------------
 @st.fragment(run_every=clients.REFRESH_S)
 def live_class() -> None:
-    """The class's servers and its places in the GPU line, live like the Jobs page."""
+    """The class's servers and its places in the GPU line, live like the Servers page."""
     st.subheader("Servers", divider="gray")
     try:
         running = [s for s in servers.servers(identity) if s.user in members and s.state in ("running", "starting")]
@@ -299,7 +299,7 @@ if booked:
         width="stretch",
     )
 else:
-    st.caption("Nothing is reserved for this class. Reserve GPU memory for a lesson on the Jobs page.")
+    st.caption("Nothing is reserved for this class. Reserve GPU memory for a lesson on the Servers page.")
 
 st.subheader("Usage", divider="gray")
 try:

@@ -43,6 +43,12 @@ def gpu_readings() -> dict[tuple[str, str], prometheus.GpuReading]:
 
 
 @st.cache_data(ttl=10)
+def job_gpu_memory() -> dict[tuple[str, str], float]:
+    """Each batch job's GPU memory now, from the exporter's per-process series."""
+    return prometheus.job_gpu_memory(_prometheus())
+
+
+@st.cache_data(ttl=10)
 def summary() -> dict[str, float]:
     return prometheus.summary(_prometheus())
 

@@ -15,10 +15,12 @@ The hub no longer reads the proxy's traffic as activity either (``last_activity_
 A user can run their own server without this file; they gain nothing they could not have
 by running a cell now and then, which any user may do.
 
-It also turns on the server's presence reports (gpuslice_presence.py, beside it).
+It also turns on the server's presence reports (gpuslice_presence.py, beside it) and JupyterLab's
+"Run as job" (gpuslice_lab_jobs.py beside it: the notebook submitted to the hub's jobs API as a batch job).
 
 Only jupyter_server is imported: this runs in the users' environment, not the platform's.
 """
+# ruff: noqa: F821  (`c` and `__file__` are given by the config loader that runs this file)
 
 import os
 import sys
@@ -63,13 +65,15 @@ def count_only_changes() -> bool:
 count_only_changes()
 
 
-def report_presence(config: object, here: str) -> None:
-    """Load gpuslice_presence.py (beside this file) as a jupyter_server extension: the server tells the hub
-    whether its owner is there (a page open, input in it), docs/platform.md#presence."""
+def load_extensions(config: object, here: str) -> None:
+    """Load the server extensions beside this file (a folder every account can read): gpuslice_presence (the
+    server tells the hub whether its owner is there, docs/platform.md#presence) and gpuslice_lab_jobs
+    (JupyterLab's "Run as job", docs/jobs.md)."""
     if here not in sys.path:
         sys.path.append(here)
-    config.ServerApp.jpserver_extensions.update({"gpuslice_presence": True})  # type: ignore[attr-defined]
+    extensions = {"gpuslice_presence": True, "gpuslice_lab_jobs": True}
+    config.ServerApp.jpserver_extensions.update(extensions)  # type: ignore[attr-defined]
 
 
 if "c" in globals():  # run by jupyter_server as a config file (c: its config); a test imports it plainly
-    report_presence(c, os.path.dirname(os.path.abspath(__file__)))  # type: ignore[name-defined]  # noqa: F821
+    load_extensions(c, os.path.dirname(os.path.abspath(__file__)))  # type: ignore[name-defined]

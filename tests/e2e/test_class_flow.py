@@ -282,12 +282,12 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
         assert members["ml101"] == sorted([*CLASS, "s5"]) and members["cv202"] == ["t1", "t2"]
 
         # The Queue, live: a placed student leaves it within a second of being placed.
-        _portal_page(teacher, platform, "jobs", "Jobs")
+        _portal_page(teacher, platform, "servers", "Servers")
         queue = teacher.locator("[data-testid='stTable']").last
         queue.wait_for(timeout=120_000)
         assert all(u in queue.inner_text() for u in waiting)
-        teacher.screenshot(path=str(FLOW / "jobs-queue-teacher.png"), full_page=True)
-        said.note("tina", "jobs", teacher.inner_text("[data-testid='stMain']"))
+        teacher.screenshot(path=str(FLOW / "servers-queue-teacher.png"), full_page=True)
+        said.note("tina", "servers", teacher.inner_text("[data-testid='stMain']"))
         assert admin_api(platform, token, "DELETE", f"/users/{started[0]}/server").status_code in (202, 204)
         placed, placed_at, left_at = "", 0.0, 0.0
         deadline = time.monotonic() + 120
@@ -320,7 +320,7 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
         student = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
         login(student, platform, waiting[1])
         for who, page in (("student", student), ("teacher", teacher), ("admin", admin)):
-            for path, title in (("", "Overview"), ("jobs", "Jobs"), ("classes", "Classes"), ("gpus", "GPUs")):
+            for path, title in (("", "Overview"), ("servers", "Servers"), ("classes", "Classes"), ("gpus", "GPUs")):
                 _portal_page(page, platform, path, title)
                 page.screenshot(path=str(FLOW / f"portal-{path or 'overview'}-{who}.png"), full_page=True)
                 said.note(who, f"portal {title}", page.inner_text("[data-testid='stMain']"))

@@ -73,7 +73,7 @@ def test_monitoring_down_spawning_and_the_portal_go_on_and_it_recovers(make_plat
         try:
             spawn(platform, "bob")
             page_shows(page, platform.url, "alerts", "Alertmanager is unavailable")
-            page_shows(page, platform.url, "jobs", "bob")
+            page_shows(page, platform.url, "servers", "bob")
 
             def firing() -> bool:
                 return bool(prometheus.custom_query('ALERTS{alertname="AlertmanagerDown", alertstate="firing"}'))
@@ -95,7 +95,7 @@ def test_monitoring_down_spawning_and_the_portal_go_on_and_it_recovers(make_plat
         spawn(platform, "cy")
         page_shows(page, platform.url, "", "GPU readings are not available right now", "Servers running")
         page.screenshot(path=str(ARTIFACTS / "overview-prometheus-down.png"), full_page=True)
-        page_shows(page, platform.url, "jobs", "cy", "bob")
+        page_shows(page, platform.url, "servers", "cy", "bob")
 
         # Prometheus is killed: `gpuslice up` starts it again, and the portal's metrics come back.
         os.kill(first, signal.SIGKILL)

@@ -36,6 +36,7 @@ def test_every_page_through_the_gate_with_screenshots(portal: Platform) -> None:
         expected = {
             "": "Overview",
             "gpus": "GPUs",
+            "servers": "Servers",
             "jobs": "Jobs",
             "classes": "Classes",
             "alerts": "Alerts",
@@ -193,15 +194,15 @@ def test_jobs_and_overview_follow_the_hub_without_a_reload(portal: Platform) -> 
     every = HubClient(f"{portal.url}/hub/api", portal.token("admin"))
     names = [u["name"] for u in every.get("/users")]
     assert len(names) > 1 and [u["name"] for u in every.get_every_page("/users?limit=1")] == names
-    lags: dict[str, list[float]] = {"jobs": [], "overview": []}
+    lags: dict[str, list[float]] = {"servers": [], "overview": []}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 900})
-        jobs, overview = context.new_page(), context.new_page()
-        login(jobs, portal, "admin")
-        jobs.goto(f"{portal.url}/services/portal/jobs")
+        servers, overview = context.new_page(), context.new_page()
+        login(servers, portal, "admin")
+        servers.goto(f"{portal.url}/services/portal/servers")
         overview.goto(f"{portal.url}/services/portal/")
-        jobs.wait_for_selector("h1:has-text('Jobs')", timeout=120_000)
+        servers.wait_for_selector("h1:has-text('Servers')", timeout=120_000)
         overview.wait_for_selector("text=Servers running", timeout=120_000)
         for _ in range(3):
             for state, method in (("running", "POST"), ("stopped", "DELETE")):
@@ -209,8 +210,8 @@ def test_jobs_and_overview_follow_the_hub_without_a_reload(portal: Platform) -> 
                 seen = _hub_says(alice, "alice", state)
                 # Neither page is reloaded: alice's row in the table says it, Overview counts running ones.
                 # (Her row, not the caption's counts: other tests on this platform leave stopped servers.)
-                _wait_or_screenshot(jobs, _row_says("alice", state), f"jobs-{state}")
-                lags["jobs"].append(time.monotonic() - seen)
+                _wait_or_screenshot(servers, _row_says("alice", state), f"servers-{state}")
+                lags["servers"].append(time.monotonic() - seen)
                 running = "1" if state == "running" else "0"
                 _wait_or_screenshot(
                     overview,
@@ -221,6 +222,6 @@ def test_jobs_and_overview_follow_the_hub_without_a_reload(portal: Platform) -> 
                 lags["overview"].append(time.monotonic() - seen)
         browser.close()
     figures = {page: {"p50_s": round(sorted(v)[len(v) // 2], 2), "max_s": round(max(v), 2)} for page, v in lags.items()}
-    print(f"portal behind the hub over {len(lags['jobs'])} starts and stops: {figures}")
+    print(f"portal behind the hub over {len(lags['servers'])} starts and stops: {figures}")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "live-lag.json").write_text(json.dumps({"lags_s": lags, "figures": figures}, indent=1))

@@ -19,6 +19,7 @@ SIZES = {"laptop": (1280, 800), "phone": (390, 844)}
 PAGES = {
     "overview": ("", "Overview"),
     "gpus": ("gpus", "GPUs"),
+    "servers": ("servers", "Servers"),
     "jobs": ("jobs", "Jobs"),
     "classes": ("classes", "Classes"),
     "images": ("images", "Image market"),

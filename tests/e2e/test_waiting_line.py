@@ -265,11 +265,11 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
 
         admin = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
         login(admin, platform, "admin")
-        admin.goto(f"{platform.url}/services/portal/jobs")
+        admin.goto(f"{platform.url}/services/portal/servers")
         admin.wait_for_selector("text=Cancel the request", timeout=60_000)
         admin.locator("button:has-text('Cancel the request')").scroll_into_view_if_needed()
         admin.wait_for_timeout(1500)
-        admin.screenshot(path=str(shots / "jobs-queue-admin-laptop.png"), full_page=True)
+        admin.screenshot(path=str(shots / "servers-queue-admin-laptop.png"), full_page=True)
         admin.click("button:has-text('Cancel the request')")  # the first in line: s4
         admin.wait_for_selector("text=Cancelled: s4", timeout=120_000)
         waiter.wait_for_selector("text=cancelled by admin (admin) in the portal", timeout=60_000)
@@ -279,11 +279,11 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
 
         mine = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
         login(mine, platform, "s3")
-        mine.goto(f"{platform.url}/services/portal/jobs")
+        mine.goto(f"{platform.url}/services/portal/servers")
         mine.wait_for_selector("h3:has-text('Queue')", timeout=60_000)
         mine.locator("h3:has-text('Queue')").scroll_into_view_if_needed()
         mine.wait_for_timeout(1500)
-        mine.screenshot(path=str(shots / "jobs-queue-student-laptop.png"), full_page=True)
+        mine.screenshot(path=str(shots / "servers-queue-student-laptop.png"), full_page=True)
         assert not mine.query_selector("button:has-text('Cancel the request')")
 
         assert sorted(key for key, _, _ in platform.ledger()) == ["s1/", "s2/"]  # nothing freed meanwhile

@@ -20,7 +20,7 @@ def test_a_matching_environment_is_reused_and_a_changed_hook_refreshed(tmp_path:
     assert userenv.ensure(prefix) is True  # the hook is copied again; the packages match: no pip
     assert userenv.current_stamp(prefix) == wanted
     hook = userenv.hook_dir(prefix)
-    assert sorted(p.name for p in hook.iterdir()) == ["gpuslice_limits.py", "sitecustomize.py"]
+    assert sorted(p.name for p in hook.iterdir()) == ["gpuslice_limits.py", "gpuslice_notebook.py", "sitecustomize.py"]
     for path in [hook, *hook.iterdir()]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o044 == 0o044 and mode & 0o022 == 0, f"{path}: {oct(mode)}"  # all read, only root writes

@@ -62,8 +62,20 @@ def test_the_single_machine_config_goes_through_the_one_wiring(tmp_path: Path, m
     found = services(c)
     # renewals: the single machine renews its Alertmanager config and notices itself (hub/renewals.py);
     # no incident-recorder here: gpuslice up did not start monitoring, so it made no webhook token.
-    assert set(found) == {"idle-culler", "gpu-reclaimer", "portal", "renewals", "gpuslice-top", "gpuslice-cli"}
+    assert set(found) == {
+        *("idle-culler", "gpu-reclaimer", "portal", "renewals", "gpuslice-top", "gpuslice-cli", "job-dispatcher"),
+        "gpu-patrol",
+    }
     assert f"--ledger={tmp_path / 'data' / 'ledger.sqlite'}" in found["gpu-reclaimer"]["command"]
+    # Jobs: the dispatcher with the same ledger and classes, the jobs API, and servers' tokens that may submit.
+    dispatcher = found["job-dispatcher"]["command"]
+    assert f"--ledger={tmp_path / 'data' / 'ledger.sqlite'}" in dispatcher
+    assert (
+        f"--classes={tmp_path / 'data' / 'classes.sqlite'}" in dispatcher
+        and f"--data-dir={tmp_path / 'data'}" in dispatcher
+    )
+    assert any(pattern == r"/api/gpuslice/jobs" for pattern, _ in c.JupyterHub.extra_handlers)
+    assert "servers!user" in c.LocalGpuSpawner.server_token_scopes
     assert c.LocalGpuSpawner.gpu_classes_path == str(tmp_path / "data" / "classes.sqlite")
     assert c.JupyterHub.extra_handlers and str(REPO / "hub" / "templates") in c.JupyterHub.template_paths
     assert c.LocalGpuSpawner.gpu_groups[0].name == "ml101" and c.GpusliceAuthenticator.create_users is False

@@ -6,7 +6,8 @@ nodes, namespaces; apps/v1: deployments, daemonsets, replicasets, statefulsets; 
 jobs, cronjobs), with discovery, the real API's JSON shapes, watch protocol, errors (Status
 objects) and the controllers clients count on (namespace lifecycle, garbage collection by
 ownerReferences, graceful pod deletion, a default StorageClass's provisioner, each namespace's
-``default`` ServiceAccount): ``tests/kube/api/rest.py`` says what is served and how. Pods
+``default`` ServiceAccount) and the Job and TTL-after-finished controllers (``tests/kube/job_controller.py``):
+``tests/kube/api/rest.py`` says what is served and how. Pods
 also have ``binding``, ``exec`` (the websocket channel protocol, v4 and v5), ``log`` (with
 ``follow`` and ``tailLines``) and ``eviction``.
 
@@ -65,6 +66,7 @@ from tests.kube.api.rest import Rest, Target, flag, is_watch, verb
 from tests.kube.api.selectors import matches_labels
 from tests.kube.api.store import Store, now
 from tests.kube.apiserver_groups import GroupsMixin
+from tests.kube.job_controller import JobController
 from tests.kube.kubelet import (
     ContainerFailedError,
     PodmanKubelet,
@@ -266,6 +268,7 @@ class ApiServer(GroupsMixin):
             node.setdefault("kind", "Node")
             node.setdefault("apiVersion", "v1")
             await self.store.put("nodes", "", node, "ADDED")
+        self.rest.spawn(JobController(self.store, self.rest).run())  # batch/v1 Jobs run their pods
 
     # -- pods' subresources -----------------------------------------------------------
 

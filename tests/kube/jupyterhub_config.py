@@ -84,3 +84,25 @@ if reclaim_after:  # the GPU line's reclaimer, as hub/kube_config.py runs it, wi
     from hub import roles
 
     c.JupyterHub.load_roles.append(roles.service_role("gpu-reclaimer", roles.STOPS_IDLE_SERVERS))
+if os.environ.get("GPUSLICE_TEST_JOBS"):  # batch jobs as batch/v1 Jobs, as hub/kube_config.py wires them
+    import json
+
+    from hub.jobs_api import JOBS_HANDLERS
+
+    c.JupyterHub.extra_handlers = [*c.JupyterHub.extra_handlers, *JOBS_HANDLERS]
+    c.JupyterHub.services.append(
+        {
+            "name": "job-dispatcher",
+            "command": [
+                sys.executable,
+                "-m",
+                "hub.job_dispatch",
+                f"--ledger={root / 'ledger.sqlite'}",
+                f"--groups={json.dumps(c.KubeGpuSpawner.gpu_groups)}",
+                "--kube-namespace=gpuslice",
+                "--kube-backend=gpushare",
+                "--interval=0.5",
+            ],
+            "environment": {"KUBECONFIG": os.environ["KUBECONFIG"], "PYTHONPATH": str(repo)},
+        }
+    )

@@ -263,10 +263,10 @@ def spawn_and_run_a_cell(base: str, token: str, prometheus: str) -> str:
                 raise page_failure(page, "jupyterlab") from exc
             output = page.inner_text(".jp-OutputArea-output")
             # The portal container (through the proxy, its OAuth gate) lists her running server on
-            # Jobs: it read the hub's API and the pods through its own service account.
-            page.goto(f"{base}/services/portal/jobs")
+            # Servers: it read the hub's API and the pods through its own service account.
+            page.goto(f"{base}/services/portal/servers")
             try:
-                page.wait_for_selector("h1:has-text('Jobs')", timeout=60_000)
+                page.wait_for_selector("h1:has-text('Servers')", timeout=60_000)
                 page.wait_for_selector("text=1 running", timeout=60_000)
                 page.wait_for_selector("text=alice", state="attached", timeout=120_000)
             except Exception as exc:

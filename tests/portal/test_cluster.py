@@ -48,7 +48,7 @@ def test_job_rows_join_hub_state_and_events(ledger_path: Path) -> None:
         ServerRow("di", "", "stopped", "0", 0, "default", started, started),
     ]
     events = access.events(cluster.latest_events(ledger_path), Scope("root", everyone=True))
-    rows = views.job_rows(servers, [], events, now_ts=started.timestamp() + 3 * 3600 + 60)
+    rows = views.server_rows(servers, [], events, now_ts=started.timestamp() + 3 * 3600 + 60)
     assert [(r.state, r.progress) for r in rows] == [
         ("pending", 20),
         ("refused", None),
@@ -71,7 +71,9 @@ def test_who_stopped_a_server_reaches_the_jobs_row(ledger_path: Path) -> None:
     # What the spawner's stop() writes, reading the note the portal left just before.
     ledger.record("ann/", "stopped", 100, stop_message(ledger.history("ann/")[-1], time.time()))
     stopped = [ServerRow("ann", "", "stopped", "4GiB", 0, "default", None, None)]
-    row = views.job_rows(stopped, [], access.events(cluster.latest_events(ledger_path), Scope("ann")), time.time())[0]
+    row = views.server_rows(stopped, [], access.events(cluster.latest_events(ledger_path), Scope("ann")), time.time())[
+        0
+    ]
     assert (row.state, row.detail) == ("stopped", "stopped by root in the portal")
 
 
@@ -97,7 +99,7 @@ def test_a_server_started_again_after_a_failure_is_not_failed() -> None:
     from spawner.ledger import ServerEvent
 
     failed = {"ann/": ServerEvent("ann/", "died", 100, "killed", 0.0)}
-    pending = views.job_rows([ServerRow("ann", "", "starting", "1GiB", 0, "default", None, None)], [], failed, 1.0)
+    pending = views.server_rows([ServerRow("ann", "", "starting", "1GiB", 0, "default", None, None)], [], failed, 1.0)
     assert (pending[0].state, pending[0].detail) == ("pending", "spawn requested")
 
 

@@ -193,7 +193,7 @@ def test_overview_without_metrics_shows_a_banner_and_the_rest(fakes: dict[str, o
     assert {m.label for m in at.metric} >= {"GPUs", "GPU memory allocated", "Servers running"}
 
 
-@pytest.mark.parametrize("page", [None, "screens/jobs.py", "screens/classes.py"])  # GPUs reads no hub
+@pytest.mark.parametrize("page", [None, "screens/servers.py", "screens/classes.py"])  # GPUs reads no hub
 def test_a_hub_that_does_not_answer_gets_a_message_not_a_traceback(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, page: str | None
 ) -> None:
@@ -229,7 +229,7 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     monkeypatch.setattr(
         hub, "stop_server", lambda client, identity, user, server: stopped.append((identity.name, user, server))
     )
-    at = run("screens/jobs.py")
+    at = run("screens/servers.py")
     table = at.dataframe[0].value
     assert list(table["user"]) == ["alice", "bob", "carl"]
     assert list(table["state"]) == ["running", "pending", "refused"]
@@ -259,7 +259,7 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
 
 def test_jobs_page_for_a_user_shows_only_their_servers_and_events(fakes: dict[str, object]) -> None:
     fakes["identity"] = Identity("carl")
-    at = run("screens/jobs.py")
+    at = run("screens/servers.py")
     assert list(at.dataframe[0].value["user"]) == ["carl"]
     assert list(at.dataframe[0].value["why"]) == ["Nothing can hold 12 GiB of one GPU right now."]
     assert not at.button  # nothing of theirs is running, and nobody else's is offered
@@ -270,13 +270,13 @@ def test_jobs_page_shows_the_queue_in_order(fakes: dict[str, object], monkeypatc
 
     queue = [Waiting(1, "dan", "", "4 GiB of one GPU", "ml101", NOW.timestamp(), False)]
     monkeypatch.setattr(line, "waiting_line", lambda identity: queue if identity.admin else [])
-    at = run("screens/jobs.py")
+    at = run("screens/servers.py")
     queue = at.table[0].value
     assert list(queue.index) == ["1st"] and list(queue["user"]) == ["dan"]
     assert list(queue["asked for"]) == ["4 GiB of one GPU"] and list(queue["class"]) == ["ml101"]
     assert list(queue["expected start"]) == ["not known"]
     fakes["identity"] = Identity("carl")
-    assert "Nobody you can see waits for a GPU." in [c.value for c in run("screens/jobs.py").caption]
+    assert "Nobody you can see waits for a GPU." in [c.value for c in run("screens/servers.py").caption]
 
 
 def test_classes_page(fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -364,7 +364,7 @@ def add_class(fakes: dict[str, object], rules: dict[str, object]) -> None:
     store.change(str(rules["name"]), lambda _: dict(rules))
 
 
-PAGES = ["screens/overview.py", "screens/gpus.py", "screens/jobs.py", "screens/classes.py", "screens/usage.py"]
+PAGES = ["screens/overview.py", "screens/gpus.py", "screens/servers.py", "screens/classes.py", "screens/usage.py"]
 
 
 def everything(at: AppTest) -> str:
@@ -424,7 +424,7 @@ def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "dan", "ml101")
-    at = run("screens/jobs.py")
+    at = run("screens/servers.py")
     next(b for b in at.button if b.label == "Cancel the request").click().run()
     assert not at.exception, at.exception
     assert ledger.line() == []
@@ -459,7 +459,7 @@ def test_a_student_is_offered_no_line_controls_and_the_server_refuses_them(
 ) -> None:
     ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", "carl", "ml101")
     fakes["identity"] = Identity("carl")
-    at = run("screens/jobs.py")
+    at = run("screens/servers.py")
     labels = {b.label for b in at.button}
     assert not labels & {"Put first", "Cancel the request", "Remove the reservation"}
     assert not at.get("form")  # no reservation form either

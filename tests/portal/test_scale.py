@@ -101,7 +101,7 @@ def test_pages_at_cluster_scale(
     for page in [
         "screens/overview.py",
         "screens/gpus.py",
-        "screens/jobs.py",
+        "screens/servers.py",
         "screens/classes.py",
         "screens/alerts.py",
     ]:

@@ -34,7 +34,7 @@ def free_port() -> int:
 @contextmanager
 def jupyter_server(tmp_path: Path, config_path: str | None, hub: dict[str, str] | None = None) -> Iterator[str]:
     """A real jupyter_server on loopback, with JUPYTER_CONFIG_PATH as the spawner sets it (or none), and
-    JupyterHub's variables in ``hub`` (where it reports)."""
+    JupyterHub's variables in ``hub`` (where it reports, where Run as job submits)."""
     port = free_port()
     home = tmp_path / f"home-{port}"
     home.mkdir()
@@ -161,3 +161,59 @@ def test_the_server_reports_its_pages_and_their_input_to_the_hub_and_a_beat_is_n
             assert anonymous.status_code == 403  # only the server's own pages (its auth) may beat
     finally:
         hub.shutdown()
+
+
+def test_run_as_job_submits_the_notebook_through_the_hub(tmp_path: Path) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked: list[tuple[str, str, dict[str, object]]] = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path.startswith("/hub/api/gpuslice/presence/"):  # the server's own reports, not ours to check
+                self.send_response(204)
+                self.end_headers()
+                return
+            asked.append((self.path, self.headers["Authorization"], body))
+            answer = json.dumps({"job": {"id": 7, "state": "queued"}}).encode()
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    extra = {
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub.server_address[1]}/hub/api",
+        "JUPYTERHUB_API_TOKEN": "the-servers-own-token",
+    }
+    try:
+        with jupyter_server(tmp_path, str(LAB_DIR), extra) as url:
+            assert requests.get(f"{url}/lab", headers=auth(), timeout=30).status_code == 200  # JupyterLab still on
+            run = f"{url}/gpuslice/run-as-job"
+            assert requests.post(run, json={"path": "a.ipynb"}, timeout=30).status_code == 403  # its owner only
+            assert requests.post(run, headers=auth(), json={"notebook": "x"}, timeout=30).status_code == 400
+            body = {"path": "work/train.ipynb", "gpu_memory": "4GiB", "time_limit": "1h", "user": "bob"}
+            answer = requests.post(run, headers=auth(), json=body, timeout=30)
+            assert answer.status_code == 201 and answer.json()["job"]["id"] == 7
+    finally:
+        hub.shutdown()
+    assert asked == [
+        (
+            "/hub/api/gpuslice/jobs",
+            "token the-servers-own-token",
+            {
+                "notebook": "work/train.ipynb",
+                "name": "Run as job: work/train.ipynb",
+                "gpu_memory": "4GiB",
+                "time_limit": "1h",
+            },
+        )
+    ]  # the dialog's fields only: nothing else of the body (no "user") reaches the hub

@@ -1,4 +1,5 @@
-"""The batch group (``/apis/batch/v1``): Jobs and CronJobs, stored and served (no controller runs)."""
+"""The batch group (``/apis/batch/v1``): Jobs and CronJobs, stored and served; Jobs run their pods through the
+double's Job controller (tests/kube/job_controller.py); no CronJob controller runs."""
 
 from __future__ import annotations
 
