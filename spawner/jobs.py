@@ -292,7 +292,7 @@ def line_entry(job_id: int, user: str, spec: JobSpec, plan: JobPlan, arrived: fl
     demand = Demand.from_request(plan.request)
     label = f"{plan.label}: job {job_id} ({spec.title()})"
     key = job_key(user, job_id)
-    return Entry(key, user, demand, plan.asked_bytes, plan.group, arrived, 0, now, label, spec.backfill)
+    return Entry(key, user, demand, plan.asked_bytes, plan.group, arrived, 0, now, label, backfill=spec.backfill)
 
 
 @dataclass(frozen=True)

@@ -652,7 +652,7 @@ def _read_line(db: sqlite3.Connection) -> list[Entry]:
         " ORDER BY arrived, key"
     ).fetchall()
     return [
-        Entry(key, user, _demand(demand), asked, grp, arrived, priority, seen, label, bool(backfill))
+        Entry(key, user, _demand(demand), asked, grp, arrived, priority, seen, label, backfill=bool(backfill))
         for key, user, demand, asked, grp, arrived, priority, seen, label, backfill in rows
     ]
 

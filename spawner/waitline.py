@@ -35,7 +35,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 
 from spawner.inventory import Inventory
 from spawner.placement import Choice, ClusterState, Demand, arrived_counts, held_demands, known_workload, make_policy
@@ -57,6 +57,7 @@ class Entry:
     priority: int = 0  # > 0: put first by a teacher (higher first)
     seen: float | None = None  # last time the waiting spawn was alive; None: at arrival
     label: str = ""  # what was asked, in words (for people)
+    _: KW_ONLY  # two flags of the same kind as the fields before them: named, never by position
     served: float = 0.0  # least-served order: seconds its user held a GPU today, as if arrived that much later
     backfill: bool = False  # a backfill job: placed only when nobody else waits (``admit``), behind everyone
 
