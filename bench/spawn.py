@@ -31,8 +31,9 @@ from spawner.gpus import simulated_gpus
 from spawner.ledger import Ledger
 from spawner.ports import free_port
 
-# access:servers: bench/classday_real.py's students use their servers (the contents API) as the bench service
-ADMIN_SCOPES = ["admin:users", "admin:servers", "list:users", "read:users", "access:servers"]
+# access:servers: bench/classday_real.py's students use their servers (the contents API) as the bench service;
+# tokens: bench/jobs.py submits its jobs with a token of the bench's user's own (the jobs API answers users)
+ADMIN_SCOPES = ["admin:users", "admin:servers", "list:users", "read:users", "access:servers", "tokens"]
 
 
 def _config(kind: str, data: Path, token: str) -> str:
