@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,7 +65,10 @@ def podman_env() -> dict[str, str]:
     """The environment every podman call gets: our containers.conf (written once per machine)."""
     conf = Path(tempfile.gettempdir()) / "gpuslice-containers.conf"
     if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
-        conf.write_text(CONTAINERS_CONF)
+        # Whole or not at all: other builds (threads, the suite's other workers) read it meanwhile.
+        fresh = conf.with_name(f"{conf.name}.{os.getpid()}.{threading.get_ident()}")
+        fresh.write_text(CONTAINERS_CONF)
+        fresh.replace(conf)
     return {**os.environ, "CONTAINERS_CONF": str(conf)}
 
 
