@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "spawner.ledger": LOWER,
     "spawner.class_store": LOWER,  # the classes the running hub keeps (the hub, its spawners and the CLI share it)
     "spawner.sqlite_schema": LOWER,  # versioned schemas of our SQLite stores (the ledger, incidents)
+    "spawner.incident_schema": LOWER,  # the incident store's schema: the portal's store and `gpuslice upgrade`
     "spawner.line_admin": LOWER,  # reading and managing the GPU line in the ledger (the portal and the hub's API)
     "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)
     "spawner.gpus": LOWER,
