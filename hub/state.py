@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -48,6 +49,8 @@ SETTINGS = PurePosixPath("settings/gpuslice.yaml")
 HOMES = PurePosixPath("homes")
 BACKUPS_DIR = "backups"  # in the data folder: upgrade's own backups (never inside a backup)
 SQLITE_MAGIC = b"SQLite format 3\x00"
+DATED = "gpuslice-{}.tar.gz"  # a backup made into a folder (the backup timer's), by its UTC time
+DATED_PATTERN = re.compile(r"gpuslice-\d{8}T\d{6}Z\.tar\.gz")
 
 # Made again at every start, or too large and kept elsewhere (see the module's docstring).
 SKIPPED_DIRS = {"prometheus-data", BACKUPS_DIR, "homes"}
@@ -199,6 +202,17 @@ def backup(
     return counts
 
 
+def dated_name(now: datetime) -> str:
+    """The name of a backup made into a folder at ``now``: they sort by time."""
+    return DATED.format(now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ"))
+
+
+def beyond_newest(names: list[str], keep: int) -> list[str]:
+    """The dated backups among ``names`` older than the newest ``keep`` (pure; no other file is ever listed)."""
+    dated = sorted(n for n in names if DATED_PATTERN.fullmatch(n))
+    return dated[: max(0, len(dated) - keep)]
+
+
 def _write_archive(staging: Path, out: Path) -> None:
     """tar.gz of ``staging`` at ``out``, readable by its owner only from the first byte."""
     out = out.absolute()
@@ -305,11 +319,14 @@ class StoreStatus:
 def gpuslice_stores(data_dir: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     """gpuslice's own versioned SQLite stores in ``data_dir``: name -> (file, schema steps)."""
     from spawner.class_store import SCHEMA_STEPS as CLASS_STEPS
+    from spawner.incident_schema import FILE_NAME as INCIDENTS
+    from spawner.incident_schema import SCHEMA_STEPS as INCIDENT_STEPS
     from spawner.ledger import SCHEMA_STEPS as LEDGER_STEPS
 
     return {
         "ledger": (data_dir / "ledger.sqlite", LEDGER_STEPS),
         "class store": (data_dir / "classes.sqlite", CLASS_STEPS),  # the classes that change live
+        "incident store": (data_dir / INCIDENTS, INCIDENT_STEPS),  # the incident recorder's
     }
 
 
