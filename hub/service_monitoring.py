@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
+import shutil
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -90,6 +91,20 @@ def write_owned(folder: Path, made: dict[str, str], uid: int, gid: int) -> None:
         os.chown(folder / name, uid, gid)
 
 
+def restored_silences(data_dir: Path, folder: Path, uid: int, gid: int) -> list[str]:
+    """Alertmanager's silences and notification log from a restored backup (where `gpuslice up` keeps
+    them, in the data folder) handed to the account's Alertmanager, once: when it has none yet."""
+    source, target = monitoring_folder(data_dir) / "alertmanager-data", folder / "alertmanager-data"
+    if not source.is_dir() or any(target.iterdir()):
+        return []
+    copied = []
+    for path in sorted(p for p in source.iterdir() if p.is_file()):
+        shutil.copy2(path, target / path.name)
+        os.chown(target / path.name, uid, gid)
+        copied.append(path.name)
+    return copied
+
+
 def publish(settings: Settings, to: Path, account: str) -> None:
     """Make the secrets (once) and write the account's files into ``to`` (its folder, made here)."""
     data_dir = settings.data_dir.absolute()
@@ -105,6 +120,7 @@ def publish(settings: Settings, to: Path, account: str) -> None:
     found = monitoring.binaries()
     made = files(settings, data_dir, to, bool(found["node_exporter"]), default_hostname())
     write_owned(to, made, entry.pw_uid, entry.pw_gid)
+    restored_silences(data_dir, to, entry.pw_uid, entry.pw_gid)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -165,11 +165,20 @@ def gpuslice_version() -> str:
         return "unknown"
 
 
+ALERTMANAGER_DATA = PurePosixPath("monitoring/alertmanager-data")  # its silences and notification log
+
+
 def backup(
-    data_dir: Path, settings_file: Path | None, out: Path, homes: dict[str, Path] | None = None
+    data_dir: Path,
+    settings_file: Path | None,
+    out: Path,
+    homes: dict[str, Path] | None = None,
+    alertmanager_data: Path | None = None,
 ) -> dict[str, int]:
     """Write the state of ``data_dir`` (and ``settings_file``, and each user's home in ``homes``)
-    to the archive ``out`` (0600). Returns the count of files by kind."""
+    to the archive ``out`` (0600). Returns the count of files by kind. ``alertmanager_data``:
+    Alertmanager's folder where it is not the data folder's (the installed platform's monitoring
+    account keeps it): archived where `gpuslice up` keeps it, ``monitoring/alertmanager-data``."""
     data_dir = data_dir.absolute()
     if not (data_dir / "jupyterhub.sqlite").exists():
         raise StateError(f"{data_dir} holds no gpuslice state (no jupyterhub.sqlite): give --config of the platform")
@@ -178,6 +187,13 @@ def backup(
         listed = pieces(data_dir)
         for piece in listed:
             _copy(piece, data_dir, staging / DATA)
+        if alertmanager_data is not None and alertmanager_data.is_dir():
+            extra = [Piece(ALERTMANAGER_DATA / p.name, Kind.FILE) for p in alertmanager_data.iterdir() if p.is_file()]
+            for piece in extra:
+                target = staging / DATA / piece.relative
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                shutil.copy2(alertmanager_data / piece.relative.name, target)
+            listed += extra
         if settings_file is not None:
             (staging / SETTINGS).parent.mkdir(parents=True)
             shutil.copy2(settings_file, staging / SETTINGS)

@@ -96,7 +96,7 @@ def _backup(args: argparse.Namespace) -> int:
     if args.keep is not None and (folder is None or args.keep < 1):
         raise state.StateError("--keep N takes a folder to back up into, and N of at least 1")
     out = folder / state.dated_name(datetime.now(UTC)) if folder else args.file
-    counts = state.backup(data_dir, path, out, homes)
+    counts = state.backup(data_dir, path, out, homes, _installed_alertmanager_data(path))
     if os.geteuid() == 0:
         os.chown(out, 0, 0)
     what = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
@@ -106,6 +106,15 @@ def _backup(args: argparse.Namespace) -> int:
             (folder / old).unlink()
             print(f"gpuslice backup: removed {folder / old} (older than the newest {args.keep})")
     return 0
+
+
+def _installed_alertmanager_data(settings_file: Path | None) -> Path | None:
+    """The installed platform's Alertmanager keeps its silences in the monitoring account's folder."""
+    from hub import service  # lazy: the platform's imports are heavy
+
+    if settings_file is None or not service.installed_here(settings_file):
+        return None
+    return service.layout_here().monitoring_dir / "alertmanager-data"
 
 
 def _restore(args: argparse.Namespace) -> int:

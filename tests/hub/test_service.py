@@ -3,6 +3,7 @@ on a machine whose systemctl and account tools are a small model of the real one
 The real ones, in a container with systemd as PID 1: tests/e2e/test_service.py."""
 
 import os
+import pwd
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub import service, service_units
+from hub import monitoring, service, service_units
 from hub.service import Installer, ServiceError, debian_conflicts
 from hub.settings import SettingsError, from_mapping
 from hub.systemd import Systemd, journal_command
@@ -98,6 +99,24 @@ def test_installing_twice_gives_the_same_machine(place: tuple[Installer, Machine
     assert unit_files(installer.layout) == files  # not one file written again
     assert machine.said("daemon-reload") == [] and machine.said("restart") == []
     assert [c for c in machine.calls if c[0] == "useradd"] == [] and account_calls == 0  # nobody exists already
+
+
+def test_restored_silences_reach_the_monitoring_accounts_alertmanager_once(
+    place: tuple[Installer, Machine, list[str]],
+) -> None:
+    installer, _, _ = place
+    if not all(monitoring.binaries()[name] for name in ("prometheus", "alertmanager")):
+        pytest.skip("Prometheus and Alertmanager are not installed (scripts/setup installs them)")
+    data = Path(yaml.safe_load(installer.layout.settings.read_text())["data_dir"])
+    restored = data / "monitoring" / "alertmanager-data"  # where a restored backup puts them
+    restored.mkdir(parents=True)
+    (restored / "silences").write_bytes(b"kept")
+    installer.install([])
+    given = installer.layout.monitoring_dir / "alertmanager-data" / "silences"
+    assert given.read_bytes() == b"kept" and given.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+    given.write_bytes(b"newer")  # Alertmanager's own since then: never overwritten
+    installer.install([])
+    assert given.read_bytes() == b"newer"
 
 
 def test_a_changed_unit_restarts_that_service_alone(place: tuple[Installer, Machine, list[str]]) -> None:

@@ -106,6 +106,18 @@ def test_a_backup_restores_every_store_as_it_was(tmp_path: Path) -> None:
 
 
 @pytest.mark.process
+def test_the_installed_alertmanagers_silences_are_backed_up_where_gpuslice_up_keeps_them(tmp_path: Path) -> None:
+    data, settings = _previous(tmp_path / "old")
+    account = tmp_path / "monitoring" / "alertmanager-data"  # the monitoring account's folder
+    account.mkdir(parents=True)
+    (account / "silences").write_bytes(b"\x01silence")
+    archive = tmp_path / "backup.tar.gz"
+    state.backup(data, settings, archive, alertmanager_data=account)
+    state.restore(archive, tmp_path / "new")
+    assert (tmp_path / "new" / "monitoring" / "alertmanager-data" / "silences").read_bytes() == b"\x01silence"
+
+
+@pytest.mark.process
 def test_restore_refuses_a_folder_in_use_and_a_damaged_backup(tmp_path: Path) -> None:
     data, settings = _previous(tmp_path / "old")
     archive = tmp_path / "backup.tar.gz"
