@@ -252,14 +252,16 @@ def _class_remove(args: argparse.Namespace) -> int:
 
 def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[GroupRules, ...]]:
     """The data folder holding the passwords and invite codes, and the classes: from the chart's values
-    (--kube-values, or environ.KUBE_VALUES in the hub's pod) or from the single-machine settings."""
+    (--kube-values, or environ.KUBE_VALUES in the hub's pod, where no settings file is found) or from the
+    single-machine settings (--config, ./gpuslice.yaml, the installed one)."""
     from hub.kube_values import load_kube_values
 
-    kube_values = args.kube_values or (None if args.config else environ.read().get(environ.KUBE_VALUES) or None)
+    config = settings_mod.config_path(args.config)  # --config, ./gpuslice.yaml, the installed one
+    kube_values = args.kube_values or (None if config else environ.read().get(environ.KUBE_VALUES) or None)
     if kube_values:
         values = load_kube_values(Path(kube_values))
         return values.data_dir, values.groups
-    settings = settings_mod.load(settings_mod.config_path(args.config))
+    settings = settings_mod.load(config)
     return settings.data_dir, settings.groups
 
 
