@@ -197,10 +197,15 @@ def admin_password(source: str) -> str | None:
     raise AccountsError(f'admin_password_from must be "file:PATH" or "env:NAME", not {source!r}')
 
 
+def admins_without_password(settings: Settings, data_dir: Path) -> list[str]:
+    store = passwords_path(data_dir)
+    return [a.lower() for a in settings.admin_users if not has_password(store, a.lower())]
+
+
 def ensure_admin_passwords(settings: Settings, data_dir: Path) -> dict[str, str]:
     """Give every admin without a password one; returns the generated ones (to print once)."""
     store = passwords_path(data_dir)
-    missing = [a.lower() for a in settings.admin_users if not has_password(store, a.lower())]
+    missing = admins_without_password(settings, data_dir)
     chosen = admin_password(settings.admin_password_from) if missing else None
     if chosen is None:
         return first_passwords(store, missing)

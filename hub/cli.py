@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from hub import job_cli, patrol, state_cli, top_cli
+from hub import job_cli, patrol, service_cli, state_cli, top_cli
 from hub import settings as settings_mod
 from spawner import environ, sharing
 from spawner.placement import POLICIES
@@ -23,7 +23,14 @@ def _parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser("up", help="start the single-machine platform")
     up.add_argument(
-        "--config", type=Path, help="settings file (YAML; default ./gpuslice.yaml where it exists); see examples/"
+        "--config",
+        type=Path,
+        help="settings file (YAML; default ./gpuslice.yaml where it exists, else the installed one); see examples/",
+    )
+    up.add_argument(
+        "--service",
+        action="store_true",
+        help="as the installed service runs it (gpuslice install): a stop leaves the notebook servers running",
     )
 
     classes = commands.add_parser("class", help="manage classes (groups of students with GPU rules)")
@@ -132,6 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--api-server", help="Kubernetes API URL (default: in-cluster, with the service account)")
 
     state_cli.add_commands(commands)  # backup, restore, upgrade
+    service_cli.add_commands(commands)  # install, uninstall, reload, start, stop, status, logs
     top_cli.add_command(commands)
     job_cli.add_command(commands)
     patrol.add_command(commands)
@@ -142,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "up":
-        return _up(args.config)
+        return _up(args.config, args.service)
     if args.command == "class":
         return _class_add(args) if args.class_command == "add" else _class_remove(args)
     if args.command == "user":
@@ -163,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return patrol.run(args)
     if args.command in state_cli.COMMANDS:
         return state_cli.run(args)
+    if args.command in service_cli.COMMANDS:
+        return service_cli.run(args)
     return int(args.run(args))  # a command a plugin registered (_plugin_commands)
 
 
@@ -249,14 +259,16 @@ def _class_remove(args: argparse.Namespace) -> int:
 
 def _accounts(args: argparse.Namespace) -> tuple[Path, tuple[GroupRules, ...]]:
     """The data folder holding the passwords and invite codes, and the classes: from the chart's values
-    (--kube-values, or environ.KUBE_VALUES in the hub's pod) or from the single-machine settings."""
+    (--kube-values, or environ.KUBE_VALUES in the hub's pod, where no settings file is found) or from the
+    single-machine settings (--config, ./gpuslice.yaml, the installed one)."""
     from hub.kube_values import load_kube_values
 
-    kube_values = args.kube_values or (None if args.config else environ.read().get(environ.KUBE_VALUES) or None)
+    config = settings_mod.config_path(args.config)  # --config, ./gpuslice.yaml, the installed one
+    kube_values = args.kube_values or (None if config else environ.read().get(environ.KUBE_VALUES) or None)
     if kube_values:
         values = load_kube_values(Path(kube_values))
         return values.data_dir, values.groups
-    settings = settings_mod.load(args.config)
+    settings = settings_mod.load(config)
     return settings.data_dir, settings.groups
 
 
@@ -466,7 +478,7 @@ def _mail_notices(notices: dict[str, str], week: str, relay: settings_mod.Notice
     return 0
 
 
-def _up(config: Path | None) -> int:
+def _up(config: Path | None, service: bool) -> int:
     from hub.platform import PlatformError, up
 
     config = settings_mod.config_path(config)
@@ -474,7 +486,7 @@ def _up(config: Path | None) -> int:
         print(f"gpuslice: settings from {config.absolute()}", file=sys.stderr)
     try:
         settings = settings_mod.load(config)
-        return up(settings, config)
+        return up(settings, config, service)
     except (settings_mod.SettingsError, PlatformError) as exc:
         print(f"gpuslice: {exc}", file=sys.stderr)
         return 2

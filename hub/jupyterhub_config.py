@@ -42,7 +42,10 @@ c.JupyterHub.cookie_secret_file = str(data_dir / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
 c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
 c.ConfigurableHTTPProxy.command = [str(repo / "node_modules" / ".bin" / "configurable-http-proxy")]
-c.JupyterHub.cleanup_servers = True  # stopping the platform stops every notebook server
+# In the foreground, stopping the platform stops every notebook server. As the installed service
+# they outlive the hub, each in its scope, for the next start to adopt (gpuslice stop --all ends them).
+service = env.get(environ.SERVICE)
+c.JupyterHub.cleanup_servers = not service
 
 # Notebook servers with GPU slices, as local processes.
 c.JupyterHub.spawner_class = "spawner.local.LocalGpuSpawner"
@@ -134,7 +137,7 @@ configure_hub(
                     incident_recorder(settings, data_dir, with_hub, env.get(environ.MONITORING_PASSWORD_FILE)),
                     # What has a horizon renews itself (hub/renewals.py): the Alertmanager config (the
                     # rotation's 26 weeks) daily, the idle-holder notices weekly when notice_mail.weekly is on.
-                    renewals_service(env.get(environ.SETTINGS), data_dir, with_hub),
+                    renewals_service(env.get(environ.SETTINGS), data_dir, with_hub, service=bool(service)),
                     # Each free card checked every 6 hours; one that fails is out of placement (hub/patrol.py).
                     {
                         "name": "gpu-patrol",

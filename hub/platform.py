@@ -1,4 +1,4 @@
-"""`gpuslice up`: run the single-machine platform in the foreground.
+"""`gpuslice up`: run the single-machine platform in the foreground, or as the installed service.
 
 Starts JupyterHub (which starts configurable-http-proxy, the idle culler and the
 notebook servers) with hub/jupyterhub_config.py and the monitoring processes (kept
@@ -6,6 +6,12 @@ running by hub/supervise.py), prints the URLs once the hub answers, and on
 SIGINT/SIGTERM stops it, and with it every child and every notebook server, those a
 restarted hub adopted and any it lost track of included (hub/recovery.py). Before the
 hub starts, servers left by a hub that is gone and that no hub claims are stopped.
+
+``--service`` is what the installed hub unit runs (hub/service_units.py): the monitoring
+processes are units of their own there, and a stop (systemd's SIGTERM: ``systemctl
+restart``, ``gpuslice reload``, ``gpuslice upgrade``) leaves every server running in its
+scope for the next start to adopt; only ``gpuslice stop --all`` and ``gpuslice uninstall``
+end them (hub/service.py). Nothing secret is printed there: the journal keeps what it says.
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ from types import FrameType
 import yaml
 
 from hub import monitoring, recovery, state, userenv
-from hub.accounts import AccountsError, ensure_admin_passwords, service_token_file, signup_words, write_private
+from hub.accounts import (
+    AccountsError,
+    admins_without_password,
+    ensure_admin_passwords,
+    service_token_file,
+    signup_words,
+    write_private,
+)
 from hub.exporter import default_hostname
 from hub.settings import Settings, market_url, models_root
 from hub.supervise import Child, Supervisor
@@ -42,6 +55,12 @@ PROXY = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 
 class PlatformError(RuntimeError):
     """The platform cannot start; the message says what to do."""
+
+
+SERVICE_STOP = (
+    "Runs as a service: `gpuslice stop` stops it and leaves the notebook servers running, "
+    "`gpuslice stop --all` ends them too."
+)
 
 
 def hub_command() -> list[str]:
@@ -160,16 +179,28 @@ def monitoring_password(data_dir: Path) -> Path:
     return path
 
 
-def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[Child]:
-    """The exporter, and Prometheus, Alertmanager and node-exporter when installed (not started)."""
-    options = settings.monitoring
-    if not options.enabled:
-        print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
-        return []
+def monitoring_secrets(settings: Settings, data_dir: Path, env: dict[str, str]) -> Path | None:
+    """The monitoring password (made once) named in the hub's environment, and the incident recorder's
+    webhook token where Alertmanager is installed; None when monitoring is off."""
+    if not settings.monitoring.enabled:
+        return None
     folder = monitoring_folder(data_dir)
     folder.mkdir(exist_ok=True, mode=0o700)
     password_file = monitoring_password(data_dir)
     env[environ.MONITORING_PASSWORD_FILE.name] = str(password_file)
+    if monitoring.binaries()["alertmanager"]:
+        monitoring.local_recorder(folder, settings.monitoring.recorder_port)  # the hub runs the recorder
+    return password_file
+
+
+def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str]) -> list[Child]:
+    """The exporter, and Prometheus, Alertmanager and node-exporter when installed (not started)."""
+    options = settings.monitoring
+    password_file = monitoring_secrets(settings, data_dir, env)
+    if password_file is None:
+        print("gpuslice: monitoring is off (monitoring.enabled is false in the settings).")
+        return []
+    folder = monitoring_folder(data_dir)
     found = monitoring.binaries()
     ports = monitoring.Ports(
         settings.hub_port,
@@ -238,15 +269,31 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
     return [Child(name, command, folder, env) for name, command in commands.items()]
 
 
-def up(settings: Settings, config_path: Path | None) -> int:
-    data_dir, env = prepare(settings, config_path)
+def admin_passwords(settings: Settings, data_dir: Path, service: bool) -> dict[str, str]:
+    """Every admin's first password: returns those made here, to print once. The service prints
+    nothing secret (the journal keeps it): it names the command that gives an admin a password."""
     try:
-        generated = ensure_admin_passwords(settings, data_dir)
+        if service and not settings.admin_password_from:
+            for name in admins_without_password(settings, data_dir):
+                print(f"gpuslice: admin {name} has no password yet: `gpuslice user set-password {name}` prints one")
+            return {}
+        return ensure_admin_passwords(settings, data_dir)
     except AccountsError as exc:
         raise PlatformError(str(exc)) from None
+
+
+def up(settings: Settings, config_path: Path | None, service: bool = False) -> int:
+    data_dir, env = prepare(settings, config_path)
+    generated = admin_passwords(settings, data_dir, service)
     gpus = machine(settings.simulate)
     env[environ.PROMETHEUS_TOKEN_FILE.name] = str(hub_token(data_dir))
-    supervisor = Supervisor(monitoring_children(settings, data_dir, env))
+    if service:
+        # Servers outlive this hub (jupyterhub_config.py); the monitoring processes are units of their own.
+        env[environ.SERVICE.name] = "systemd"
+        monitoring_secrets(settings, data_dir, env)
+        supervisor = Supervisor([])
+    else:
+        supervisor = Supervisor(monitoring_children(settings, data_dir, env))
     supervisor.start_all()
     proc = subprocess.Popen(hub_command(), cwd=data_dir, env=env)
     asked_to_stop = False
@@ -273,7 +320,7 @@ def up(settings: Settings, config_path: Path | None) -> int:
             f"               ({gpus.source})\n"
             f"  data folder: {data_dir}\n"
             + "".join(f"  {name}: http://127.0.0.1:{port}/\n" for name, port in _monitoring_urls(settings, supervisor))
-            + "Stop with Ctrl-C.",
+            + (SERVICE_STOP if service else "Stop with Ctrl-C."),
             flush=True,
         )
     while proc.poll() is None:
@@ -281,7 +328,7 @@ def up(settings: Settings, config_path: Path | None) -> int:
         time.sleep(1)
     supervisor.terminate_all()
     supervisor.wait_all()
-    if asked_to_stop:
+    if asked_to_stop and not service:
         # A full stop ends every server, those the hub lost track of included. A hub that
         # merely died (killed, crashed) leaves them for the next start to adopt or stop.
         ledger, confined = Ledger(data_dir / "ledger.sqlite"), confinement.for_machine(data_dir)

@@ -8,7 +8,10 @@ exists (``server_process``). A server the database claims (by its process id, or
 whose start the hub never finished recording, by the ledger's process of that server) is
 kept, for the restarted hub to adopt. Every other recorded process still running is an
 orphan: it is stopped with everything it started and its slice released, and the log says
-so. At a full stop of the platform, ``stop_servers`` ends whatever the hub left running.
+so. After the machine restarted, or the state was restored on another, a pid the database
+recorded may name some other process: the database forgets it, so that the hub neither
+adopts nor stops that process. At a full stop of the platform, ``stop_servers`` ends
+whatever the hub left running.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import signal
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spawner.confinement import Confinement
@@ -50,6 +53,23 @@ def running_servers(hub_db: Path) -> dict[str, int]:
     return running
 
 
+def forget_pids(hub_db: Path, keys: set[str]) -> None:
+    """JupyterHub's record of these servers' pids dropped (before it starts): it then finds them stopped."""
+    db = sqlite3.connect(hub_db)
+    try:
+        rows = db.execute(
+            "SELECT spawners.id, users.name, spawners.name, spawners.state FROM spawners"
+            " JOIN users ON users.id = spawners.user_id WHERE spawners.server_id IS NOT NULL"
+        ).fetchall()
+        for spawner_id, user, name, state in rows:
+            if server_key(user, name or "") in keys:
+                kept = {k: v for k, v in (json.loads(state) if state else {}).items() if k != "pid"}
+                db.execute("UPDATE spawners SET state = ? WHERE id = ?", (json.dumps(kept), spawner_id))
+        db.commit()
+    finally:
+        db.close()
+
+
 def alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -67,6 +87,9 @@ class Plan:
     live: set[str]  # servers the restarted hub will find running: their slices stay
     orphans: list[ServerProcess]  # running, but no hub claims them: stop them
     ended: list[ServerProcess]  # recorded, no longer running: forget them
+    # The hub's claim names a pid that another process has now (the machine restarted, or the state was
+    # restored on another one): JupyterHub must forget that pid, or it would poll that process and stop it.
+    mistaken: set[str] = field(default_factory=set)
 
 
 def plan(
@@ -77,8 +100,16 @@ def plan(
     ``recorded``: the hub database's running servers and their pids (0: the hub was killed
     before it recorded one); ``alive_pids``: which of those pids run; ``processes``: the
     ledger's server processes, oldest first; ``still_running``: which of them run.
+
+    A pid the hub recorded is its server only if the ledger knows that server's process by the
+    same pid (and start time: ``still_running``), or knows no process of that server at all (a
+    server started by a release before the ledger kept processes).
     """
-    live = {key for key, pid in recorded.items() if pid in alive_pids}
+    known = {p.key for p in processes}
+    ours = {(p.key, p.pid) for p in processes if p in still_running}
+    claimed_alive = {key for key, pid in recorded.items() if pid in alive_pids}
+    live = {key for key in claimed_alive if (key, recorded[key]) in ours or key not in known}
+    mistaken = claimed_alive - live
     adopted: dict[str, ServerProcess] = {}
     for process in processes:  # the newest running process of a server whose pid the hub never recorded
         if process in still_running and recorded.get(process.key) == 0:
@@ -91,7 +122,7 @@ def plan(
         if p in still_running and p not in claimed and not (recorded.get(p.key) == p.pid and p.pid in alive_pids)
     ]
     ended = [p for p in processes if p not in still_running]
-    return Plan(live, orphans, ended)
+    return Plan(live, orphans, ended, mistaken)
 
 
 def reconcile(
@@ -109,6 +140,10 @@ def reconcile(
     _stop(ledger, decided.orphans, "no hub claims it (its hub was killed, or stopped without stopping it)", say)
     for process in decided.ended:
         ledger.forget_process(process)
+    if decided.mistaken:
+        forget_pids(hub_db, decided.mistaken)
+        for key in sorted(decided.mistaken):
+            say(f"gpuslice: the server of {key} is gone; pid {recorded[key]} is another process now, left alone")
     jobs = JobLedger(ledger.path).jobs(states=sorted(ACTIVE))  # their runners outlive hubs: the dispatcher sees to them
     kept = {p.unit for p in still_running - set(decided.orphans) if p.unit} | {j.unit for j in jobs if j.unit}
     _remove_units(confinement, kept, "no hub claims it", say)

@@ -43,6 +43,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hub.settings import MONITORING_USER, NoticeMail, Settings, load
+from hub.systemd import Systemd
 from spawner.quotas import GroupRules
 
 if TYPE_CHECKING:
@@ -182,6 +183,12 @@ def alertmanager_reload(url: str, auth: tuple[str, str] | None) -> Callable[[], 
     return reload
 
 
+def unit_reload(unit: str, systemd: Systemd) -> Callable[[], None]:
+    """The installed service's Alertmanager: its unit's reload writes its copy of the config again, from the
+    settings as of today, and signals it (hub/service_units.py); a config it refuses fails the reload."""
+    return lambda: systemd.reload(unit)
+
+
 QueryRange = Callable[[str, datetime, datetime, str], list[dict]]  # type: ignore[type-arg]
 Mailer = Callable[[Mapping[str, str], str, NoticeMail], list[str]]
 
@@ -225,14 +232,21 @@ def smtp_mailer(notices: Mapping[str, str], week: str, relay: NoticeMail) -> lis
         return mail.send_notices(notices, week, relay, smtp)
 
 
-def tasks_for(settings: Settings, data_dir: Path, query_range: QueryRange, mailer: Mailer = smtp_mailer) -> list[Task]:
-    """The renewals this platform needs: its Alertmanager config when monitoring is on, the notices when asked."""
+def tasks_for(
+    settings: Settings,
+    data_dir: Path,
+    query_range: QueryRange,
+    mailer: Mailer = smtp_mailer,
+    reload: Callable[[], None] | None = None,
+) -> list[Task]:
+    """The renewals this platform needs: its Alertmanager config when monitoring is on, the notices when asked.
+    ``reload``: how Alertmanager takes the renewed config (default: its HTTP reload, as `gpuslice up` runs it)."""
     folder = data_dir / "monitoring"
     password = (folder / "web-password").read_text().strip() if (folder / "web-password").exists() else None
     tasks = []
     if settings.monitoring.enabled and (folder / "alertmanager.yml").exists():
         url = f"http://127.0.0.1:{settings.monitoring.alertmanager_port}"
-        reload = alertmanager_reload(url, (MONITORING_USER, password) if password else None)
+        reload = reload or alertmanager_reload(url, (MONITORING_USER, password) if password else None)
         tasks.append(Task(CONFIG_TASK, DAY_S, daily, renew_alertmanager_config(settings, folder, reload)))
     relay = settings.notice_mail
     if relay is not None and relay.weekly:
@@ -295,6 +309,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--kube-values", type=Path, help="with --once: the chart's values (the hub ConfigMap)")
     parser.add_argument(
+        "--alertmanager-unit", help="the installed service's Alertmanager unit: reloaded through systemd"
+    )
+    parser.add_argument(
         "--notices-dir", type=Path, default=Path("/tmp/notices"), help="with --once: where the notices are written"
     )
     args = parser.parse_args(argv)
@@ -306,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.data_dir:
         parser.error("--data-dir is needed (or --once on Kubernetes)")
     settings = load(args.config)
-    tasks = tasks_for(settings, args.data_dir, prometheus_query_range(settings, args.data_dir))
+    reload = unit_reload(args.alertmanager_unit, Systemd()) if args.alertmanager_unit else None
+    tasks = tasks_for(settings, args.data_dir, prometheus_query_range(settings, args.data_dir), reload=reload)
     log.warning("gpuslice renewals: %s", ", ".join(t.name for t in tasks) or "nothing to renew")
     path = state_path(args.data_dir)
     while True:

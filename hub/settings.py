@@ -591,11 +591,15 @@ def default_isolation() -> str:
     return "unix-users" if os.geteuid() == 0 else "none"
 
 
-def config_path(given: Path | None) -> Path | None:
-    """The settings file to use: the one given, else ./gpuslice.yaml where it exists, else none (defaults)."""
+INSTALLED_CONFIG = Path("/etc/gpuslice/gpuslice.yaml")  # the installed platform's (`gpuslice install`)
+
+
+def config_path(given: Path | None, installed: Path = INSTALLED_CONFIG) -> Path | None:
+    """The settings file to use: the one given, else ./gpuslice.yaml where it exists, else the installed
+    platform's, else none (defaults)."""
     if given is not None:
         return given
-    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+    return next((path for path in (DEFAULT_CONFIG, installed) if path.exists()), None)
 
 
 def load(path: Path | None) -> Settings:

@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -48,6 +49,8 @@ SETTINGS = PurePosixPath("settings/gpuslice.yaml")
 HOMES = PurePosixPath("homes")
 BACKUPS_DIR = "backups"  # in the data folder: upgrade's own backups (never inside a backup)
 SQLITE_MAGIC = b"SQLite format 3\x00"
+DATED = "gpuslice-{}.tar.gz"  # a backup made into a folder (the backup timer's), by its UTC time
+DATED_PATTERN = re.compile(r"gpuslice-\d{8}T\d{6}Z\.tar\.gz")
 
 # Made again at every start, or too large and kept elsewhere (see the module's docstring).
 SKIPPED_DIRS = {"prometheus-data", BACKUPS_DIR, "homes"}
@@ -162,11 +165,20 @@ def gpuslice_version() -> str:
         return "unknown"
 
 
+ALERTMANAGER_DATA = PurePosixPath("monitoring/alertmanager-data")  # its silences and notification log
+
+
 def backup(
-    data_dir: Path, settings_file: Path | None, out: Path, homes: dict[str, Path] | None = None
+    data_dir: Path,
+    settings_file: Path | None,
+    out: Path,
+    homes: dict[str, Path] | None = None,
+    alertmanager_data: Path | None = None,
 ) -> dict[str, int]:
     """Write the state of ``data_dir`` (and ``settings_file``, and each user's home in ``homes``)
-    to the archive ``out`` (0600). Returns the count of files by kind."""
+    to the archive ``out`` (0600). Returns the count of files by kind. ``alertmanager_data``:
+    Alertmanager's folder where it is not the data folder's (the installed platform's monitoring
+    account keeps it): archived where `gpuslice up` keeps it, ``monitoring/alertmanager-data``."""
     data_dir = data_dir.absolute()
     if not (data_dir / "jupyterhub.sqlite").exists():
         raise StateError(f"{data_dir} holds no gpuslice state (no jupyterhub.sqlite): give --config of the platform")
@@ -175,6 +187,13 @@ def backup(
         listed = pieces(data_dir)
         for piece in listed:
             _copy(piece, data_dir, staging / DATA)
+        if alertmanager_data is not None and alertmanager_data.is_dir():
+            extra = [Piece(ALERTMANAGER_DATA / p.name, Kind.FILE) for p in alertmanager_data.iterdir() if p.is_file()]
+            for piece in extra:
+                target = staging / DATA / piece.relative
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                shutil.copy2(alertmanager_data / piece.relative.name, target)
+            listed += extra
         if settings_file is not None:
             (staging / SETTINGS).parent.mkdir(parents=True)
             shutil.copy2(settings_file, staging / SETTINGS)
@@ -197,6 +216,17 @@ def backup(
         counts[piece.kind.value] = counts.get(piece.kind.value, 0) + 1
     counts["homes"] = len(homes or {})
     return counts
+
+
+def dated_name(now: datetime) -> str:
+    """The name of a backup made into a folder at ``now``: they sort by time."""
+    return DATED.format(now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ"))
+
+
+def beyond_newest(names: list[str], keep: int) -> list[str]:
+    """The dated backups among ``names`` older than the newest ``keep`` (pure; no other file is ever listed)."""
+    dated = sorted(n for n in names if DATED_PATTERN.fullmatch(n))
+    return dated[: max(0, len(dated) - keep)]
 
 
 def _write_archive(staging: Path, out: Path) -> None:
@@ -305,11 +335,14 @@ class StoreStatus:
 def gpuslice_stores(data_dir: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
     """gpuslice's own versioned SQLite stores in ``data_dir``: name -> (file, schema steps)."""
     from spawner.class_store import SCHEMA_STEPS as CLASS_STEPS
+    from spawner.incident_schema import FILE_NAME as INCIDENTS
+    from spawner.incident_schema import SCHEMA_STEPS as INCIDENT_STEPS
     from spawner.ledger import SCHEMA_STEPS as LEDGER_STEPS
 
     return {
         "ledger": (data_dir / "ledger.sqlite", LEDGER_STEPS),
         "class store": (data_dir / "classes.sqlite", CLASS_STEPS),  # the classes that change live
+        "incident store": (data_dir / INCIDENTS, INCIDENT_STEPS),  # the incident recorder's
     }
 
 

@@ -8,6 +8,7 @@ import pwd
 import shutil
 import sqlite3
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,15 @@ def add_commands(commands: Any) -> None:
     backup = commands.add_parser(
         "backup", help="copy the platform's state (users, classes, markets, line, incidents, secrets) to one file"
     )
-    backup.add_argument("file", type=Path, help="the archive to write (tar.gz, mode 0600)")
-    backup.add_argument("--config", type=Path, help="settings file (default ./gpuslice.yaml where it exists)")
+    backup.add_argument(
+        "file", type=Path, help="the archive to write (tar.gz, mode 0600), or a folder: a new dated archive in it"
+    )
+    backup.add_argument(
+        "--keep", type=int, help="with a folder: keep only the newest N dated archives there (the backup timer's)"
+    )
+    backup.add_argument(
+        "--config", type=Path, help="settings file (default ./gpuslice.yaml where it exists, else the installed one)"
+    )
     backup.add_argument("--homes", action="store_true", help="also the users' home folders (can be large)")
     restore = commands.add_parser("restore", help="put a backup's state onto this machine (a fresh data folder)")
     restore.add_argument("file", type=Path, help="an archive made by gpuslice backup")
@@ -37,9 +45,13 @@ def add_commands(commands: Any) -> None:
         "--force", action="store_true", help="restore over an existing data folder and settings (moved aside)"
     )
     upgrade = commands.add_parser(
-        "upgrade", help="bring every store to this release (JupyterHub's database, markets, ledger), backed up first"
+        "upgrade",
+        help="bring every store to this release (JupyterHub's database, markets, ledger, incidents), backed up first; "
+        "installed, the service then runs this release (notebook servers keep running)",
     )
-    upgrade.add_argument("--config", type=Path, help="settings file (default ./gpuslice.yaml where it exists)")
+    upgrade.add_argument(
+        "--config", type=Path, help="settings file (default ./gpuslice.yaml where it exists, else the installed one)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,12 +92,29 @@ def _backup(args: argparse.Namespace) -> int:
     settings, path = _settings(args.config)
     data_dir = settings.data_dir.absolute()
     homes = {user: home_of(settings, user) for user in hub_users(data_dir)} if args.homes else None
-    counts = state.backup(data_dir, path, args.file, homes)
+    folder = args.file if args.file.is_dir() else None
+    if args.keep is not None and (folder is None or args.keep < 1):
+        raise state.StateError("--keep N takes a folder to back up into, and N of at least 1")
+    out = folder / state.dated_name(datetime.now(UTC)) if folder else args.file
+    counts = state.backup(data_dir, path, out, homes, _installed_alertmanager_data(path))
     if os.geteuid() == 0:
-        os.chown(args.file, 0, 0)
+        os.chown(out, 0, 0)
     what = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
-    print(f"gpuslice backup: {args.file} ({what}); readable by its owner only. Restore: gpuslice restore {args.file}")
+    print(f"gpuslice backup: {out} ({what}); readable by its owner only. Restore: gpuslice restore {out}")
+    if folder and args.keep:
+        for old in state.beyond_newest([p.name for p in folder.iterdir()], args.keep):
+            (folder / old).unlink()
+            print(f"gpuslice backup: removed {folder / old} (older than the newest {args.keep})")
     return 0
+
+
+def _installed_alertmanager_data(settings_file: Path | None) -> Path | None:
+    """The installed platform's Alertmanager keeps its silences in the monitoring account's folder."""
+    from hub import service  # lazy: the platform's imports are heavy
+
+    if settings_file is None or not service.installed_here(settings_file):
+        return None
+    return service.layout_here().monitoring_dir / "alertmanager-data"
 
 
 def _restore(args: argparse.Namespace) -> int:
@@ -94,6 +123,7 @@ def _restore(args: argparse.Namespace) -> int:
     if text is not None:
         if args.config.exists() and not args.force:
             raise state.StateError(f"{args.config} exists: name another --config, or add --force")
+        args.config.parent.mkdir(parents=True, exist_ok=True)
         args.config.write_text(text)
         settings = settings_mod.load(args.config)
     else:
@@ -112,7 +142,12 @@ def _restore(args: argparse.Namespace) -> int:
         + "."
     )
     state.upgrade(data_dir, args.config if text is not None else None, settings_mod.market_url(settings))
-    print(f"Start it: gpuslice up --config {args.config}" if text is not None else "Start it: gpuslice up")
+    from hub import service  # lazy: the platform's imports are heavy
+
+    if service.installed_here(args.config):
+        print("Start it: gpuslice install (as root; the service it was, or a new one)")
+    else:
+        print(f"Start it: gpuslice up --config {args.config}" if text is not None else "Start it: gpuslice up")
     return 0
 
 
@@ -136,6 +171,17 @@ def _give_home(settings: settings_mod.Settings, user: str, unpacked: Path) -> No
 
 
 def _upgrade(args: argparse.Namespace) -> int:
+    from hub import service  # lazy: the platform's imports are heavy
+
     settings, path = _settings(args.config)
+    if path is not None and service.installed_here(path):
+        # The installed platform: its hub stopped while the stores change, every service started again
+        # on this code; the notebook servers keep running and the new hub adopts them.
+        from hub import systemd
+
+        installer = service.Installer(service.layout_here(), systemd.Systemd(), systemd.run)
+        installer.install([], upgrading=True)
+        print("gpuslice upgrade: the service runs this release (gpuslice status)")
+        return 0
     state.upgrade(settings.data_dir.absolute(), path, settings_mod.market_url(settings))
     return 0

@@ -19,7 +19,9 @@ def add_command(commands: Any) -> None:
     top = commands.add_parser(
         "top", help="cards, slices, owners, idle time, the GPU line and alerts, refreshing (q quits)"
     )
-    top.add_argument("--config", type=Path, help="settings file (default ./gpuslice.yaml where it exists)")
+    top.add_argument(
+        "--config", type=Path, help="settings file (default ./gpuslice.yaml where it exists, else the installed one)"
+    )
     top.add_argument("--url", help="the hub, as http://HOST:PORT (default: this machine's, from the settings)")
     top.add_argument(
         "--token-file",

@@ -243,8 +243,13 @@ def incident_recorder(
     }
 
 
-def renewals_service(settings_file: str, data_dir: Path, run_module: tuple[str, ...]) -> dict[str, Any]:
-    """The single machine's renewals (hub/renewals.py); on Kubernetes the chart's CronJobs do them."""
+def renewals_service(
+    settings_file: str, data_dir: Path, run_module: tuple[str, ...], service: bool = False
+) -> dict[str, Any]:
+    """The single machine's renewals (hub/renewals.py); on Kubernetes the chart's CronJobs do them.
+    As the installed service, Alertmanager is a unit of its own, which its reload writes again for."""
+    from hub.service_units import ALERTMANAGER
+
     return {
         "name": "renewals",
         "command": [
@@ -252,6 +257,7 @@ def renewals_service(settings_file: str, data_dir: Path, run_module: tuple[str, 
             "hub.renewals",
             *([f"--config={settings_file}"] if settings_file else []),
             f"--data-dir={data_dir}",
+            *([f"--alertmanager-unit={ALERTMANAGER}"] if service else []),
         ],
     }
 

@@ -44,6 +44,7 @@ from portal.data.alertmanager import Alertmanager, PayloadError, notification_fr
 from portal.data.incident_store import IncidentStore
 from portal.data.prometheus import MetricsUnavailableError, connect, firing_alerts
 from portal.incidents import episodes_from_history
+from spawner import incident_schema
 
 if TYPE_CHECKING:
     from prometheus_api_client import PrometheusConnect
@@ -151,7 +152,7 @@ def read_secret(path: Path, what: str) -> str:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    store = IncidentStore(args.data_dir / "incidents.sqlite")
+    store = IncidentStore(args.data_dir / incident_schema.FILE_NAME)
     token = read_secret(args.token_file, "the webhook token file")
     auth = (args.user, read_secret(args.password_file, "the monitoring password file")) if args.password_file else None
     manager = Alertmanager(args.alertmanager_url, requests.Session(), auth=auth)

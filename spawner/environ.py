@@ -60,6 +60,11 @@ DEVICE_DIR = EnvVar(
     "/dev",
 )
 NODE_NAME = EnvVar("GPUSLICE_NODE_NAME", "The exporter's Hostname label (default: localhost).")
+SERVICE = EnvVar(
+    "GPUSLICE_SERVICE",
+    '"systemd" when the hub runs as the installed service (gpuslice install): servers outlive its stops and '
+    "restarts (a full stop is gpuslice stop --all); set by gpuslice up --service.",
+)
 
 # -- Kubernetes: set by the chart's Deployments ---------------------------------------------------
 KUBE_VALUES = EnvVar(

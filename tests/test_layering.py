@@ -51,6 +51,7 @@ LAYERS: dict[str, int] = {
     "spawner.job_ledger": LOWER,  # batch jobs in the ledger's file, in its transactions
     "spawner.card_health": LOWER,  # each card's last patrol, in the ledger's file
     "spawner.job_runner": LOWER,  # runs one attempt of a job, outside the hub's process tree
+    "spawner.incident_schema": LOWER,  # the incident store's schema: the portal's store and `gpuslice upgrade`
     "spawner.line_admin": LOWER,  # reading and managing the GPU line in the ledger (the portal and the hub's API)
     "spawner.stop_events": LOWER,  # who stopped a pod, as Kubernetes Events (pure, beside the ledger)
     "spawner.gpus": LOWER,

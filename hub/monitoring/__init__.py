@@ -67,6 +67,7 @@ def prometheus_config(
     interval: str = "15s",
     node: str = "localhost",
     password_file: Path | None = None,
+    rule_files: tuple[Path, ...] = RULE_FILES,
 ) -> dict[str, Any]:
     """Scrape the hub, the exporter, Prometheus, Alertmanager (and node_exporter when installed).
 
@@ -97,7 +98,7 @@ def prometheus_config(
         jobs.append(job("node", ports.node_exporter, **auth))
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": [str(p) for p in RULE_FILES],
+        "rule_files": [str(p) for p in rule_files],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}], **auth}]},
         "scrape_configs": jobs,
     }

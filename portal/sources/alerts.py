@@ -14,7 +14,7 @@ from portal.identity import Identity
 from portal.incidents import Incident, Silence
 from portal.sources import clients
 from portal.sources.metrics import monitoring_auth
-from spawner import environ
+from spawner import environ, incident_schema
 
 
 def alertmanager_url() -> str:
@@ -39,7 +39,7 @@ def alertmanager_client() -> Alertmanager:
 
 @st.cache_resource
 def incident_store() -> IncidentStore:
-    path = clients.deployment().data_dir() / "incidents.sqlite"
+    path = clients.deployment().data_dir() / incident_schema.FILE_NAME
     try:
         return IncidentStore(path)
     except (OSError, sqlite3.Error) as exc:  # a read-only volume: say where, not a traceback

@@ -2,6 +2,7 @@
 
 import dbm
 import os
+from functools import partial
 from pathlib import Path
 
 import bcrypt
@@ -65,3 +66,23 @@ def test_the_charts_admin_password_is_what_counts_and_a_right_hash_is_kept(tmp_p
     assert accounts.password_matches(store, "root", "rotated-secret-2")
     assert not accounts.password_matches(store, "root", "from-the-secret-1")
     assert not accounts.password_matches(store, "nobody", "rotated-secret-2")
+
+
+def test_set_password_writes_the_found_settings_store_over_the_charts_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hub import settings
+    from hub.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    installed = partial(settings.config_path, installed=tmp_path / "etc" / "gpuslice.yaml")  # none installed
+    monkeypatch.setattr(settings, "config_path", installed)
+    # A stray chart variable in an admin's shell (its file is not on this machine) must not win
+    # over the settings file found here: the single-machine platform's store gets the password.
+    monkeypatch.setenv("GPUSLICE_KUBE_VALUES", str(tmp_path / "absent-values.yaml"))
+    (tmp_path / "gpuslice.yaml").write_text(f"data_dir: {tmp_path / 'data'}\n")
+    (tmp_path / "pw").write_text("correct-horse\n")
+    assert main(["user", "set-password", "ben", "--password-file", str(tmp_path / "pw")]) == 0
+    assert has_password(passwords_path(tmp_path / "data"), "ben")
+    (tmp_path / "gpuslice.yaml").unlink()  # no settings file (as in the hub's pod): the chart's values are read
+    assert main(["user", "set-password", "ben", "--password-file", str(tmp_path / "pw")]) == 2

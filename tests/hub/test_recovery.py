@@ -123,16 +123,40 @@ def test_a_full_stop_ends_every_server_left_and_releases_its_slice(tmp_path: Pat
         left.wait()
 
 
+@pytest.mark.process
+def test_a_pid_the_hub_recorded_before_a_reboot_is_forgotten_not_adopted(tmp_path: Path) -> None:
+    """After a reboot (or a restore on another machine) the pid the hub recorded names another process:
+    the hub must neither adopt it (its slice is released) nor stop it (the database forgets the pid)."""
+    stranger = _sleeper()
+    said: list[str] = []
+    try:
+        ledger = Ledger(tmp_path / "ledger.sqlite")
+        ledger.restore([Held("amy/", 0, "amy", "", GiB)])
+        found = identify(stranger.pid)
+        assert found is not None
+        # Amy's server, as recorded before the reboot: the same pid, another process (an earlier start).
+        ledger.add_process(ServerProcess("amy/", stranger.pid, found.started - 3600, "http://127.0.0.1:1"))
+        path = hub_db(tmp_path / "hub.sqlite", [("amy", "", stranger.pid, True)])
+        assert [h.key for h in reconcile(ledger, path, said.append)] == ["amy/"]
+        assert stranger.poll() is None
+        assert running_servers(path) == {"amy/": 0}  # still said started, with no pid: JupyterHub clears it
+        assert said == [f"gpuslice: the server of amy/ is gone; pid {stranger.pid} is another process now, left alone"]
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_the_plan() -> None:
     """Pure: which servers stay live, which processes are orphans, which records have ended."""
     a, b, c, d = (ServerProcess(k, pid, 1.0, "u") for k, pid in (("a/", 1), ("b/", 2), ("c/", 3), ("a/", 4)))
-    decided = plan({"a/": 1, "b/": 0, "x/": 9}, {1, 9}, [a, b, c, d], {a, b, d})
+    decided = plan({"a/": 1, "b/": 0, "x/": 9, "c/": 7}, {1, 7, 9}, [a, b, c, d], {a, b, d})
     assert decided.live == {"a/", "b/", "x/"}  # x/: an older server with no process record
+    assert decided.mistaken == {"c/"}  # pid 7 runs, but c/'s process was pid 3 (ended)
     assert decided.orphans == [d]  # a/'s second process: the hub claims pid 1
     assert decided.ended == [c]
     # b/'s pid never recorded and two of its processes run: the newest is adopted, the other stopped.
     older, newer = ServerProcess("b/", 5, 1.0, "u"), ServerProcess("b/", 6, 2.0, "u")
-    assert plan({"b/": 0}, set(), [older, newer], {older, newer}) == Plan({"b/"}, [older], [])
+    assert plan({"b/": 0}, set(), [older, newer], {older, newer}) == Plan({"b/"}, [older], [], set())
 
 
 def test_alive() -> None:

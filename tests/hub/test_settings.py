@@ -239,3 +239,19 @@ def test_the_default_rules_may_be_changed_by_a_group_named_default() -> None:
     )
     with pytest.raises(SettingsError, match=r"groups\.default\.members must be empty"):
         from_mapping({"groups": {"default": {"members": ["kim"]}}}, "s.yaml")
+
+
+def test_commands_find_the_folders_settings_then_the_installed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hub.settings import config_path
+
+    monkeypatch.chdir(tmp_path)
+    installed = tmp_path / "etc" / "gpuslice.yaml"
+    assert config_path(None, installed) is None  # neither: the defaults
+    installed.parent.mkdir()
+    installed.write_text("port: 8000\n")
+    assert config_path(None, installed) == installed  # `gpuslice top` on an installed machine
+    (tmp_path / "gpuslice.yaml").write_text("port: 9000\n")
+    assert config_path(None, installed) == Path("gpuslice.yaml")  # the folder's own first, as always
+    assert config_path(tmp_path / "other.yaml", installed) == tmp_path / "other.yaml"

@@ -2,19 +2,25 @@
 release really left (tests/fixtures/previous_state: how it was made is in make.sh there)."""
 
 import dbm
+import json
 import sqlite3
 import stat
+import subprocess
+import sys
 import tarfile
 import threading
+import time
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 import pytest
 
-from hub import state
+from hub import recovery, state
 from hub.cli import main
 from hub.state import Kind, dbm_base, skipped
 from market.store import Store
 from portal.data.incident_store import IncidentStore
+from spawner.incident_schema import SCHEMA_STEPS as INCIDENT_STEPS
 from spawner.ledger import SCHEMA_STEPS, Ledger
 from spawner.sqlite_schema import version
 
@@ -36,6 +42,17 @@ def test_a_dumb_dbm_is_one_piece_of_three_files() -> None:
     assert dbm_base(PurePosixPath("passwords.dbm.dir")) == PurePosixPath("passwords.dbm")
     assert dbm_base(PurePosixPath("passwords.dbm")) == PurePosixPath("passwords.dbm")
     assert dbm_base(PurePosixPath("notes.dat")) is None
+
+
+def test_the_timer_keeps_the_newest_dated_backups_and_nothing_else_is_touched() -> None:
+    names = [state.dated_name(datetime(2026, 11, day, 3, 15, tzinfo=UTC)) for day in (3, 1, 2, 4)] + [
+        "gpuslice-before-move.tar.gz",
+        "notes.txt",
+        "gpuslice-20261105T031500Z.tar.gz.partial",
+    ]
+    assert state.dated_name(datetime(2026, 11, 1, 3, 15, tzinfo=UTC)) == "gpuslice-20261101T031500Z.tar.gz"
+    assert state.beyond_newest(names, 2) == ["gpuslice-20261101T031500Z.tar.gz", "gpuslice-20261102T031500Z.tar.gz"]
+    assert state.beyond_newest(names, 10) == []
 
 
 def _previous(tmp_path: Path) -> tuple[Path, Path]:
@@ -86,6 +103,18 @@ def test_a_backup_restores_every_store_as_it_was(tmp_path: Path) -> None:
     for name in ("jupyterhub_cookie_secret", "portal-hub-token"):
         assert (restored / name).read_bytes() == (data / name).read_bytes()
     assert state.archived_settings(archive) == settings.read_text()
+
+
+@pytest.mark.process
+def test_the_installed_alertmanagers_silences_are_backed_up_where_gpuslice_up_keeps_them(tmp_path: Path) -> None:
+    data, settings = _previous(tmp_path / "old")
+    account = tmp_path / "monitoring" / "alertmanager-data"  # the monitoring account's folder
+    account.mkdir(parents=True)
+    (account / "silences").write_bytes(b"\x01silence")
+    archive = tmp_path / "backup.tar.gz"
+    state.backup(data, settings, archive, alertmanager_data=account)
+    state.restore(archive, tmp_path / "new")
+    assert (tmp_path / "new" / "monitoring" / "alertmanager-data" / "silences").read_bytes() == b"\x01silence"
 
 
 @pytest.mark.process
@@ -155,13 +184,15 @@ def test_the_previous_release_upgrades_in_place_keeping_everything(tmp_path: Pat
     url = f"sqlite:///{data / 'market.sqlite'}"
     before = {name: _rows(data / name) for name in ("jupyterhub.sqlite", "market.sqlite", "incidents.sqlite")}
     stale = [s.name for s in state.store_statuses(data, url) if not s.current]
-    assert stale == ["ledger"]  # written before the stores were versioned
+    assert stale == ["ledger", "incident store"]  # written before the stores were versioned
     saved = state.upgrade(data, settings, url, say=lambda _: None)
     assert saved is not None and saved.parent == data / "backups" and saved.exists()
     assert all(s.current for s in state.store_statuses(data, url))
     assert version(sqlite3.connect(data / "ledger.sqlite")) == len(SCHEMA_STEPS)
+    assert version(sqlite3.connect(data / "incidents.sqlite")) == len(INCIDENT_STEPS)
     for name, rows in before.items():
-        assert _rows(data / name) == rows, name
+        kept = _rows(data / name)
+        assert {table: kept[table] for table in rows} == rows, name  # a migration adds tables, loses no row
     assert state.upgrade(data, settings, url, say=lambda _: None) is None  # current: nothing to do, no backup
     # what people had is still there, read by this release's code
     market = Store(url)
@@ -172,6 +203,38 @@ def test_the_previous_release_upgrades_in_place_keeping_everything(tmp_path: Pat
     assert [n.text for n in IncidentStore(data / "incidents.sqlite").notes(recorded[0].incident.id)] == [
         "card reseated"
     ]
+
+
+@pytest.mark.process
+def test_an_upgrade_keeps_a_server_of_the_previous_release_running_with_its_slice(tmp_path: Path) -> None:
+    """A server the previous release started runs through the upgrade, and the restarted hub's
+    reconcile keeps its slice (it claims the server by the pid both recorded)."""
+    data, settings = _previous(tmp_path)
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        # What the previous release recorded for amy's running server: the hub's spawner with its
+        # pid, and the slice's row in the ledger as that release's schema had it.
+        with sqlite3.connect(data / "jupyterhub.sqlite") as hub:
+            hub.execute("INSERT INTO servers (id, proto, ip, port, base_url) VALUES (7, 'http', '127.0.0.1', 1, '/')")
+            hub.execute(
+                "UPDATE spawners SET server_id = 7, state = ? WHERE name = ''", (json.dumps({"pid": server.pid}),)
+            )
+        with sqlite3.connect(data / "ledger.sqlite") as ledger_db:
+            ledger_db.execute(
+                "INSERT INTO allocation (key, gpu_index, user, server, memory_bytes, whole, grp, pid, created)"
+                " VALUES ('amy/', 0, 'amy', '', ?, 0, 'ml101', ?, ?)",
+                (4 << 30, server.pid, time.time()),
+            )
+        url = f"sqlite:///{data / 'market.sqlite'}"
+        assert state.upgrade(data, settings, url, say=lambda _: None) is not None
+        assert server.poll() is None, "the upgrade stopped the server"
+        ledger = Ledger(data / "ledger.sqlite")
+        assert [(h.key, h.memory_bytes, h.pid) for h in ledger.holdings()] == [("amy/", 4 << 30, server.pid)]
+        assert recovery.reconcile(ledger, data / "jupyterhub.sqlite", say=lambda _: None) == []  # nothing released
+        assert [h.key for h in ledger.holdings()] == ["amy/"] and server.poll() is None
+    finally:
+        server.kill()
+        server.wait()
 
 
 @pytest.mark.process
