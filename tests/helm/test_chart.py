@@ -163,7 +163,14 @@ def test_rbac_is_minimal() -> None:
     docs = render()
     role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-hub")
     resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert resources == {"pods", "events", "persistentvolumeclaims", "secrets", "services"}
+    assert resources == {"pods", "events", "persistentvolumeclaims", "secrets", "services", "jobs", "pods/log"}
+    # Batch jobs (docs/jobs.md): Jobs made, read and deleted in the hub's namespace; their pods' logs read only.
+    jobs = [rule for rule in role["rules"] if "jobs" in rule["resources"]]
+    assert jobs == [
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "watch", "list", "create", "delete"]}
+    ]
+    logs = [rule for rule in role["rules"] if "pods/log" in rule["resources"]]
+    assert logs == [{"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "list"]}]
     portal = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "gs-gpuslice-portal")
