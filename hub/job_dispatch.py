@@ -37,7 +37,7 @@ from spawner.inventory import Inventory, build_local
 from spawner.job_launch import Machine, placed_words, start_runner
 from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement, Stop
 from spawner.job_runner import lost
-from spawner.jobs import PREEMPT, RUNNING, STARTING, STOPPING, job_server
+from spawner.jobs import FAILED, PREEMPT, RUNNING, STARTING, STOPPING, Outcome, job_server
 from spawner.jobs_backfill import Running, preemptions
 from spawner.ledger import Held
 from spawner.lifecycle import HOOK_DIR, placement_rows
@@ -175,7 +175,15 @@ class Dispatcher:
         return decided
 
     def _start(self, job: JobRecord, rows: list[Held]) -> None:
-        process = start_runner(self.machine, self.ledger.path, job, rows)
+        """Start a placed job's runner; one that cannot start (its owner made ~/models a file, the disk is full)
+        fails the job and frees its slice: it must neither hold the slice for ever nor stop the look for others."""
+        try:
+            process = start_runner(self.machine, self.ledger.path, job, rows)
+        except Exception as exc:  # anything: the job is already placed, only finishing it frees its slice
+            log.exception("gpuslice jobs: job %s (%s) could not start", job.id, job.user)
+            failed = Outcome(FAILED, f"could not start: {_error_words(exc)}", failed=True)
+            self.ledger.finish(job.id, failed, None, None)
+            return
         self.launched[job.id] = (time.monotonic(), process)
         log.info("gpuslice jobs: job %s (%s) placed: %s", job.id, job.user, placed_words(self.machine, rows))
 
@@ -203,6 +211,13 @@ class Dispatcher:
         after = lost(self.ledger, job, why, self.machine.confinement, self.machine.jobs_dir)
         self.launched.pop(job.id, None)
         log.warning("gpuslice jobs: job %s (%s): %s; now %s", job.id, job.user, why, after.state if after else "gone")
+
+
+def _error_words(exc: Exception) -> str:
+    """An error in its owner's words: the system's sentence and the path it is about, not a traceback."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 def _holds_by_key(holds: list[Held]) -> dict[str, list[Held]]:

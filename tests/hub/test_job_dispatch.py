@@ -99,6 +99,27 @@ def test_the_line_places_jobs_behind_a_person_and_stops_backfill_for_them(tmp_pa
     assert preempt_words(person) == "preempted for bob (a notebook server, 8 GiB of one GPU)"
 
 
+def test_a_job_that_cannot_start_fails_and_frees_its_slice_without_stopping_the_others(tmp_path: Path) -> None:
+    """Its owner made ~/models a file: the runner's launch cannot be prepared. Each such job ends failed,
+    saying why, its slice released; the look goes on to the next (no process is started)."""
+    ledger = JobLedger(tmp_path / "ledger.sqlite")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").write_text("not a folder")
+    plan = JobPlan(0, 4 * GiB, None, "4 GiB of one GPU", "default", sys.prefix, None, 4 * GiB, str(home))
+    plan = JobPlan(**{**plan.to_json(), "models": {"langid-97": str(tmp_path / "market" / "langid-97")}})
+    spec = JobSpec.model_validate({"command": ["true"], "gpu_memory": "4GiB", "models": ["langid-97"]})
+    jobs = [ledger.submit("ann", spec, plan, lambda i, now: line_entry(i, "ann", spec, plan, now, now)) for _ in "ab"]
+    machine = Machine(tmp_path / "data", CARDS, HOOK, {}, confinement=None, grace_s=5)
+    dispatcher = Dispatcher(ledger, machine, lambda: [])
+    dispatcher.step(time.time())
+    for job in records(jobs, ledger):
+        assert job.state == FAILED
+        assert job.reason.startswith("could not start: ") and "models" in job.reason
+    assert ledger.holdings() == [] and dispatcher.launched == {}
+    dispatcher.step(time.time())  # nothing left to start, nothing stuck
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
     """Until ``condition`` holds (the ledger is the event: a runner writes there)."""
     deadline = time.monotonic() + timeout_s
