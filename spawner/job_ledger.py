@@ -105,10 +105,11 @@ class Placement:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """What one look at the line decided: jobs to start, jobs to stop."""
+    """What one look at the line decided: jobs to start, jobs to stop, and queued jobs' reasons to wait (by id)."""
 
     placements: list[Placement] = field(default_factory=list)
     stops: list[Stop] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -235,6 +236,10 @@ class JobLedger(Ledger):
                     (STARTING, f"placed: {placement.placed}; starting", placement.placed, job.id),
                 )
                 _event(db, job.id, STARTING, f"placed: {placement.placed}")
+            for job_id, why in decided.waiting.items():  # written only when it changes: a look writes little
+                db.execute(
+                    "UPDATE job SET reason = ? WHERE id = ? AND state = ? AND reason != ?", (why, job_id, QUEUED, why)
+                )
             active = {j.id: j for j in looked.active}
             for stop in decided.stops:
                 if stop.job in active and active[stop.job].state in (STARTING, RUNNING):
