@@ -125,6 +125,8 @@ def end(code: int | None, **kwargs: object) -> Ending:
         (end(-9), FAILED, "killed by SIGKILL: most likely out of memory (over its memory limit of 2 GiB)"),
         (end(-11), FAILED, "ended by SIGSEGV"),
         (end(3), FAILED, "failed: exit code 3"),
+        (end(-25), FAILED, "file size limit of 1 GiB reached: its output or a file it wrote grew too large"),
+        (end(1, output_full=True), FAILED, "file size limit of 1 GiB reached"),
         (end(None, stop_kind=LOST, stop_reason="its runner ended"), FAILED, "node lost: its runner ended"),
     ],
 )
@@ -136,6 +138,7 @@ def test_how_an_attempt_ended_in_words(ending: Ending, state: str, words: str) -
         time_limit_s=5400,
         memory_limit_bytes=2 * GiB,
         slice_words="4 GiB of one GPU",
+        file_limit_bytes=GiB,
     )
     assert result.state == state and words in result.reason
 
