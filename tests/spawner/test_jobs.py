@@ -74,6 +74,10 @@ def test_a_command_job_with_every_setting_reads_back_as_written() -> None:
         ({"command": ["a"], "user": "bob"}, "unknown key(s) user"),  # nobody submits as someone else
         ({"command": ["a"], "time_limit": "soon"}, "time_limit must be a duration such as 2h"),
         ({"command": ["a"], "time_limit": -5}, "time_limit must be a duration"),
+        ({"command": ["a"], "time_limit": "9" * 400}, "time_limit must be at most 7 days (168h or 604800 seconds)"),
+        ({"command": ["a"], "time_limit": 10**400}, "time_limit must be at most 7 days"),
+        ({"command": ["a"], "time_limit": float("inf")}, "time_limit must be at most 7 days"),
+        ({"command": ["a"], "time_limit": "169h"}, "time_limit must be at most 7 days"),
         ({"command": ["a"], "retries": 99}, "retries must be at most 10"),
         ({"command": ["a"], "priority": "urgent"}, "priority"),
         ({"command": ["a"], "env": {"CUDA_VISIBLE_DEVICES": "0,1"}}, "platform's to set"),
