@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from typing import Any, TypeVar
@@ -20,7 +20,7 @@ from spawner.ledger import Held, ServerEvent, server_key
 from spawner.quotas import GroupQuota
 from spawner.shares import ShareError, format_bytes, parse_quantity
 from spawner.sharing.kai import ClassQueue, QueuedPod
-from spawner.waitline import Manager, WaitStats
+from spawner.waitline import Manager, Reservation, WaitStats
 from spawner.words import INSTANT, parse_instant
 
 
@@ -442,3 +442,20 @@ def runbook_href(runbook: str) -> str:
     if path == RUNBOOK_DOC:
         return "runbook" + (f"#{anchor}" if anchor else "")
     return ""
+
+
+def reservation_rows(
+    booked: Iterable[Reservation], now_ts: float, where: tzinfo, with_class: bool = True
+) -> list[dict[str, str]]:
+    """GPU memory reserved for classes, one row each, times in the reader's zone (the Servers page lists
+    every class's; a class's Teaching page its own, without the class column)."""
+    return [
+        {
+            **({"class": r.group} if with_class else {}),
+            "GPU memory": format_bytes(r.memory_bytes),
+            "from": clock_text(r.start, now_ts, where),
+            "until": clock_text(r.end, now_ts, where),
+            "by": r.by,
+        }
+        for r in booked
+    ]

@@ -180,16 +180,7 @@ booked = line.reservations(identity)
 now = time.time()
 if booked:
     st.dataframe(
-        [
-            {
-                "class": r.group,
-                "GPU memory": format_bytes(r.memory_bytes),
-                "from": views.clock_text(r.start, now, where),
-                "until": views.clock_text(r.end, now, where),
-                "by": r.by,
-            }
-            for r in booked
-        ],
+        views.reservation_rows(booked, now, where),
         hide_index=True,
         width="stretch",
     )

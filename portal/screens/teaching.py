@@ -286,15 +286,7 @@ st.subheader("Reserved GPU memory", divider="gray")
 booked = [r for r in line.reservations(identity) if r.group == chosen.name]
 if booked:
     st.dataframe(
-        [
-            {
-                "GPU memory": format_bytes(r.memory_bytes),
-                "from": views.clock_text(r.start, now, where),
-                "until": views.clock_text(r.end, now, where),
-                "by": r.by,
-            }
-            for r in booked
-        ],
+        views.reservation_rows(booked, now, where, with_class=False),
         hide_index=True,
         width="stretch",
     )

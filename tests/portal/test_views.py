@@ -24,3 +24,27 @@ def test_a_messages_instants_become_the_readers_time() -> None:
     assert views.times_in_words(said, NOW, views.zone("Europe/Berlin")) == (
         "You are next in line. Expected start: 09:41 (in 4 min) at the latest."
     )
+
+
+def test_reservations_read_in_the_readers_clock_with_the_class_only_where_several_are_listed() -> None:
+    from zoneinfo import ZoneInfo
+
+    from spawner.waitline import Reservation
+
+    now = 1_790_000_000.0  # a Tuesday, 14:13 in Berlin
+    booked = [Reservation("ml101", 8 << 30, now + 3600, now + 7200, by="tess")]
+    berlin = ZoneInfo("Europe/Berlin")
+    every = views.reservation_rows(booked, now, berlin)
+    assert every == [
+        {
+            "class": "ml101",
+            "GPU memory": "8 GiB",
+            "from": views.clock_text(now + 3600, now, berlin),
+            "until": views.clock_text(now + 7200, now, berlin),
+            "by": "tess",
+        }
+    ]
+    assert every[0]["from"] != views.clock_text(now + 3600, now, views.UTC)  # the reader's zone, not UTC
+    assert views.reservation_rows(booked, now, berlin, with_class=False) == [
+        {k: v for k, v in every[0].items() if k != "class"}
+    ]
