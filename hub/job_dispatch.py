@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -35,9 +36,9 @@ from spawner.confinement import for_machine
 from spawner.gpus import machine
 from spawner.inventory import Inventory, build_local
 from spawner.job_launch import Machine, placed_words, start_runner
-from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement, Stop
+from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement, Stop, needs_gpu
 from spawner.job_runner import lost
-from spawner.jobs import PREEMPT, RUNNING, STARTING, STOPPING, job_server
+from spawner.jobs import FAILED, MOST_CPU_JOBS_PER_USER, PREEMPT, RUNNING, STARTING, STOPPING, Outcome, job_server
 from spawner.jobs_backfill import Running, preemptions
 from spawner.ledger import Held
 from spawner.lifecycle import HOOK_DIR, placement_rows
@@ -78,15 +79,17 @@ def decide(
     policy: str,
     now: float,
     rows_for: RowsFor | None = None,
+    most_cpu_jobs: int = MOST_CPU_JOBS_PER_USER,
 ) -> Dispatch:
     """One look at the line: the queued jobs it admits now, where, and the backfill jobs to stop for a person.
 
     ``rows_for``: the ledger rows a placement holds (one machine's default; on a cluster none: the pod holds it).
+    ``most_cpu_jobs``: CPU-only jobs one person may have active at once (they wait for no slice).
     """
     inventory = inventory_of(holds)
     held_by_user = servers_by_user(holds)
     group_bytes = group_bytes_of(holds)
-    placements = [Placement(j.id, [], "no GPU") for j in jobs.cpu_queued]  # they wait for nothing
+    placements, waiting = cpu_placements(jobs, most_cpu_jobs)
     for admitted in admit(
         line,
         inventory,
@@ -122,7 +125,24 @@ def decide(
     )
     by_key = {j.key: j for j in jobs.active}
     stops = [Stop(by_key[p.key].id, PREEMPT, preempt_words(p.for_entry)) for p in chosen]
-    return Dispatch(placements, stops)
+    return Dispatch(placements, stops, waiting)
+
+
+def cpu_placements(jobs: Looked, most: int) -> tuple[list[Placement], dict[int, str]]:
+    """The CPU-only jobs that start now (they wait for no slice), oldest first, at most ``most`` active per person
+    at once; the others stay queued, with why in words (by job id)."""
+    active = Counter(j.user for j in jobs.active if not needs_gpu(j.plan))
+    placements, waiting = [], {}
+    for job in jobs.cpu_queued:
+        if active[job.user] >= most:
+            waiting[job.id] = (
+                f"waiting: {job.user} has {most} CPU-only jobs running, the most one person may at once;"
+                " it starts when one ends"
+            )
+            continue
+        active[job.user] += 1
+        placements.append(Placement(job.id, [], "no GPU"))
+    return placements, waiting
 
 
 def signal_runner(job: JobRecord) -> bool:
@@ -175,7 +195,15 @@ class Dispatcher:
         return decided
 
     def _start(self, job: JobRecord, rows: list[Held]) -> None:
-        process = start_runner(self.machine, self.ledger.path, job, rows)
+        """Start a placed job's runner; one that cannot start (its owner made ~/models a file, the disk is full)
+        fails the job and frees its slice: it must neither hold the slice for ever nor stop the look for others."""
+        try:
+            process = start_runner(self.machine, self.ledger.path, job, rows)
+        except Exception as exc:  # anything: the job is already placed, only finishing it frees its slice
+            log.exception("gpuslice jobs: job %s (%s) could not start", job.id, job.user)
+            failed = Outcome(FAILED, f"could not start: {_error_words(exc)}", failed=True)
+            self.ledger.finish(job.id, failed, None, None)
+            return
         self.launched[job.id] = (time.monotonic(), process)
         log.info("gpuslice jobs: job %s (%s) placed: %s", job.id, job.user, placed_words(self.machine, rows))
 
@@ -203,6 +231,13 @@ class Dispatcher:
         after = lost(self.ledger, job, why, self.machine.confinement, self.machine.jobs_dir)
         self.launched.pop(job.id, None)
         log.warning("gpuslice jobs: job %s (%s): %s; now %s", job.id, job.user, why, after.state if after else "gone")
+
+
+def _error_words(exc: Exception) -> str:
+    """An error in its owner's words: the system's sentence and the path it is about, not a traceback."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 def _holds_by_key(holds: list[Held]) -> dict[str, list[Held]]:

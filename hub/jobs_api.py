@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from jupyterhub import orm
@@ -47,7 +47,21 @@ from spawner.scope import Scope
 from spawner.waitline import budget_holding_back, estimated_start, fair_order, waits_for_room
 
 READ_SCOPE, SUBMIT_SCOPE, CANCEL_SCOPE = "read:servers", "servers", "delete:servers"
-LOG_CHUNK = 1024 * 1024  # the most of a log one read returns (the portal's tail; a download has it whole)
+LOG_CHUNK = 1024 * 1024  # the most of a log one read returns (the portal's tail; a download, a chunk at a time)
+ReadLog = Callable[[LogRead], Awaitable[tuple[bytes, int]]]
+
+
+async def log_chunks(read: ReadLog, first: bytes, size: int, chunk: int = LOG_CHUNK) -> AsyncIterator[bytes]:
+    """A job's whole output from ``first`` (its first chunk, read at offset 0) on, a chunk at a time: the hub
+    never holds more than one in memory. It ends at ``size`` (its size at the first read): a job still writing
+    does not make a download endless."""
+    offset, data = 0, first
+    while data:
+        yield data
+        offset += len(data)
+        if offset >= size:
+            return
+        data, _ = await read(LogRead(offset=offset, most=min(chunk, size - offset)))
 
 
 def job_json(job: JobRecord, queue: dict[str, Any] | None = None, cards: Sequence[int] = ()) -> dict[str, Any]:
@@ -245,17 +259,21 @@ class JobLogHandler(JobsBase):
         except ValueError:
             raise web.HTTPError(400, "offset and tail must be whole numbers of bytes") from None
         download = self.get_argument("download", "") not in ("", "0")
-        wanted = LogRead(
-            offset=0 if download else offset, tail=0 if download else tail, most=None if download else LOG_CHUNK
-        )
-        data, size = await self._spawner(user).gpu_job_log(job, wanted)
+        wanted = LogRead(offset=0 if download else offset, tail=0 if download else tail, most=LOG_CHUNK)
+        read = self._spawner(user).gpu_job_log
+        data, size = await read(job, wanted)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("Cache-Control", "no-store")
         self.set_header("X-Log-Size", str(size))
-        if download:
-            self.set_header("Content-Disposition", f'attachment; filename="job-{job.id}.log"')
-        self.finish(data)
+        if not download:
+            self.finish(data)
+            return
+        self.set_header("Content-Disposition", f'attachment; filename="job-{job.id}.log"')
+        async for piece in log_chunks(lambda window: read(job, window), data, size):
+            self.write(piece)
+            await self.flush()  # each chunk goes before the next is read
+        self.finish()
 
 
 class JobActionHandler(JobsBase):

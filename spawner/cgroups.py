@@ -41,6 +41,7 @@ class Limits:
     shm_bytes: int = GiB
     home_bytes: int = 10 * GiB  # not a cgroup's: the HomeOverSize alert's line (docs/security.md)
     cpus: float | None = None  # a hard CPU quota in cores (a job's ``cpus``); None: the weight alone
+    job_file_bytes: int = GiB  # not a cgroup's: the largest file a batch job writes, its output included (RLIMIT_FSIZE)
 
     def describe(self) -> str:
         return (
@@ -53,10 +54,10 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 # Settings spelling -> field; sizes are quantities ("4GiB"), the others plain integers.
 LIMIT_KEYS = {"memory": "memory_bytes", "processes": "processes", "cpu_weight": "cpu_weight", "tmp": "tmp_bytes"}
-LIMIT_KEYS |= {"shm": "shm_bytes", "home": "home_bytes"}
-_SIZES = {"memory", "tmp", "shm", "home"}
+LIMIT_KEYS |= {"shm": "shm_bytes", "home": "home_bytes", "job_file": "job_file_bytes"}
+_SIZES = {"memory", "tmp", "shm", "home", "job_file"}
 _RANGES = {"processes": (16, 1_000_000), "cpu_weight": (1, 10_000)}
-_SMALLEST = {"memory": 256 * 2**20, "tmp": 2**20, "shm": 2**20, "home": 2**20}
+_SMALLEST = {"memory": 256 * 2**20, "tmp": 2**20, "shm": 2**20, "home": 2**20, "job_file": 2**20}
 
 
 class LimitsError(ValueError):
@@ -66,7 +67,7 @@ class LimitsError(ValueError):
 def parse_limits(
     raw: Mapping[str, Any], base: Limits = DEFAULT_LIMITS, where: str = "limits", others: tuple[str, ...] = ()
 ) -> Limits:
-    """``base`` with the keys of ``raw`` (settings spelling: memory, processes, cpu_weight, tmp, shm, home)
+    """``base`` with the keys of ``raw`` (settings spelling: memory, processes, cpu_weight, tmp, shm, home, job_file)
     applied; ``others``: keys the caller reads itself, skipped here."""
     known = (*LIMIT_KEYS, *others)
     unknown = sorted(set(raw) - set(known))

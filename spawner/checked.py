@@ -150,14 +150,27 @@ _SECONDS_PER = {None: 1, "s": 1, "min": 60, "h": 3600}
 DURATION_PATTERN = r"^\s*[0-9.]+\s*(s|min|h)?\s*$"
 
 
+MOST_DURATION_S = 7 * 24 * 3600  # a week: longer is a typo (and "9" * 400 would be infinite, or overflow)
+
+
 def duration_seconds(value: Any) -> float:
-    """Seconds from ``3600``, ``"45s"``, ``"90min"`` or ``"2h"``; ValueError says how to write one."""
+    """Seconds from ``3600``, ``"45s"``, ``"90min"`` or ``"2h"``, at most a week; ValueError says how to write one."""
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    found = _DURATION.fullmatch(value) if isinstance(value, str) else None
-    if found is None or float(found[1]) <= 0:
-        raise ValueError(f"must be a duration such as 2h, 90min or 3600 (seconds), not {value!r}")
-    return float(found[1]) * _SECONDS_PER[found[2]]
+        number, unit = value, None
+    else:
+        found = _DURATION.fullmatch(value) if isinstance(value, str) else None
+        if found is None or float(found[1]) <= 0:
+            raise ValueError(f"must be a duration such as 2h, 90min or 3600 (seconds), not {_shown(value)}")
+        number, unit = float(found[1]), found[2]
+    if not number * _SECONDS_PER[unit] <= MOST_DURATION_S:  # NaN and infinity too
+        raise ValueError(f"must be at most 7 days (168h or {MOST_DURATION_S} seconds), not {_shown(value)}")
+    return float(number * _SECONDS_PER[unit])
+
+
+def _shown(value: Any) -> str:
+    """A value in a message, cut short: whatever people send comes back in the answer."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _duration(value: Any) -> Any:
@@ -214,5 +227,12 @@ Limit = Annotated[str | None, BeforeValidator(_limit), WithJsonSchema({"type": "
 Duration = Annotated[
     str | int | None,
     BeforeValidator(_duration),
-    WithJsonSchema({"anyOf": [{"type": "string", "pattern": DURATION_PATTERN}, {"type": "integer", "minimum": 1}]}),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": DURATION_PATTERN},
+                {"type": "integer", "minimum": 1, "maximum": MOST_DURATION_S},
+            ]
+        }
+    ),
 ]

@@ -145,6 +145,7 @@ def confined(machine: Machine, job: JobRecord, holds: Sequence[Held], inner: lis
 def launch(machine: Machine, job: JobRecord, holds: Sequence[Held]) -> Launch:
     """The attempt's process for the runner: command, environment, confinement, log, limits."""
     command, unit = confined(machine, job, holds, job_command(job))
+    limits = job_limits(machine, job)
     return Launch(
         command=command,
         env=job_environment(machine, job, holds),
@@ -154,7 +155,8 @@ def launch(machine: Machine, job: JobRecord, holds: Sequence[Held]) -> Launch:
         data_dir=str(machine.data_dir),
         time_limit_s=job.spec.time_limit_s,
         grace_s=machine.grace_s,
-        memory_limit_bytes=job_limits(machine, job).memory_bytes,
+        memory_limit_bytes=limits.memory_bytes,
+        file_limit_bytes=limits.job_file_bytes,
     )
 
 

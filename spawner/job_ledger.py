@@ -24,8 +24,10 @@ from spawner.jobs import (
     CANCELLED,
     FINISHED,
     MOST_QUEUED_PER_USER,
+    PREEMPT,
     QUEUED,
     RUNNING,
+    SHUTDOWN,
     STARTING,
     STOPPING,
     JobPlan,
@@ -40,6 +42,8 @@ from spawner.shares import RequestKind
 from spawner.waitline import Entry, Reservation
 
 EVENTS_KEPT_PER_JOB = 50
+# Stops that would put a job back in line: a cancel asked while one is under way replaces it.
+OVERRIDDEN_BY_CANCEL = (PREEMPT, SHUTDOWN)
 LOG_NAME = "output.log"
 
 
@@ -105,10 +109,11 @@ class Placement:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """What one look at the line decided: jobs to start, jobs to stop."""
+    """What one look at the line decided: jobs to start, jobs to stop, and queued jobs' reasons to wait (by id)."""
 
     placements: list[Placement] = field(default_factory=list)
     stops: list[Stop] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -235,6 +240,10 @@ class JobLedger(Ledger):
                     (STARTING, f"placed: {placement.placed}; starting", placement.placed, job.id),
                 )
                 _event(db, job.id, STARTING, f"placed: {placement.placed}")
+            for job_id, why in decided.waiting.items():  # written only when it changes: a look writes little
+                db.execute(
+                    "UPDATE job SET reason = ? WHERE id = ? AND state = ? AND reason != ?", (why, job_id, QUEUED, why)
+                )
             active = {j.id: j for j in looked.active}
             for stop in decided.stops:
                 if stop.job in active and active[stop.job].state in (STARTING, RUNNING):
@@ -318,12 +327,15 @@ class JobLedger(Ledger):
 
     def finish(self, job_id: int, outcome: Outcome, exit_code: int | None, requeue: Entry | None) -> JobRecord | None:
         """An attempt ended: its slice released, how it ended written; back in line as ``requeue`` when
-        the outcome says it runs again. The job as it is now."""
+        the outcome says it runs again, unless a cancel was asked meanwhile (the runner had seen an earlier
+        stop). The job as it is now."""
         with self._write() as db:
             found = _select(db, "WHERE id = ?", (job_id,))
             if not found or found[0].state not in ACTIVE:
                 return found[0] if found else None
             job, now = found[0], time.time()
+            if job.stop_kind == CANCEL and outcome.state == QUEUED:  # cancelled while it was being stopped
+                outcome = Outcome(CANCELLED, job.stop_reason or "cancelled", preempted=outcome.preempted)
             db.execute("DELETE FROM allocation WHERE key = ?", (job.key,))
             db.execute(
                 "UPDATE job SET failures = failures + ?, preemptions = preemptions + ?, exit_code = ?,"
@@ -358,13 +370,17 @@ def needs_gpu(plan: JobPlan) -> bool:
 
 
 def _ask_stop(db: sqlite3.Connection, job_id: int, kind: str, reason: str, now: float) -> None:
-    """Mark an active job stopping (the first stop asked wins: a cancel during a preemption stays a preemption)."""
-    db.execute(
-        "UPDATE job SET state = ?, stop_kind = ?, stop_reason = ?, stop_asked = ?, reason = ?"
-        " WHERE id = ? AND stop_kind = ''",
-        (STOPPING, kind, reason, now, f"stopping: {reason}", job_id),
-    )
-    _event(db, job_id, STOPPING, reason)
+    """Mark an active job stopping. The first stop asked wins, but for a cancel during a preemption or the
+    platform's stop: those would put the job back in line, and its owner wants it ended (``finish`` honours it).
+    """
+    preempt, shutdown = OVERRIDDEN_BY_CANCEL if kind == CANCEL else ("", "")
+    changed = db.execute(
+        "UPDATE job SET state = ?, stop_kind = ?, stop_reason = ?, stop_asked = COALESCE(stop_asked, ?), reason = ?"
+        " WHERE id = ? AND stop_kind IN ('', ?, ?)",
+        (STOPPING, kind, reason, now, f"stopping: {reason}", job_id, preempt, shutdown),
+    ).rowcount
+    if changed:
+        _event(db, job_id, STOPPING, reason)
 
 
 def _set_finished(

@@ -46,13 +46,18 @@ class JobSpawner(Protocol):
 @dataclass(frozen=True)
 class JobPlace:
     """Where a backend runs a job of its owner: the image's environment or container, the home, the account,
-    the memory its class allows (None: no limit here), and whether a notebook's presence can be checked now."""
+    the memory its class allows (None: no limit here), and whether a notebook's presence can be checked now.
+
+    ``limits_in_plan``: the job's plan carries the class's memory and CPU limits when it asks for none (on
+    Kubernetes nothing else gives its pod any; on one machine its cgroup takes the class's at its start)."""
 
     target: str
     home: Path
     account: str = ""
     memory_limit_bytes: int | None = None
     sees_home: bool = True
+    cpu_limit: float | None = None  # the cores its class allows (None: no limit here)
+    limits_in_plan: bool = False
 
 
 def _request(spawner: JobSpawner, spec: JobSpec, inventory: Inventory) -> GpuRequest:
@@ -101,13 +106,7 @@ def plan_job(spawner: JobSpawner, spec: JobSpec) -> JobPlan:
     if why:
         raise GpuRefused(409, f"{request.describe()} cannot run here: {why}.", "capacity")
     place = spawner.job_place(image, group)
-    memory = parse_quantity(spec.memory) if spec.memory else None
-    if memory is not None and place.memory_limit_bytes is not None and memory > place.memory_limit_bytes:
-        most = format_bytes(place.memory_limit_bytes)
-        raise GpuRefused(400, f"A job may have up to {most} of memory here; ask for {most} or less.", "invalid")
-    cores = os.cpu_count() or 1
-    if spec.cpus is not None and spec.cpus > cores:
-        raise GpuRefused(400, f"This machine has {cores} CPU cores; ask for {cores} or fewer.", "invalid")
+    memory, cpus = job_resources(spec, place, os.cpu_count() or 1)
     if spec.notebook is not None and place.sees_home:
         _notebook_inside(place.home, spec.notebook)
     return JobPlan(
@@ -123,5 +122,19 @@ def plan_job(spawner: JobSpawner, spec: JobSpec) -> JobPlan:
         account=place.account,
         models={slug: str(folder) for slug, folder in models.items()},
         memory_bytes=memory,
-        cpus=spec.cpus,
+        cpus=cpus,
     )
+
+
+def job_resources(spec: JobSpec, place: JobPlace, cores: int) -> tuple[int | None, float | None]:
+    """The memory and CPU cores a job runs with: what it asked for within its class's limits (400 above them),
+    else, where ``place`` says so, the class's limits (a pod without them could take its node's)."""
+    memory = parse_quantity(spec.memory) if spec.memory else None
+    if memory is not None and place.memory_limit_bytes is not None and memory > place.memory_limit_bytes:
+        most = format_bytes(place.memory_limit_bytes)
+        raise GpuRefused(400, f"A job may have up to {most} of memory here; ask for {most} or less.", "invalid")
+    if spec.cpus is not None and spec.cpus > cores:
+        raise GpuRefused(400, f"This machine has {cores} CPU cores; ask for {cores} or fewer.", "invalid")
+    if not place.limits_in_plan:
+        return memory, spec.cpus
+    return memory or place.memory_limit_bytes, spec.cpus or place.cpu_limit

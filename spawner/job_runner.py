@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -48,6 +50,7 @@ class Launch:
     time_limit_s: float = 3600.0
     grace_s: float = 30.0
     memory_limit_bytes: int | None = None
+    file_limit_bytes: int | None = None  # the largest file the job writes, its output included (None: no limit)
     extra: dict[str, str] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
@@ -69,13 +72,17 @@ def log_path(jobs_dir: Path, job_id: int) -> Path:
     return jobs_dir / str(job_id) / "output.log"
 
 
-def _in_the_job() -> None:
-    """In the job's process, before exec: the runner's blocked signals are not the job's, and the job ends with
+def _in_the_job(file_limit_bytes: int | None = None) -> None:
+    """In the job's process, before exec: no file it writes (its output, on the platform's data disk, included)
+    grows past ``file_limit_bytes`` (SIGXFSZ, which Python ignores, kills it there); the runner's blocked and
+    ignored signals are not the job's, and the job ends with
     its runner (killed, the runner's end could not be written: a job nobody watches would run on unseen; the
     dispatcher then counts the attempt lost). The kernel forgets this when the job becomes its owner's account
     (a change of credentials); its cgroup, removed with the attempt, stands for it there."""
+    if file_limit_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_bytes, file_limit_bytes))
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(number, signal.SIG_DFL)
     die_with_parent(signum=signal.SIGKILL)
 
@@ -110,7 +117,7 @@ class Runner:
                 env=self.launch.env,
                 cwd=self.launch.cwd,
                 start_new_session=True,  # its own process group: signals reach everything it started
-                preexec_fn=_in_the_job,
+                preexec_fn=functools.partial(_in_the_job, self.launch.file_limit_bytes),
                 close_fds=True,
             )
         except OSError as exc:
@@ -124,7 +131,7 @@ class Runner:
             self._stop()
         code = self.process.wait()
         self._end_leftovers()
-        return Ending(code, stop_kind, stop_reason, self._log_tail())
+        return Ending(code, stop_kind, stop_reason, self._log_tail(), output_full=self._output_full())
 
     def _wait(self, deadline: float) -> tuple[str, str]:
         """Until the job ends (("", "")), a stop is asked (its kind and reason) or the time limit passes."""
@@ -163,6 +170,13 @@ class Runner:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
 
+    def _output_full(self) -> bool:
+        limit = self.launch.file_limit_bytes
+        try:
+            return limit is not None and os.stat(self.launch.log).st_size >= limit
+        except OSError:
+            return False
+
     def _log_tail(self) -> str:
         try:
             with open(self.launch.log, "rb") as log:
@@ -179,6 +193,7 @@ class Runner:
             retries=job.spec.retries,
             time_limit_s=job.spec.time_limit_s,
             memory_limit_bytes=self.launch.memory_limit_bytes,
+            file_limit_bytes=self.launch.file_limit_bytes,
             slice_words=job.plan.label,
         )
         now = time.time()

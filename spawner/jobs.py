@@ -18,6 +18,7 @@ folders, the class charged), kept with the job so that a restarted hub runs it t
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -49,10 +50,14 @@ PRIORITIES = ("normal", "backfill")
 DEFAULT_TIME_LIMIT = "1h"
 MOST_RETRIES = 10
 MOST_QUEUED_PER_USER = 200  # jobs one person may have waiting at once (a loop cannot fill the line)
+# CPU-only jobs one person may have starting, running or stopping at once: they wait for no slice, so without
+# this a loop of submissions would run 200 processes at once on the machine's cores and memory.
+MOST_CPU_JOBS_PER_USER = 4
 GRACE_S = 30.0  # from SIGTERM to SIGKILL when a job is stopped: time to write a checkpoint
 
 # Exit statuses a shell gives a command it could not run; the job runner gives them too.
 NOT_FOUND, NOT_EXECUTABLE = 127, 126
+FILE_TOO_LARGE = int(signal.SIGXFSZ)  # what ends a job that writes past its file size limit (RLIMIT_FSIZE)
 
 # What a framework prints when the GPU's memory (or the slice the kernel hook allows) runs out.
 GPU_OOM = re.compile(
@@ -309,6 +314,7 @@ class Ending:
     stop_reason: str = ""
     log_tail: str = ""
     start_error: str = ""
+    output_full: bool = False  # its output reached the largest file a job may write (RLIMIT_FSIZE)
 
 
 @dataclass(frozen=True)
@@ -326,7 +332,9 @@ def _signal_name(number: int) -> str:
     return names.get(number, f"signal {number}")
 
 
-def failure_words(ending: Ending, memory_limit_bytes: int | None = None, slice_words: str = "") -> str:
+def failure_words(
+    ending: Ending, memory_limit_bytes: int | None = None, slice_words: str = "", file_limit_bytes: int | None = None
+) -> str:
     """Why an attempt that nobody stopped failed, in words (the exit code said too)."""
     if ending.exit_code is None:
         return f"could not start: {ending.start_error or 'the runner could not start it'}"
@@ -334,6 +342,13 @@ def failure_words(ending: Ending, memory_limit_bytes: int | None = None, slice_w
         return "could not start: command not found (exit code 127)"
     if ending.exit_code == NOT_EXECUTABLE:
         return "could not start: the command is not executable (exit code 126)"
+    if ending.exit_code == -FILE_TOO_LARGE or ending.output_full:
+        # SIGXFSZ kills a program that writes past the limit; Python ignores it and fails with EFBIG instead.
+        limit = f" of {format_bytes(file_limit_bytes)}" if file_limit_bytes else ""
+        return (
+            f"file size limit{limit} reached: its output or a file it wrote grew too large"
+            f" (exit code {ending.exit_code}); print less, or write large files in smaller parts"
+        )
     if GPU_OOM.search(ending.log_tail):
         held = f" ({slice_words})" if slice_words else ""
         return f"out of GPU memory{held}: exit code {ending.exit_code}; ask for a larger slice or use less"
@@ -354,6 +369,7 @@ def outcome(
     time_limit_s: float,
     memory_limit_bytes: int | None = None,
     slice_words: str = "",
+    file_limit_bytes: int | None = None,
 ) -> Outcome:
     """The job's next state after ``ending``, with the reason in words.
 
@@ -374,7 +390,7 @@ def outcome(
     if ending.stop_kind == LOST:
         why = f"node lost: {ending.stop_reason or 'the platform lost track of it'}"
     else:
-        why = failure_words(ending, memory_limit_bytes, slice_words)
+        why = failure_words(ending, memory_limit_bytes, slice_words, file_limit_bytes)
     hopeless = ending.exit_code in (NOT_FOUND, NOT_EXECUTABLE, None) and ending.stop_kind != LOST
     left = retries - (failures_before + 1)
     if hopeless or left < 0:

@@ -424,10 +424,13 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     # -- batch jobs (hub/jobs_api.py; hub/job_dispatch_kube.py makes their Jobs) --------------
 
     def job_place(self, image: str, group: str | None) -> JobPlace:
-        """A job's pod runs the image's container as the notebook pods' user, in their home's place; its
-        notebook is read there when it runs (the hub cannot look into a volume now)."""
+        """A job's pod runs the image's container as the notebook pods' user, in their home's place, with the
+        notebook pods' memory and CPU limits unless it asks for less; its notebook is read there when it runs
+        (the hub cannot look into a volume now)."""
         memory = parse_quantity(str(self.mem_limit)) if self.mem_limit else None
-        return JobPlace(self.images()[image].target, Path(JOB_HOME), memory_limit_bytes=memory, sees_home=False)
+        cpus = float(self.cpu_limit) if self.cpu_limit else None
+        target = self.images()[image].target
+        return JobPlace(target, Path(JOB_HOME), "", memory, sees_home=False, cpu_limit=cpus, limits_in_plan=True)
 
     async def gpu_job_log(self, job: Any, read: LogRead) -> tuple[bytes, int]:
         """The output of the job's newest pod, from the pod log API."""

@@ -67,14 +67,16 @@ if chosen is not None:
         st.error(str(exc))
         st.stop()
     now = time.time()
-    st.subheader(f"Job {job.id}: {job.name}")
+    st.subheader(views.plain(f"Job {job.id}: {job.name}"))  # its owner chose the name: shown, never rendered
     st.write(views.plain(job_views.detail(job, None, now, where)))
     spec = job.spec
     what = f"notebook {spec['notebook']}" if spec.get("notebook") else " ".join(spec.get("command") or [])
     st.code(what, language=None)
     st.caption(
-        f"{job.gpu}, image {job.image}, {job.priority}, time limit {spec.get('time_limit')}, "
-        f"retries {spec.get('retries', 0)}; attempts {job.attempts}, preempted {job.preemptions} time(s)"
+        views.plain(
+            f"{job.gpu}, image {job.image}, {job.priority}, time limit {spec.get('time_limit')}, "
+            f"retries {spec.get('retries', 0)}; attempts {job.attempts}, preempted {job.preemptions} time(s)"
+        )
     )
     st.dataframe(
         [{"when": views.clock_text(e.at, now, where), "state": e.state, "message": e.message} for e in events],

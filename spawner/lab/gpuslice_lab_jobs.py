@@ -23,6 +23,18 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 FIELDS = ("gpu_memory", "time_limit", "image", "priority")  # what the dialog may set besides the notebook
+NAME_PREFIX = "Run as job: "
+MOST_NAME = 80  # the jobs API's longest name (spawner/jobs.py JobSpec)
+
+
+def job_name(path: str) -> str:
+    """The job's name for a notebook: its path, its start cut off when too long (the file's name says most),
+    on one line."""
+    shown = "".join(c if ord(c) >= 32 else "?" for c in path)
+    room = MOST_NAME - len(NAME_PREFIX)
+    if len(shown) > room:
+        shown = "…" + shown[-(room - 1) :]
+    return NAME_PREFIX + shown
 
 
 def job_spec(body: Any) -> dict[str, Any]:
@@ -30,7 +42,7 @@ def job_spec(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get("path"), str):
         raise ValueError('send {"path": "the notebook, from the home folder", "gpu_memory": "4GiB"}')
     path = body["path"]
-    spec: dict[str, Any] = {"notebook": path, "name": f"Run as job: {path}"}
+    spec: dict[str, Any] = {"notebook": path, "name": job_name(path)}
     spec.update({key: body[key] for key in FIELDS if isinstance(body.get(key), str) and body[key]})
     return spec
 

@@ -21,7 +21,20 @@ from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.job_launch import Machine
 from spawner.job_ledger import JobLedger, JobRecord, Looked
-from spawner.jobs import CANCEL, CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobPlan, JobSpec, line_entry
+from spawner.jobs import (
+    CANCEL,
+    CANCELLED,
+    FAILED,
+    MOST_CPU_JOBS_PER_USER,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    JobPlan,
+    JobSpec,
+    Outcome,
+    line_entry,
+)
 from spawner.ledger import Held
 from spawner.processes import running
 from spawner.shares import GiB
@@ -97,6 +110,66 @@ def test_the_line_places_jobs_behind_a_person_and_stops_backfill_for_them(tmp_pa
     placements, stops = look(holds, [person])
     assert placements == [] and stops == [filler.id]
     assert preempt_words(person) == "preempted for bob (a notebook server, 8 GiB of one GPU)"
+
+
+def look_and_place(ledger: JobLedger) -> None:
+    """One look at the line as the dispatcher takes it, without starting runners."""
+    ledger.dispatch(
+        lambda holds, line, res, jobs: decide(
+            holds,
+            line,
+            res,
+            jobs,
+            inventory_of=lambda rows: build_local(CARDS, [(h.gpu_index, h.allocation()) for h in rows]),
+            words=lambda rows: "",
+            budgets_now={},
+            policy="default",
+            now=time.time(),
+        )
+    )
+
+
+def test_one_person_runs_only_a_few_cpu_only_jobs_at_once(tmp_path: Path) -> None:
+    """CPU-only jobs wait for no slice: a loop of submissions must not start them all at once."""
+    ledger = JobLedger(tmp_path / "ledger.sqlite")
+    home = tmp_path / "home"
+    anns = [new_job(ledger, home, {"command": ["a"]}) for _ in range(MOST_CPU_JOBS_PER_USER + 2)]
+    bobs = new_job(ledger, home, {"command": ["a"]}, user="bob")
+    look_and_place(ledger)
+    first, rest = anns[:MOST_CPU_JOBS_PER_USER], anns[MOST_CPU_JOBS_PER_USER:]
+    assert [j.state for j in records([*first, bobs], ledger)] == [STARTING] * (MOST_CPU_JOBS_PER_USER + 1)
+    for job in records(rest, ledger):
+        assert job.state == QUEUED
+        assert job.reason == (
+            f"waiting: ann has {MOST_CPU_JOBS_PER_USER} CPU-only jobs running, the most one person may at once;"
+            " it starts when one ends"
+        )
+    look_and_place(ledger)  # still full: nothing more starts
+    assert [j.state for j in records(rest, ledger)] == [QUEUED, QUEUED]
+    ledger.finish(first[0].id, Outcome(SUCCEEDED, "finished: exit code 0"), 0, None)
+    look_and_place(ledger)  # one ended: the oldest waiting one starts
+    assert [j.state for j in records(rest, ledger)] == [STARTING, QUEUED]
+
+
+def test_a_job_that_cannot_start_fails_and_frees_its_slice_without_stopping_the_others(tmp_path: Path) -> None:
+    """Its owner made ~/models a file: the runner's launch cannot be prepared. Each such job ends failed,
+    saying why, its slice released; the look goes on to the next (no process is started)."""
+    ledger = JobLedger(tmp_path / "ledger.sqlite")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").write_text("not a folder")
+    plan = JobPlan(0, 4 * GiB, None, "4 GiB of one GPU", "default", sys.prefix, None, 4 * GiB, str(home))
+    plan = JobPlan(**{**plan.to_json(), "models": {"langid-97": str(tmp_path / "market" / "langid-97")}})
+    spec = JobSpec.model_validate({"command": ["true"], "gpu_memory": "4GiB", "models": ["langid-97"]})
+    jobs = [ledger.submit("ann", spec, plan, lambda i, now: line_entry(i, "ann", spec, plan, now, now)) for _ in "ab"]
+    machine = Machine(tmp_path / "data", CARDS, HOOK, {}, confinement=None, grace_s=5)
+    dispatcher = Dispatcher(ledger, machine, lambda: [])
+    dispatcher.step(time.time())
+    for job in records(jobs, ledger):
+        assert job.state == FAILED
+        assert job.reason.startswith("could not start: ") and "models" in job.reason
+    assert ledger.holdings() == [] and dispatcher.launched == {}
+    dispatcher.step(time.time())  # nothing left to start, nothing stuck
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:

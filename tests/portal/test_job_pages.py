@@ -96,6 +96,18 @@ def test_a_jobs_output_is_shown_as_text_to_its_owner(fakes: dict[str, object], h
     assert ("log", "alice", 3) in hub_jobs["asked"]
 
 
+def test_a_jobs_name_is_shown_as_its_owner_wrote_it_never_rendered(
+    fakes: dict[str, object],  # noqa: F811
+    hub_jobs: dict[str, Any],
+) -> None:
+    hub_jobs["jobs"][0] = job(name=INJECTED)
+    fakes["identity"] = Identity("alice")
+    at = run("screens/jobs.py")
+    heading = at.subheader[0].value
+    assert heading.startswith("Job 3\\: ") and "\\*\\*bold\\*\\*" in heading
+    assert "<script>" not in heading and "](javascript:" not in heading and "**bold**" not in heading
+
+
 def test_a_teacher_sees_the_job_but_not_its_output(fakes: dict[str, object], hub_jobs: dict[str, Any]) -> None:  # noqa: F811
     fakes["identity"] = Identity("tina")
     at = run("screens/jobs.py")

@@ -92,9 +92,26 @@ def test_cancelling_a_queued_job_takes_it_out_of_line_and_a_running_one_asks_its
     assert after is not None and after.state == CANCELLED and after.reason == "cancelled by ann"
     assert [w.outcome for w in ledger.waits(0)] == ["placed", "cancelled"]
     ledger.ask_stop(queued.id, PREEMPT, "preempted for bob")
-    ledger.ask_stop(queued.id, CANCEL, "cancelled by ann")  # the first stop asked stands
+    ledger.ask_stop(queued.id, PREEMPT, "preempted for cy")  # the first stop asked stands
     stopping = ledger.job(queued.id)
-    assert stopping is not None and stopping.state == STOPPING and stopping.stop_kind == PREEMPT
+    assert stopping is not None and stopping.state == STOPPING and stopping.stop_reason == "preempted for bob"
+
+
+def test_a_cancel_during_a_preemption_ends_the_job_instead_of_putting_it_back_in_line(tmp_path: Path) -> None:
+    ledger = JobLedger(tmp_path / "ledger.sqlite")
+    job = submit(ledger, priority="backfill")
+    ledger.dispatch(place_what_the_line_admits)
+    ledger.ask_stop(job.id, PREEMPT, "preempted for bob")  # its runner reads this when it is signalled
+    ledger.ask_stop(job.id, CANCEL, "cancelled by ann")
+    ledger.ask_stop(job.id, PREEMPT, "preempted for cy")  # nothing stands above a cancel
+    stopping = ledger.job(job.id)
+    assert stopping is not None and (stopping.stop_kind, stopping.reason) == (CANCEL, "stopping: cancelled by ann")
+    # The runner ends the attempt as the preemption it saw: the stored cancel wins.
+    requeue = line_entry(job.id, "ann", job.spec, job.plan, job.submitted, time.time())
+    after = ledger.finish(job.id, Outcome(QUEUED, "preempted for bob; back in line", preempted=True), -15, requeue)
+    assert after is not None and (after.state, after.reason) == (CANCELLED, "cancelled by ann")
+    assert ledger.line() == [] and ledger.holdings() == []
+    assert ledger.dispatch(place_what_the_line_admits)[0].placements == []
 
 
 def test_a_refused_check_changes_nothing(tmp_path: Path) -> None:

@@ -74,6 +74,10 @@ def test_a_command_job_with_every_setting_reads_back_as_written() -> None:
         ({"command": ["a"], "user": "bob"}, "unknown key(s) user"),  # nobody submits as someone else
         ({"command": ["a"], "time_limit": "soon"}, "time_limit must be a duration such as 2h"),
         ({"command": ["a"], "time_limit": -5}, "time_limit must be a duration"),
+        ({"command": ["a"], "time_limit": "9" * 400}, "time_limit must be at most 7 days (168h or 604800 seconds)"),
+        ({"command": ["a"], "time_limit": 10**400}, "time_limit must be at most 7 days"),
+        ({"command": ["a"], "time_limit": float("inf")}, "time_limit must be at most 7 days"),
+        ({"command": ["a"], "time_limit": "169h"}, "time_limit must be at most 7 days"),
         ({"command": ["a"], "retries": 99}, "retries must be at most 10"),
         ({"command": ["a"], "priority": "urgent"}, "priority"),
         ({"command": ["a"], "env": {"CUDA_VISIBLE_DEVICES": "0,1"}}, "platform's to set"),
@@ -125,6 +129,8 @@ def end(code: int | None, **kwargs: object) -> Ending:
         (end(-9), FAILED, "killed by SIGKILL: most likely out of memory (over its memory limit of 2 GiB)"),
         (end(-11), FAILED, "ended by SIGSEGV"),
         (end(3), FAILED, "failed: exit code 3"),
+        (end(-25), FAILED, "file size limit of 1 GiB reached: its output or a file it wrote grew too large"),
+        (end(1, output_full=True), FAILED, "file size limit of 1 GiB reached"),
         (end(None, stop_kind=LOST, stop_reason="its runner ended"), FAILED, "node lost: its runner ended"),
     ],
 )
@@ -136,6 +142,7 @@ def test_how_an_attempt_ended_in_words(ending: Ending, state: str, words: str) -
         time_limit_s=5400,
         memory_limit_bytes=2 * GiB,
         slice_words="4 GiB of one GPU",
+        file_limit_bytes=GiB,
     )
     assert result.state == state and words in result.reason
 
