@@ -317,6 +317,9 @@ class PodmanKubelet:
                 f'Failed to pull image "{spec["containers"][0]["image"]}": not on this machine', image=True
             )
         name = self.container(pod)
+        # A pod made again under a deleted one's name (KubeSpawner restarts a server so) gets a fresh
+        # container, as a kubelet names containers by pod UID; the old one may still be in its grace period.
+        podman("rm", "--force", "--time", "0", name, check=False)
         mounts = [f"--volume={host}:{path}:{'ro' if ro else 'rw'}" for host, path, ro in made.mounts]
         aliases = [f"--network-alias={alias}" for alias in made.aliases]
         # The environment holds the server's API token: a file only podman reads, not argv.
