@@ -297,6 +297,7 @@ class PodmanKubelet:
         self.network = network
         self.root = root
         self.images = images or {}
+        self.ids: dict[str, str] = {}  # each started pod's container, by pod UID
 
     def container(self, pod: Obj) -> str:
         return f"{self.network}-pod-{pod['metadata']['namespace']}-{pod['metadata']['name']}"
@@ -333,6 +334,7 @@ class PodmanKubelet:
             )  # fmt: skip
         if started.returncode != 0:
             raise ContainerFailedError(started.stderr.strip()[-2000:])
+        self.ids[pod["metadata"]["uid"]] = started.stdout.strip().splitlines()[-1]  # `run --detach` prints it
         template = '{{(index .NetworkSettings.Networks "' + self.network + '").IPAddress}}'
         return podman("inspect", "--format", template, name).stdout.strip()
 
@@ -345,7 +347,9 @@ class PodmanKubelet:
         return int(code) if state in ("exited", "stopped") else None
 
     def stop(self, pod: Obj, grace: float) -> None:
-        podman("rm", "--force", "--time", str(int(grace)), self.container(pod), check=False)
+        # By the container's ID, not its name: a pod made again under this name may be starting already.
+        container = self.ids.pop(pod["metadata"]["uid"], self.container(pod))
+        podman("rm", "--force", "--time", str(int(grace)), container, check=False)
 
     def exec_argv(self, pod: Obj, command: list[str]) -> tuple[list[str], dict[str, Any]]:
         return ["podman", "exec", "--interactive", self.container(pod), *command], {"env": podman_env()}
