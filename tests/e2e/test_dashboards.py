@@ -40,7 +40,7 @@ RULE_FILES = [
 
 
 # Served on Kubernetes by kube-state-metrics (its internal/store/cronjob.go), which one machine does not
-# run: RenewalOverdue's Kubernetes branch reads them, tested by promtool (tests/hub/monitoring/alerts_test.yml).
+# run: RenewalOverdue's Kubernetes branch reads them, tested by promtool (tests/hub/monitoring/alerts_*test.yml).
 KUBE_STATE_METRICS = {
     "kube_cronjob_created",
     "kube_cronjob_next_schedule_time",
