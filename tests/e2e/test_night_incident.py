@@ -12,6 +12,7 @@ import yaml
 from portal.data.alertmanager import alert_from_api
 from portal.data.incident_store import IncidentStore
 from portal.incidents import timeline
+from spawner.card_health import CardLedger
 from tests.e2e.alerting import Webhook, wait_for
 from tests.e2e.platform import Platform, free_port
 
@@ -34,6 +35,17 @@ def test_a_fault_at_night_becomes_an_incident_with_alertmanagers_times(make_plat
     store = IncidentStore(platform.data_dir / "incidents.sqlite")
     alertmanager = f"http://127.0.0.1:{ports['alertmanager_port']}"
 
+    # The gpu-patrol service checks each free card as the hub starts, then every 6 hours. A fault
+    # written before that first round ends would also fail the card's patrol (GpuPatrolFailed, which
+    # keeps the incident open until an admin clears the card); this night's fault comes hours later.
+    cards = CardLedger(platform.data_dir / "ledger.sqlite")
+
+    def first_round() -> list[Any]:
+        health = cards.health()
+        return health if len(health) == 2 else []  # the platform simulates two cards
+
+    checked = wait_for(first_round, "the patrol's first round", 60)
+    assert all(card.healthy for card in checked), checked
     # 03:12, a card reports Xid 79; nobody has the portal open.
     (platform.data_dir / "monitoring" / "faults.json").write_text(json.dumps([{"gpu": 1, "xid": 79}]))
 
