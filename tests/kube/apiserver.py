@@ -92,7 +92,6 @@ MANAGED = {
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 WAITING = ("ErrImagePull", "CreateContainerConfigError", "FailedMount")  # what the kubelet waits out
 RETRY_S = 2.0
-LISTEN_WAIT_S = 60.0  # the longest the kubelet waits for a started container's ports before calling it ready
 STDIN, STDOUT, STDERR, ERROR, CLOSE = 0, 1, 2, 3, 255
 
 
@@ -630,27 +629,8 @@ class ApiServer(GroupsMixin):
                     reported = str(exc)
             await asyncio.sleep(RETRY_S)
         self.started.add(meta["uid"])
-        await self._listening(pod, address)
         await self._running(pod, address)
         asyncio.get_running_loop().create_task(self._watch_container(pod))
-
-    async def _listening(self, pod: Obj, address: str) -> None:
-        """Wait (at most LISTEN_WAIT_S) until the container's declared ports answer. A real kubelet reports a
-        pod without a readiness probe ready once its container started, and a real image's server listens a
-        second later; the stand-in images here take several seconds more on a loaded machine, and the clients
-        under test (KubeSpawner's own suite) connect as soon as the pod is ready."""
-        ports = [p["containerPort"] for c in pod["spec"]["containers"][:1] for p in c.get("ports") or []]
-        deadline = time.monotonic() + LISTEN_WAIT_S
-        while ports and address and time.monotonic() < deadline:
-            try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(address, ports[0]), timeout=1)
-            except (OSError, TimeoutError):
-                if await asyncio.to_thread(self.runtime.exit_code, pod) is not None:
-                    return  # exited (or gone): the watch of the container says so
-                await asyncio.sleep(0.25)
-                continue
-            writer.close()
-            return
 
     async def _failed_to_start(self, pod: Obj, exc: ContainerFailedError) -> None:
         """An image that cannot be pulled or a missing ConfigMap/Secret leaves the pod Pending, waiting
