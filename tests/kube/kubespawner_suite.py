@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -86,10 +87,15 @@ class SuiteResult:
     skipped: dict[str, str] = field(default_factory=dict)  # test id -> the skip's reason
     seconds: float = 0.0
     output: str = ""
+    second_tries: list[str] = field(default_factory=list)  # passed when run again alone (NOT_ANSWERING_YET)
 
     def summary(self) -> str:
+        again = (
+            f" ({len(self.second_tries)} on a second try: {', '.join(self.second_tries)})" if self.second_tries else ""
+        )
         return (
-            f"{len(self.passed)} passed, {len(self.failed)} failed, {len(self.skipped)} skipped in {self.seconds:.0f} s"
+            f"{len(self.passed)} passed{again}, {len(self.failed)} failed, {len(self.skipped)} skipped"
+            f" in {self.seconds:.0f} s"
         )
 
 
@@ -206,8 +212,15 @@ def read_junit(path: Path) -> SuiteResult:
     return result
 
 
+# A failure of this kind is a server not answering yet: the suite gives a started server about five seconds
+# (three tries of its exec, a second apart), which the stand-in images' servers can exceed on a loaded
+# machine. Such a test is run once more, alone; one that fails for any other reason is not.
+NOT_ANSWERING_YET = re.compile(r"TimeoutError: pod .* did not start|ExecError: def check_up|Connection refused")
+
+
 def run(vendor: Path, root: Path, timeout_s: float = 1500) -> SuiteResult:
-    """The suite against a fresh double; its JUnit report read back."""
+    """The suite against a fresh double; its JUnit report read back. A test whose server did not answer in
+    time is run once more (``NOT_ANSWERING_YET``); the summary counts those second tries."""
     python = suite_python()
     images = stand_in_images()
     started = time.monotonic()
@@ -216,20 +229,34 @@ def run(vendor: Path, root: Path, timeout_s: float = 1500) -> SuiteResult:
         env = {**os.environ, "KUBECONFIG": str(root / "kubeconfig"), "PYTHONDONTWRITEBYTECODE": "1"}
         env.pop("PYTEST_XDIST_WORKER", None)
         env.pop("PYTEST_CURRENT_TEST", None)
-        report = root / "junit.xml"
-        command = [
-            str(python), "-m", "pytest", "-p", "no:cacheprovider", "-c", str(vendor / "pyproject.toml"),
-            "--rootdir", str(vendor), "--junitxml", str(report), "--color=no", "-o", "junit_family=xunit1",
-            str(vendor / "tests"),
-        ]  # fmt: skip
-        finished = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=timeout_s)
-    if not report.exists():
-        raise RuntimeError(f"the suite wrote no report:\n{finished.stdout[-5000:]}\n{finished.stderr[-3000:]}")
-    result = read_junit(report)
+        result, output = _pytest(python, vendor, root, env, [str(vendor / "tests")], "junit.xml", timeout_s)
+        slow = [t for t, message in result.failed.items() if NOT_ANSWERING_YET.search(message)]
+        if slow:
+            ids = [str(vendor / "tests" / f"{t.split('::')[0]}.py") + "::" + t.split("::", 1)[1] for t in slow]
+            again, more = _pytest(python, vendor, root, env, ids, "junit-again.xml", timeout_s)
+            output += f"\n--- run again, alone: {', '.join(slow)}\n{more}"
+            for test in again.passed:
+                del result.failed[test]
+                result.passed.append(test)
+                result.second_tries.append(test)
     result.seconds = time.monotonic() - started
-    result.output = finished.stdout + finished.stderr
+    result.output = output
     (root / "suite.log").write_text(result.output)
     return result
+
+
+def _pytest(
+    python: Path, vendor: Path, root: Path, env: dict[str, str], tests: list[str], report_name: str, timeout_s: float
+) -> tuple[SuiteResult, str]:
+    report = root / report_name
+    command = [
+        str(python), "-m", "pytest", "-p", "no:cacheprovider", "-c", str(vendor / "pyproject.toml"),
+        "--rootdir", str(vendor), "--junitxml", str(report), "--color=no", "-o", "junit_family=xunit1", *tests,
+    ]  # fmt: skip
+    finished = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, timeout=timeout_s)
+    if not report.exists():
+        raise RuntimeError(f"the suite wrote no report:\n{finished.stdout[-5000:]}\n{finished.stderr[-3000:]}")
+    return read_junit(report), finished.stdout + finished.stderr
 
 
 def main() -> None:
