@@ -198,6 +198,20 @@ def _until_gone(hub: Hub, user: str) -> None:
         time.sleep(0.5)
 
 
+def _until_all_gone(hub: Hub, users: list[str], clock: Clock, at_most: float) -> None:
+    """Wait until none of ``users`` has a server, or until model minute ``at_most``.
+
+    The servers left behind are stopped after their students are done: the last ones by the release rule
+    or the culler, long after the day's last placement. The real day cannot end at the model's last
+    decision: every server's start (seconds, so model minutes at this scale) puts the real day's stops
+    later than the model's, and a stop cut off by the end would count as one the platform never made.
+    JupyterHub's idle culler stops any forgotten server within ``idle_timeout``: ``at_most`` bounds a run
+    whose reclaimer and culler both failed, and that run's missing stops then show in its decisions.
+    """
+    while clock.minutes() < at_most and any(_server(hub, user) is not None for user in users):
+        time.sleep(0.5)
+
+
 def live(hub: Hub, s: Student, day: Day, clock: Clock, lived: Lived, beat_s: float) -> None:
     """``s``'s day, as bench/classday.py's model lives it (the same draws from its own random streams),
     with a JupyterLab page open on the server while it runs (``Page``)."""
@@ -275,10 +289,10 @@ def stop_reason(message: str) -> str:
     return LEFT if "nobody there" in message else IDLE
 
 
-def real_day(day: Day, seed: int, scale_s: float, until: float = 0.0) -> dict[str, Any]:
+def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
     """Live ``day`` on the real platform; waits in model minutes. The platform runs until every student is
-    done and at least until model minute ``until`` (the servers left behind are reclaimed or released
-    meanwhile, as the model's are)."""
+    done and every server left behind is gone (reclaimed, released or culled, as the model's are), at most
+    ``day.idle_timeout`` model minutes more (``_until_all_gone``)."""
     people = students(day, seed)
     with tempfile.TemporaryDirectory(prefix="gpuslice-classday-") as root:
         hub = Hub("gpuslice", Path(root), simulate=day.cards, extra_settings=real_settings(day, scale_s))
@@ -296,7 +310,7 @@ def real_day(day: Day, seed: int, scale_s: float, until: float = 0.0) -> dict[st
                 t.start()
             for t in threads:
                 t.join()
-            clock.sleep_until(until)
+            _until_all_gone(hub, [s.name for s in people], clock, clock.minutes() + day.idle_timeout)
             real_s = time.time() - began
             waits = Ledger(hub.data / "ledger.sqlite").waits(began - 1)
             watch.look()
@@ -381,10 +395,7 @@ def _summary(waits: list[float]) -> dict[str, float]:
 def validate(seed: int, day: Day = SHORT_DAY, scale_s: float = SCALE_S) -> dict[str, Any]:
     """The model and the real platform on the same short day: served, waits, reclaims, over-commits."""
     model = modelled_day(day, seed, scale_s)
-    # The real day lasts until the model's last decision could be matched: the stops of servers left
-    # behind come after their students are done.
-    last = max((minute for _, minute, _ in model["decisions"]), default=0.0)
-    real = real_day(day, seed, scale_s, until=last + DECISIONS_WITHIN_MIN)
+    real = real_day(day, seed, scale_s)
     return {
         "seed": seed,
         "scale_s_per_model_minute": scale_s,

@@ -62,7 +62,10 @@ def stopped_by_reclaimer(platform: Platform, key: str) -> bool:
 def open_notebook(page: Any, platform: Platform, user: str) -> None:
     page.goto(f"{platform.url}/user/{user}/lab/tree/work.ipynb")
     page.wait_for_selector(".jp-Notebook", timeout=120_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    # The kernel connected and idle, as JupyterLab's status bar says it: the toolbar's execution indicator
+    # reads idle from the start, before the session has a kernel, and a cell run then is dropped unrun
+    # (JupyterLab clears a cell it has no kernel for): on a loaded machine the page is typed into that soon.
+    page.wait_for_selector(".jp-StatusBar-TextItem[title^='Change kernel']:has-text('| Idle')", timeout=120_000)
 
 
 def type_into_first_cell(page: Any, text: str) -> None:
