@@ -87,11 +87,13 @@ from spawner.waitline import (
     busy_processes,
     follow_gpu_memory,
     follow_warnings,
+    idle_since,
     presence_stale_after,
     reclaims,
     still_freeing,
     waits_for_room,
     with_gpu_activity,
+    without_warning_saves,
 )
 from spawner.words import instant
 
@@ -245,6 +247,7 @@ class Reclaimer:
         self.session.headers["Authorization"] = f"token {token}"
         self.rule = rule
         self.warned: dict[str, ReclaimWarning] = {}  # whom it warned, when, why, and the stop it announced
+        self.seen_at_warning: dict[str, float] = {}  # each warned server's last use when warned
         self.freeing: dict[str, float] = {}  # servers stopped for the line whose slices may not have reached it
         self.traces: dict[str, GpuTrace] = {}
 
@@ -274,6 +277,7 @@ class Reclaimer:
         needed = waiting - len(self.freeing)  # the slices already on their way to the line are not needed again
         holds = self.gpu_holds()
         holders = with_presence(with_holds(self.holders(users, set(holds), now), holds, self.max_holds), presence)
+        holders = without_warning_saves(holders, self.warned, self.seen_at_warning)
         decided = reclaims(
             holders,
             waiting=max(0, needed),
@@ -286,8 +290,14 @@ class Reclaimer:
         keep = {k for k, w in self.warned.items() if w.reason != RELEASED and k in active} if needed <= 0 else set()
         before = self.warned
         self.warned, due = follow_warnings(before, decided, now, activity_report_interval(self.warn_before), keep)
+        idle = {h.key: idle_since(h) for h in holders}
+        self.seen_at_warning = {
+            k: v for k, v in self.seen_at_warning.items() if k in self.warned and before.get(k) == self.warned[k]
+        }
         for key, warning in sorted(self.warned.items()):
             if before.get(key) != warning:
+                if (since := idle.get(key)) is not None:
+                    self.seen_at_warning[key] = since  # its activity then: the warning's own save does not renew it
                 self.ledger.record(key, "warned", 100, self._warning(warning))
                 log.info("gpuslice reclaimer: warned %s (%s)", key, warning.reason)
         for key in due:

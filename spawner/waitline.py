@@ -635,6 +635,37 @@ class ReclaimWarning:
     stops_at: float
 
 
+# JupyterLab saves every open document when a reclaim warning shows (the lab extension, docs/platform.md);
+# that write reaches the hub as the server's activity within seconds of the warning.
+WARNING_SAVE_S = 30.0
+
+
+def without_warning_saves(
+    holders: Iterable[Holder],
+    warned: Mapping[str, ReclaimWarning],
+    seen_at_warning: Mapping[str, float],
+    window_s: float = WARNING_SAVE_S,
+) -> list[Holder]:
+    """The holders, each warned one's activity within ``window_s`` after its warning read as it was when warned
+    (``seen_at_warning``): the save the warning itself caused is not a use. Input in a page still is (presence),
+    and so is any activity later than the window."""
+    found = []
+    for holder in holders:
+        warning, before = warned.get(holder.key), seen_at_warning.get(holder.key)
+        if warning is not None and warning.reason != HELD and before is not None:
+
+            def _as_warned(since: float | None, w: ReclaimWarning = warning, b: float = before) -> float | None:
+                return b if since is not None and b < since <= w.at + window_s else since
+
+            holder = replace(
+                holder,
+                kernels_idle_since=_as_warned(holder.kernels_idle_since),
+                gpu_idle_since=_as_warned(holder.gpu_idle_since),
+            )
+        found.append(holder)
+    return found
+
+
 def follow_warnings(
     warned: Mapping[str, ReclaimWarning],
     decided: Reclaims,

@@ -182,3 +182,17 @@ def test_least_served_first_puts_who_held_least_today_ahead_of_who_came_a_little
     # A second server still waits behind everyone's first, whatever was held.
     second = Entry("bo/lab", "bo", Demand(slice_units=4.0), 4, "ml101", 500.0)
     assert [e.key for e in fair_order([second, came_first_held_an_hour, came_later_held_nothing])][-1] == "bo/lab"
+
+
+def test_the_save_a_warning_causes_is_not_a_use_but_a_later_activity_is() -> None:
+    from spawner.waitline import IDLE, ReclaimWarning, without_warning_saves
+
+    warned_at = 10_000.0
+    warned = {"ann/": ReclaimWarning(warned_at, IDLE, warned_at + 120)}
+    saved = Holder("ann/", True, warned_at + 4, warned_at + 4)  # JupyterLab saved all on the warning
+    later = Holder("ann/", True, warned_at + 60, warned_at + 60)  # she ran a cell a minute later
+    before = {"ann/": warned_at - 900}
+    (as_warned,) = without_warning_saves([saved], warned, before)
+    assert (as_warned.kernels_idle_since, as_warned.gpu_idle_since) == (warned_at - 900, warned_at - 900)
+    assert without_warning_saves([later], warned, before) == [later]
+    assert without_warning_saves([saved], {}, before) == [saved]  # no warning: every activity counts
