@@ -40,10 +40,15 @@ class Preemption:
 
 
 def without(inventory: Inventory, keys: set[str]) -> Inventory:
-    """A copy of ``inventory`` in which the allocations of ``keys`` (ledger keys or pod names) are free."""
+    """A copy of ``inventory`` in which the allocations of ``keys`` are free: ledger keys (``user/server``, a job's
+    ``user/job:N``, as spawner/ledger.py server_key makes them), which on Kubernetes name an allocation by its
+    pod's user and server, its owner being the pod."""
     nodes = []
     for node in inventory.nodes:
-        gpus = [replace(g, allocations=[a for a in g.allocations if a.owner not in keys]) for g in node.gpus]
+        gpus = [
+            replace(g, allocations=[a for a in g.allocations if not {a.owner, f"{a.user}/{a.server}"} & keys])
+            for g in node.gpus
+        ]
         nodes.append(replace(node, gpus=gpus))
     return replace(inventory, nodes=nodes)
 

@@ -1,7 +1,8 @@
 """KubeGpuSpawner: GPU slices over KubeSpawner.
 
 Before a pod is created, the cluster's nodes and pods (one cached listing shared by
-every spawn in the hub, refreshed at most every ``gpu_inventory_ttl`` seconds) are
+every spawn in the hub, refreshed at most every ``gpu_inventory_ttl`` seconds, and begun
+after the spawn began) are
 turned into the core's inventory; the request is checked against the group rules and
 placed by the same policy as the local backend, and a request no node can hold is
 refused at once with the core's explanation, or waits in the GPU line (``wait``: the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -105,14 +107,18 @@ class ClusterCache:
         self._snapshot: Snapshot | None = None
         self._lock = asyncio.Lock()
 
-    async def get(self, api: Any, namespace: str, ttl_s: float, reads: tuple[ApiList, ...] = ()) -> Snapshot:
-        """Nodes, the namespace's pods, and the lists the sharing backend reads (``reads``)."""
+    async def get(
+        self, api: Any, namespace: str, ttl_s: float, reads: tuple[ApiList, ...] = (), since: float = -math.inf
+    ) -> Snapshot:
+        """Nodes, the namespace's pods, and the lists the sharing backend reads (``reads``): a listing begun at
+        ``since`` (time.monotonic) or later, and at most ``ttl_s`` old."""
         async with self._lock:  # fifty spawns at 9:00 make one listing, not fifty
-            if self._snapshot is None or time.monotonic() - self._snapshot.taken > ttl_s:
+            now = time.monotonic()
+            if self._snapshot is None or now - self._snapshot.taken > ttl_s or self._snapshot.taken < since:
                 nodes = await _items(api.list_node(_preload_content=False))
                 pods = await _items(api.list_namespaced_pod(namespace, _preload_content=False))
                 objects = {read.key: await _items(_get(api, read.path)) for read in reads}
-                self._snapshot = Snapshot(nodes, pods, time.monotonic(), objects)
+                self._snapshot = Snapshot(nodes, pods, now, objects)  # taken when it began: it holds what was there
             return self._snapshot
 
     def forget(self) -> None:
@@ -362,11 +368,12 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         settings = {"memory_unit": self.gpushare_memory_unit} if self.gpu_backend == "gpushare" else {}
         return sharing.backend(self.gpu_backend, **{**settings, **self.gpu_backend_settings})
 
-    async def cluster(self) -> tuple[Inventory, list[dict[str, Any]]]:
+    async def cluster(self, since: float = -math.inf) -> tuple[Inventory, list[dict[str, Any]]]:
+        """The cluster's GPUs and the namespace's pods, from a listing begun at ``since`` or later (ClusterCache)."""
         cache = CACHES.setdefault(self.namespace, ClusterCache())
         try:
             reads = self.sharing_backend().reads
-            snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl, reads)
+            snapshot = await cache.get(self.api, self.namespace, self.gpu_inventory_ttl, reads, since)
         except ApiException as exc:
             if exc.status not in (401, 403):
                 raise
@@ -522,7 +529,9 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         after waiting in the line (refused: GpuRefused)."""
         self._gpu_pod, self._gpu_stages = None, []
         self._gpu_request, self._gpu_placement, self._gpu_card = None, None, None
-        await self._refresh_view()
+        # A listing begun after this spawn: pods made since the last one by others (the job dispatcher's, a
+        # backfill job's that would yield to this server) are counted, and the spawns of one moment share it.
+        await self.cluster(since=time.monotonic())
         try:
             request, image = self.gpu_request()
             self._gpu_request = (request, image)

@@ -430,8 +430,16 @@ class ApiServer(GroupsMixin):
         """kube-scheduler moves its unschedulable pods back to the queue when a pod leaves a node:
         each pod still unplaced is tried again, oldest first (a terminating pod held its room till now)."""
         await self.account_queues()  # KAI's queue counted it
-        if not removed.get("spec", {}).get("nodeName"):
-            return
+        if removed.get("spec", {}).get("nodeName"):
+            await self._retry_unschedulable()
+
+    async def _finished(self, pod: Obj) -> None:
+        """A pod that ran to Succeeded or Failed leaves its node to kube-scheduler as a deleted one does: its
+        informer lists pods with status.phase!=Succeeded,status.phase!=Failed, so the pod's room is free
+        (``_free``) and its unschedulable pods are tried again, though the pod object stays (a Job's does)."""
+        await self._retry_unschedulable()
+
+    async def _retry_unschedulable(self) -> None:
         async with self.scheduling:
             waiting = [
                 p
@@ -470,7 +478,7 @@ class ApiServer(GroupsMixin):
     def _free(self, node: Obj) -> dict[str, int]:
         free = {k: _quantity(v) for k, v in (node.get("status", {}).get("allocatable") or {}).items()}
         for pod in self.store.items("pods", None):
-            if pod["spec"].get("nodeName") == node["metadata"]["name"]:
+            if pod["spec"].get("nodeName") == node["metadata"]["name"] and not _terminal(pod):
                 for resource, amount in _limits(pod).items():
                     free[resource] = free.get(resource, 0) - amount
         return free
@@ -658,6 +666,8 @@ class ApiServer(GroupsMixin):
             ],
         )
         await self.store.put("pods", pod["metadata"]["namespace"], pod, "MODIFIED")
+        if not waiting:
+            await self._finished(pod)
         if exc.reason == "FailedMount":
             await self._event(pod, "Warning", "FailedMount", str(exc))
         else:
@@ -770,6 +780,7 @@ class ApiServer(GroupsMixin):
             ready=False, state={"terminated": {"exitCode": code, "finishedAt": now()}}
         )
         await self.store.put("pods", meta["namespace"], current, "MODIFIED")
+        await self._finished(current)
 
     async def _stop_pod(self, pod: Obj, grace: float) -> None:
         if pod["metadata"]["uid"] in self.started:
@@ -791,6 +802,7 @@ class ApiServer(GroupsMixin):
                 ready=False, state={"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now()}}
             )
         await self.store.put("pods", namespace, pod, "MODIFIED")
+        await self._finished(pod)
         await self._event(pod, "Warning", "Evicted", "The node was low on resource: memory.")
         return web.json_response(pod)
 
@@ -849,12 +861,14 @@ def _gpushare_cards(node: Obj) -> tuple[int, int]:
     return (int(capacity.get(GPUSHARE_MEM, 0) or 0) // cards if cards else 0), cards
 
 
+def _terminal(pod: Obj) -> bool:
+    """Succeeded or Failed: a pod kube-scheduler no longer counts on its node."""
+    return pod.get("status", {}).get("phase") in {"Succeeded", "Failed"}
+
+
 def _gpushare_complete(pod: Obj) -> bool:
     """gpushare's utils.IsCompletePod."""
-    return bool(pod["metadata"].get("deletionTimestamp")) or pod.get("status", {}).get("phase") in {
-        "Succeeded",
-        "Failed",
-    }
+    return bool(pod["metadata"].get("deletionTimestamp")) or _terminal(pod)
 
 
 def _atoi(text: str, default: int) -> int:

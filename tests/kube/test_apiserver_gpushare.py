@@ -12,6 +12,7 @@ import yaml
 from spawner.sharing import build_kube
 from spawner.sharing.gpushare import Gpushare
 from tests.kube.apiserver import ApiServer
+from tests.kube.conftest import gpushare_node
 
 FIXTURES = Path(__file__).parents[1] / "spawner" / "sharing" / "fixtures"
 
@@ -54,3 +55,35 @@ def test_annotations_are_the_extenders_and_the_inventory_reads_them() -> None:
     assert annotations["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "true"
     inventory = build_kube([node], [pod], Gpushare())
     assert [len(g.allocations) for g in inventory.gpus()] == [0, 1]
+
+
+def test_a_finished_pods_room_is_free_and_the_waiting_pod_is_placed() -> None:
+    # As kube-scheduler, whose informer lists no Succeeded or Failed pod: a Job's finished pod stays, its card frees.
+    server = ApiServer([], kubelet=False)
+    node = gpushare_node("gpu-a", 1, 8)
+
+    def pod(name: str, gib: int) -> dict[str, Any]:
+        limits = {"aliyun.com/gpu-mem": str(gib)}
+        return {
+            "metadata": {"name": name, "namespace": "jhub", "uid": name, "creationTimestamp": name},
+            "spec": {"containers": [{"name": "job", "resources": {"limits": limits}}]},
+            "status": {},
+        }
+
+    async def run() -> None:
+        await server.store.put("nodes", None, node, "ADDED")
+        done = pod("job-1", 8)
+        done["spec"]["nodeName"] = "gpu-a"
+        done["status"]["phase"] = "Running"
+        await server.store.put("pods", "jhub", done, "ADDED")
+        await server.store.put("pods", "jhub", pod("job-2", 4), "ADDED")
+        await server._schedule("jhub", "job-2")
+        waiting = server.store.get("pods", "jhub", "job-2")
+        assert waiting is not None and not waiting["spec"].get("nodeName")
+        assert "1 Insufficient aliyun.com/gpu-mem" in waiting["status"]["conditions"][0]["message"]
+        done["status"]["phase"] = "Succeeded"
+        await server._finished(done)
+        assert waiting["spec"].get("nodeName") == "gpu-a"
+        assert server._free(node)["aliyun.com/gpu-mem"] == 4
+
+    asyncio.run(run())

@@ -3,7 +3,7 @@
 import asyncio
 import copy
 import json
-import time
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -211,7 +211,7 @@ def test_a_dra_claim_kube_scheduler_cannot_allocate_is_explained_from_the_room_i
 
     def listed(*claims: dict[str, Any]) -> None:  # the hub's listing: nodes, the driver's slices, every claim
         cache = CACHES.setdefault(spawner.namespace, ClusterCache())
-        cache._snapshot = Snapshot(nodes, [], time.monotonic(), {"resourceslices": slices, "resourceclaims": [*claims]})
+        cache._snapshot = Snapshot(nodes, [], math.inf, {"resourceslices": slices, "resourceclaims": [*claims]})
 
     def claim(name: str, device: str, memory: str | None) -> dict[str, Any]:
         result: dict[str, Any] = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "gpu-a", "device": device}

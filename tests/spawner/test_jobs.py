@@ -274,3 +274,13 @@ def test_without_frees_only_the_named_keys() -> None:
     freed = without(inventory, {"a/"})
     assert [a.owner for g in freed.gpus() for a in g.allocations] == ["b/"]
     assert len(list(inventory.allocations())) == 2  # the original is left as it was
+
+
+def test_without_frees_a_kube_jobs_pod_by_its_user_and_server() -> None:
+    # On Kubernetes an allocation's owner is its pod; the line names the backfill job by its ledger key.
+    pods = [
+        (0, Allocation("cy", "job:5", 4 * GiB, "gpuslice-job-5-1-x2kq")),
+        (0, Allocation("b", "", 4 * GiB, "b-pod")),
+    ]
+    freed = without(build_local(TWO_CARDS, pods), {"cy/job:5"})
+    assert [a.owner for g in freed.gpus() for a in g.allocations] == ["b-pod"]
