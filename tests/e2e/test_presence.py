@@ -224,6 +224,9 @@ def test_who_left_gives_the_slice_to_the_line_with_the_notebook_saved_and_who_pa
         for user, page in again.items():
             login(page, platform, user)
             start_again_in_the_browser(page, platform, user)
+        # The reopened notebooks render their cells after the page: wait for them (an empty notebook never has them).
+        again["walker"].wait_for_selector(".jp-Notebook .jp-InputArea >> text=left open, kept", timeout=60_000)
+        again["closer"].wait_for_selector(".jp-Notebook .jp-InputArea >> text=closed tab, kept", timeout=60_000)
         assert 'print("left open, kept")' in again["walker"].inner_text(".jp-Notebook")  # saved by the warning
         assert 'print("closed tab, kept")' in again["closer"].inner_text(".jp-Notebook")
         assert "closed tab, kept" in again["closer"].inner_text(".jp-OutputArea")  # its output, saved with it

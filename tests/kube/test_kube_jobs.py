@@ -10,7 +10,6 @@ period) and runs again once the student is done.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -105,9 +104,7 @@ def test_jobs_are_batch_jobs_made_by_the_line_and_yield_to_people(one_card_with_
     slow = cy.submit(command=["python", "-c", "import time; time.sleep(60)"], time_limit=3)
 
     # kill -9 of the hub: the new one's dispatcher carries on from the cluster and the ledger.
-    assert hub.process is not None
-    hub.process.send_signal(signal.SIGKILL)
-    hub.process.wait()
+    hub.kill_9()
     hub.start()
     hub.wait_healthy()
     assert ann.job(a)["state"] == "running" and bob.job(b)["state"] == "queued"

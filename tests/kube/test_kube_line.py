@@ -103,7 +103,7 @@ def test_after_a_hub_kill_9_the_line_is_intact_and_the_request_keeps_its_place(o
     before = {e.key: e.arrived for e in Ledger(one_card.root / "ledger.sqlite").line()}
 
     assert one_card.process is not None
-    one_card.process.kill()  # kill -9: nothing is written on the way out
+    one_card.kill_9()  # kill -9 of the hub's container: nothing is written on the way out
     one_card.process.wait()
     one_card.start()
     one_card.wait_healthy()

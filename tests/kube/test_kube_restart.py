@@ -48,8 +48,19 @@ class RestartableHub:
         log = (self.root / "hub.log").open("ab")
         config = str(HERE / "jupyterhub_config.py")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", config], env=self.env, cwd=self.root, stdout=log, stderr=log
+            [sys.executable, "-m", "jupyterhub", "-f", config],
+            env=self.env,
+            cwd=self.root,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # its own process group: the processes of its container (kill_9)
         )
+
+    def kill_9(self) -> None:
+        """The hub's container dies: every process in it is killed (its managed services too, as in a pod)."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     def wait_healthy(self, timeout_s: float = 120) -> None:
         assert self.process is not None
