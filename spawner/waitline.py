@@ -653,17 +653,19 @@ def without_warning_saves(
     for holder in holders:
         warning, before = warned.get(holder.key), seen_at_warning.get(holder.key)
         if warning is not None and warning.reason != HELD and before is not None:
-
-            def _as_warned(since: float | None, w: ReclaimWarning = warning, b: float = before) -> float | None:
-                return b if since is not None and b < since <= w.at + window_s else since
-
+            until = warning.at + window_s
             holder = replace(
                 holder,
-                kernels_idle_since=_as_warned(holder.kernels_idle_since),
-                gpu_idle_since=_as_warned(holder.gpu_idle_since),
+                kernels_idle_since=_before_saved(holder.kernels_idle_since, before, until),
+                gpu_idle_since=_before_saved(holder.gpu_idle_since, before, until),
             )
         found.append(holder)
     return found
+
+
+def _before_saved(since: float | None, before: float, until: float) -> float | None:
+    """``before`` for an activity between it and ``until`` (the warning's save); any other as it is."""
+    return before if since is not None and before < since <= until else since
 
 
 def follow_warnings(
