@@ -159,6 +159,18 @@ def hub_token(data_dir: Path) -> Path:
     return service_token_file(data_dir, "prometheus")
 
 
+def monitoring_ports(settings: Settings) -> monitoring.Ports:
+    """Where the hub and each monitoring server listen, from the settings (foreground or installed)."""
+    options = settings.monitoring
+    return monitoring.Ports(
+        settings.hub_port,
+        options.exporter_port,
+        options.prometheus_port,
+        options.alertmanager_port,
+        options.node_exporter_port,
+    )
+
+
 def monitoring_folder(data_dir: Path) -> Path:
     """Prometheus's, Alertmanager's and their password's folder in the data folder."""
     return data_dir / "monitoring"
@@ -202,13 +214,7 @@ def monitoring_children(settings: Settings, data_dir: Path, env: dict[str, str])
         return []
     folder = monitoring_folder(data_dir)
     found = monitoring.binaries()
-    ports = monitoring.Ports(
-        settings.hub_port,
-        options.exporter_port,
-        options.prometheus_port,
-        options.alertmanager_port,
-        options.node_exporter_port,
-    )
+    ports = monitoring_ports(settings)
     exporter = [
         sys.executable,
         "-m",

@@ -27,7 +27,7 @@ import yaml
 
 from hub import monitoring
 from hub.exporter import default_hostname
-from hub.platform import hub_token, monitoring_folder, monitoring_secrets
+from hub.platform import hub_token, monitoring_folder, monitoring_ports, monitoring_secrets
 from hub.settings import Settings, SettingsError, load
 
 DATA_FOLDERS = ("prometheus-data", "alertmanager-data")
@@ -37,13 +37,7 @@ def files(settings: Settings, data_dir: Path, to: Path, node_exporter: bool, hos
     """Each file the account's servers read, by its path in ``to``: configs built for ``to``, secrets
     copied from the data folder (which `monitoring_secrets` has made)."""
     source, options = monitoring_folder(data_dir), settings.monitoring
-    ports = monitoring.Ports(
-        settings.hub_port,
-        options.exporter_port,
-        options.prometheus_port,
-        options.alertmanager_port,
-        options.node_exporter_port,
-    )
+    ports = monitoring_ports(settings)
     rules = tuple(to / "rules" / path.name for path in monitoring.RULE_FILES)
     prometheus = monitoring.prometheus_config(
         ports,
