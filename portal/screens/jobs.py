@@ -7,6 +7,7 @@ from portal import job_views, views
 from portal.data.errors import SourceUnavailableError
 from portal.data.jobs import JobInfo
 from portal.sources import clients, jobs
+from spawner.words import counted
 
 identity = st.session_state["identity"]
 where = views.zone(st.context.timezone)  # the reader's own clock
@@ -75,7 +76,7 @@ if chosen is not None:
     st.caption(
         views.plain(
             f"{job.gpu}, image {job.image}, {job.priority}, time limit {spec.get('time_limit')}, "
-            f"retries {spec.get('retries', 0)}; attempts {job.attempts}, preempted {job.preemptions} time(s)"
+            f"retries {spec.get('retries', 0)}; attempts {job.attempts}, preempted {counted(job.preemptions, 'time')}"
         )
     )
     st.dataframe(
