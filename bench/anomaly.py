@@ -288,7 +288,7 @@ def page_findings(replay: Replay) -> list[CardFinding]:
 
     from bench.backfill import prometheus_with
     from portal.identity import Identity
-    from portal.sources import metrics
+    from portal.sources import clients, metrics
     from spawner import environ
 
     logging.getLogger("streamlit").setLevel(logging.ERROR)  # its cache's "no runtime" notes: no page runs here
@@ -296,11 +296,15 @@ def page_findings(replay: Replay) -> list[CardFinding]:
     first_s = end_s - (replay.minutes - 1) * 60
     with prometheus_with(replay, end_s, PAGE_METRICS) as url:
         os.environ[environ.PROMETHEUS_URL.name] = url
+        # The deployment is cached with the environment it was made in: one made earlier in this
+        # process (another test, another seed) would still point at the default Prometheus.
+        clients.deployment.clear()
         metrics.card_history.clear()
         try:
             seen = metrics.anomalies(Identity("bench", admin=True))
         finally:
             del os.environ[environ.PROMETHEUS_URL.name]
+            clients.deployment.clear()
             metrics.card_history.clear()
     found = []
     for (node, gpu), finding, when in seen:

@@ -15,10 +15,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from hub.homes import HOME_NOTICE
-
-# How often an open JupyterLab looks again: often enough to see a warning well before its
-# stop, rarely enough that a class's open tabs cost the hub little.
-LOOK_EVERY_S = 30.0
+from spawner.waitline import NOTICE_LOOK_EVERY_S, notice_look_interval
 
 
 def notices(spawners: dict[str, Any]) -> list[dict[str, str]]:
@@ -41,9 +38,9 @@ def notices(spawners: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def next_look_s(spawners: dict[str, Any]) -> float:
-    """A sixth of the shortest warning lead among these servers (at most LOOK_EVERY_S)."""
-    leads = [float(getattr(s, "gpu_warning_lead", LOOK_EVERY_S * 6)) for s in spawners.values()]
-    return max(0.5, min([LOOK_EVERY_S, *(lead / 6 for lead in leads)]))
+    """The shortest look interval among these servers' warning leads (spawner/waitline.py)."""
+    leads = [float(getattr(s, "gpu_warning_lead", NOTICE_LOOK_EVERY_S * 6)) for s in spawners.values()]
+    return min([NOTICE_LOOK_EVERY_S, *(notice_look_interval(lead) for lead in leads)])
 
 
 def home_notices(words: str | None) -> list[dict[str, str]]:

@@ -92,6 +92,7 @@ from spawner.waitline import (
     reclaims,
     still_freeing,
     waits_for_room,
+    warning_save_window,
     with_gpu_activity,
     without_warning_saves,
 )
@@ -277,7 +278,9 @@ class Reclaimer:
         needed = waiting - len(self.freeing)  # the slices already on their way to the line are not needed again
         holds = self.gpu_holds()
         holders = with_presence(with_holds(self.holders(users, set(holds), now), holds, self.max_holds), presence)
-        holders = without_warning_saves(holders, self.warned, self.seen_at_warning)
+        holders = without_warning_saves(
+            holders, self.warned, self.seen_at_warning, warning_save_window(self.warn_before)
+        )
         decided = reclaims(
             holders,
             waiting=max(0, needed),

@@ -289,6 +289,11 @@ class OnCall(Checked):
     rotation_start: date = Field(default=date(2026, 1, 5), description="The day the rotation's first person starts.")
     second_line: Contact | None = Field(default=None, description="Paged when the first line does not acknowledge.")
     owner: Contact | None = Field(default=None, description="Paged when nobody acknowledges a critical alert.")
+    first_page_after: str = Field(
+        default="30s",
+        description="An alert's first page waits this long, so that its cause (NodeDown, GpuExporterDown), which"
+        " another rule group may fire a few seconds later, inhibits it instead of paging alongside it.",
+    )
     escalate_after: str = Field(default="15m", description="Unacknowledged for this long: the second line is paged.")
     owner_after: str = Field(default="45m", description="Unacknowledged critical alert for this long: the owner.")
     business_days: str = Field(default="monday:friday", description="Days warnings are sent (Alertmanager weekdays).")
@@ -308,7 +313,9 @@ class OnCall(Checked):
 
     _deadman = field_validator("deadman_url")(_http_url)
 
-    @field_validator("escalate_after", "owner_after", "critical_repeat", "warning_repeat", "group_interval")
+    @field_validator(
+        "first_page_after", "escalate_after", "owner_after", "critical_repeat", "warning_repeat", "group_interval"
+    )
     @classmethod
     def _duration(cls, value: str) -> str:
         duration_s(value)  # refuses what Alertmanager would not read

@@ -635,16 +635,32 @@ class ReclaimWarning:
     stops_at: float
 
 
-# JupyterLab saves every open document when a reclaim warning shows (the lab extension, docs/platform.md);
-# that write reaches the hub as the server's activity within seconds of the warning.
-WARNING_SAVE_S = 30.0
+# How often an open JupyterLab asks the hub for notices, at most: often enough to see a warning well
+# before its stop, rarely enough that a class's open tabs cost the hub little.
+NOTICE_LOOK_EVERY_S = 30.0
+# A save's own time: the documents written after the notice arrived, on a loaded server.
+SAVE_TAKES_S = 5.0
+
+
+def notice_look_interval(warn_before: float) -> float:
+    """Seconds between an open JupyterLab's looks for notices: a sixth of the warning lead, at most
+    NOTICE_LOOK_EVERY_S, so that a warning is seen within a sixth of its lead."""
+    return max(0.5, min(NOTICE_LOOK_EVERY_S, warn_before / 6))
+
+
+def warning_save_window(warn_before: float) -> float:
+    """How long after a warning the activity it causes can come: JupyterLab saves every open document
+    when it sees the warning (the lab extension, docs/platform.md), at its next look, and the save's
+    time is what the server reports (whenever the report reaches the hub). A use after this window is
+    a use, even inside the warning's lead."""
+    return notice_look_interval(warn_before) + SAVE_TAKES_S
 
 
 def without_warning_saves(
     holders: Iterable[Holder],
     warned: Mapping[str, ReclaimWarning],
     seen_at_warning: Mapping[str, float],
-    window_s: float = WARNING_SAVE_S,
+    window_s: float,
 ) -> list[Holder]:
     """The holders, each warned one's activity within ``window_s`` after its warning read as it was when warned
     (``seen_at_warning``): the save the warning itself caused is not a use. Input in a page still is (presence),

@@ -277,7 +277,9 @@ def alertmanager_config(
     else:
         routes = [
             heartbeat_route(),
-            {"matchers": ['severity="critical"'], "receiver": "critical", "group_wait": "0s"},
+            # The first page waits as an on-call rotation's does (OnCall.first_page_after): a cause
+            # fired by another rule group a little later still inhibits its effects.
+            {"matchers": ['severity="critical"'], "receiver": "critical", "group_wait": OnCall().first_page_after},
             {"matchers": ['severity="warning"'], "receiver": "warning"},
         ]
         receivers = [receiver(name, default) for name in ("default", "critical", "warning")]

@@ -1,10 +1,11 @@
 """Alertmanager routes for an on-call rotation with escalation (pure: settings in, config out).
 
 Alertmanager has no "acknowledge": an acknowledgement is a silence. Escalation is built
-on that: the second line's route waits ``escalate_after`` before its first notification
-(its ``group_wait``), and Alertmanager drops silenced alerts before it notifies, so an
-incident the first line acknowledged in time never reaches the second line; the owner's
-route waits ``owner_after`` the same way. Who is first line is a time interval per person
+on that: the first line's route waits ``first_page_after`` (its ``group_wait``: long enough
+for a cause that another rule group fires a little later to inhibit its effects), the second
+line's ``first_page_after + escalate_after``, and Alertmanager drops silenced alerts before it
+notifies, so an incident the first line acknowledged in time never reaches the second line;
+the owner's route waits ``first_page_after + owner_after`` the same way. Who is first line is a time interval per person
 (Alertmanager's ``time_intervals``), written out for the weeks ahead; warnings are only
 sent in business hours (they wait for the next one), critical alerts at any hour.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import Any
 
-from hub.settings import WEEKDAYS, Contact, OnCall
+from hub.settings import WEEKDAYS, Contact, OnCall, duration_s
 
 HORIZON_DAYS = 26 * 7  # rotation turns written ahead; `gpuslice up` writes the config afresh at each start
 AFTER_HOURS = "after-hours"
@@ -95,8 +96,14 @@ def time_intervals(oncall: OnCall, today: date) -> list[dict[str, Any]]:
     return intervals
 
 
+def after(*durations: str) -> str:
+    """Alertmanager durations added up (one of its durations, in seconds)."""
+    return f"{int(sum(duration_s(d) for d in durations))}s"
+
+
 def escalation(oncall: OnCall, repeat: str, *, owner: bool, mute: list[str]) -> list[dict[str, Any]]:
-    """First line now (whoever's turn it is), second line and owner after their waits."""
+    """First line after the first page's wait (whoever's turn it is), second line and owner that
+    much later than their waits: each wait counts from the first page."""
 
     def route(name: str, **extra: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"receiver": name, "repeat_interval": repeat, "continue": True, **extra}
@@ -106,9 +113,9 @@ def escalation(oncall: OnCall, repeat: str, *, owner: bool, mute: list[str]) -> 
 
     routes = [route(f"first-line-{c.name}", active_time_intervals=[interval_name(c)]) for c in oncall.rotation]
     if oncall.second_line:
-        routes.append(route("second-line", group_wait=oncall.escalate_after))
+        routes.append(route("second-line", group_wait=after(oncall.first_page_after, oncall.escalate_after)))
     if owner and oncall.owner:
-        routes.append(route("owner", group_wait=oncall.owner_after))
+        routes.append(route("owner", group_wait=after(oncall.first_page_after, oncall.owner_after)))
     if routes:
         routes[-1]["continue"] = False
     return routes
@@ -123,10 +130,22 @@ def oncall_routes(oncall: OnCall) -> list[dict[str, Any]]:
     warning = escalation(oncall, oncall.warning_repeat, owner=False, mute=[AFTER_HOURS])
     if critical:
         routes.append(
-            {"matchers": ['severity="critical"'], "receiver": "default", "group_wait": "0s", "routes": critical}
+            {
+                "matchers": ['severity="critical"'],
+                "receiver": "default",
+                "group_wait": oncall.first_page_after,
+                "routes": critical,
+            }
         )
     if warning:
-        routes.append({"matchers": ['severity="warning"'], "receiver": "default", "routes": warning})
+        routes.append(
+            {
+                "matchers": ['severity="warning"'],
+                "receiver": "default",
+                "group_wait": oncall.first_page_after,
+                "routes": warning,
+            }
+        )
     return routes
 
 

@@ -81,6 +81,7 @@ def stack(tmp_path: Path, hooks: dict[str, Webhook]) -> Iterator[Stack]:
         rotation_start=datetime.now(UTC).date(),  # alice's turn today, bob's next week
         second_line=Contact(name="carol", webhook_url=hooks["carol"].url),
         owner=Contact(name="dave", webhook_url=hooks["dave"].url),
+        first_page_after="2s",  # the inhibitor sees the causes posted with their effects
         escalate_after="6s",
         owner_after="12s",
         group_interval="2s",

@@ -26,6 +26,7 @@ def test_a_fault_at_night_becomes_an_incident_with_alertmanagers_times(make_plat
         "rotation": [{"name": "alice", "webhook_url": hooks["alice"].url}],
         "second_line": {"name": "carol", "webhook_url": hooks["carol"].url},
         "owner": {"name": "dave", "webhook_url": hooks["dave"].url},
+        "first_page_after": "5s",
         "escalate_after": "20s",
         "owner_after": "40s",
         "group_interval": "5s",

@@ -83,6 +83,7 @@ def test_a_rotation_that_ran_out_renews_itself_and_pages_todays_person(tmp_path:
                 # carol the second line an hour later (she must not hear of it here).
                 "rotation": [{"name": "alice", "webhook_url": hooks["alice"].url}],
                 "second_line": {"name": "carol", "webhook_url": hooks["carol"].url},
+                "first_page_after": "1s",
                 "escalate_after": "1h",
                 "group_interval": "1s",
             },

@@ -113,7 +113,7 @@ def routes_by_receiver(config: dict[str, object]) -> dict[str, dict[str, object]
     return found
 
 
-def test_critical_pages_the_first_line_at_once_then_escalates_warnings_wait_for_business_hours() -> None:
+def test_critical_pages_the_first_line_after_its_causes_wait_then_escalates_warnings_wait_for_business_hours() -> None:
     oncall = OnCall(
         rotation=(ALICE, BOB),
         second_line=CAROL,
@@ -139,8 +139,11 @@ def test_critical_pages_the_first_line_at_once_then_escalates_warnings_wait_for_
         f"{warning} -> first-line-bob",
         f"{warning} -> second-line",
     }
-    assert routes[f"{critical} -> second-line"]["group_wait"] == "10m"
-    assert routes[f"{critical} -> owner"]["group_wait"] == "30m"
+    # The first page waits 30 s (a cause fired by another rule group still inhibits); the
+    # escalation waits count from that first page.
+    assert routes[f"{critical} -> default"]["group_wait"] == "30s"
+    assert routes[f"{critical} -> second-line"]["group_wait"] == "630s"
+    assert routes[f"{critical} -> owner"]["group_wait"] == "1830s"
     assert routes[f"{critical} -> first-line-bob"]["active_time_intervals"] == ["oncall-bob"]
     assert "mute_time_intervals" not in routes[f"{critical} -> first-line-bob"]
     assert routes[f"{warning} -> second-line"]["mute_time_intervals"] == ["after-hours"]

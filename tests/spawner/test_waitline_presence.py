@@ -185,14 +185,28 @@ def test_least_served_first_puts_who_held_least_today_ahead_of_who_came_a_little
 
 
 def test_the_save_a_warning_causes_is_not_a_use_but_a_later_activity_is() -> None:
-    from spawner.waitline import IDLE, ReclaimWarning, without_warning_saves
+    from spawner.waitline import IDLE, ReclaimWarning, warning_save_window, without_warning_saves
 
-    warned_at = 10_000.0
-    warned = {"ann/": ReclaimWarning(warned_at, IDLE, warned_at + 120)}
+    warned_at, lead = 10_000.0, 120.0
+    window = warning_save_window(lead)  # JupyterLab's next look (20 s) and the save's own time
+    warned = {"ann/": ReclaimWarning(warned_at, IDLE, warned_at + lead)}
     saved = Holder("ann/", True, warned_at + 4, warned_at + 4)  # JupyterLab saved all on the warning
     later = Holder("ann/", True, warned_at + 60, warned_at + 60)  # she ran a cell a minute later
     before = {"ann/": warned_at - 900}
-    (as_warned,) = without_warning_saves([saved], warned, before)
+    (as_warned,) = without_warning_saves([saved], warned, before, window)
     assert (as_warned.kernels_idle_since, as_warned.gpu_idle_since) == (warned_at - 900, warned_at - 900)
-    assert without_warning_saves([later], warned, before) == [later]
-    assert without_warning_saves([saved], {}, before) == [saved]  # no warning: every activity counts
+    assert without_warning_saves([later], warned, before, window) == [later]
+    assert without_warning_saves([saved], {}, before, window) == [saved]  # no warning: every activity counts
+
+
+def test_the_window_of_a_warnings_save_is_one_look_of_the_lab_not_the_whole_lead() -> None:
+    """A short lead (a class's 20 s in the tests, a minute's idle timeout): a save 15 s after the warning,
+    5 s before the stop, is the student's own, and keeps the slice."""
+    from spawner.waitline import IDLE, ReclaimWarning, warning_save_window, without_warning_saves
+
+    warned_at, lead = 10_000.0, 20.0
+    assert warning_save_window(lead) < 15 < lead
+    assert warning_save_window(900.0) == 35.0  # a 15 min lead: the lab looks every 30 s at most
+    warned = {"ann/": ReclaimWarning(warned_at, IDLE, warned_at + lead)}
+    own = Holder("ann/", True, warned_at + 15, warned_at + 15)
+    assert without_warning_saves([own], warned, {"ann/": warned_at - 60}, warning_save_window(lead)) == [own]
