@@ -48,6 +48,7 @@ CHART_VALUES = {
     "hub.gpuReleaseTimeout": "gpu_release_timeout",
     "hub.openSignup": "open_signup",
     "hub.trustedProxies": "trusted_proxies",
+    "hub.cpuJobs": "cpu_jobs",
     "markets.proposalsPerHour": "proposals_per_hour",
     "monitoring.prometheusUrl": "prometheus_url",
     "monitoring.alertmanagerUrl": "alertmanager_url",

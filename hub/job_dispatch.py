@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from spawner.card_health import CardLedger
+from spawner.cgroups import DEFAULT_LIMITS, parse_settings_limits
 from spawner.class_store import ClassStore
 from spawner.confinement import for_machine
 from spawner.gpus import machine
@@ -38,7 +39,7 @@ from spawner.inventory import Inventory, build_local
 from spawner.job_launch import Machine, placed_words, start_runner
 from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement, Stop, needs_gpu
 from spawner.job_runner import lost
-from spawner.jobs import FAILED, MOST_CPU_JOBS_PER_USER, PREEMPT, RUNNING, STARTING, STOPPING, Outcome, job_server
+from spawner.jobs import FAILED, PREEMPT, RUNNING, STARTING, STOPPING, Outcome, job_server
 from spawner.jobs_backfill import Running, preemptions
 from spawner.ledger import Held
 from spawner.lifecycle import HOOK_DIR, placement_rows
@@ -79,12 +80,13 @@ def decide(
     policy: str,
     now: float,
     rows_for: RowsFor | None = None,
-    most_cpu_jobs: int = MOST_CPU_JOBS_PER_USER,
+    most_cpu_jobs: int = DEFAULT_LIMITS.cpu_jobs,
 ) -> Dispatch:
     """One look at the line: the queued jobs it admits now, where, and the backfill jobs to stop for a person.
 
     ``rows_for``: the ledger rows a placement holds (one machine's default; on a cluster none: the pod holds it).
-    ``most_cpu_jobs``: CPU-only jobs one person may have active at once (they wait for no slice).
+    ``most_cpu_jobs``: CPU-only jobs one person may have active at once (``limits.cpu_jobs``): they wait for no
+    slice, so without it a loop of submissions would run 200 processes at once on the machine's cores and memory.
     """
     inventory = inventory_of(holds)
     held_by_user = servers_by_user(holds)
@@ -159,9 +161,15 @@ class Dispatcher:
     """The service's state between looks: the runners it started (to reap them, and to know one is coming)."""
 
     def __init__(
-        self, ledger: JobLedger, machine_: Machine, rules: Callable[[], Sequence[GroupRules]], policy: str = "default"
+        self,
+        ledger: JobLedger,
+        machine_: Machine,
+        rules: Callable[[], Sequence[GroupRules]],
+        policy: str = "default",
+        most_cpu_jobs: int = DEFAULT_LIMITS.cpu_jobs,
     ) -> None:
         self.ledger, self.machine, self.rules, self.policy = ledger, machine_, rules, policy
+        self.most_cpu_jobs = most_cpu_jobs
         self.launched: dict[int, tuple[float, subprocess.Popen[bytes]]] = {}
 
     def _inventory(self, holds: list[Held]) -> Inventory:
@@ -181,6 +189,7 @@ class Dispatcher:
                 budgets_now=budgets_now,
                 policy=self.policy,
                 now=now,
+                most_cpu_jobs=self.most_cpu_jobs,
             )
         )
         for placement in decided.placements:
@@ -266,12 +275,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--classes", type=Path, help="the class store (classes that change live)")
     parser.add_argument("--policy", default="default", help="the placement policy")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between looks at the line")
+    parser.add_argument("--limits", default="{}", help="the settings' limits, as JSON (cpu_jobs; one machine: all)")
     local = parser.add_argument_group("one machine")
     local.add_argument("--data-dir", type=Path, help="the platform's data folder (jobs' logs)")
     local.add_argument("--simulate", default="", help="GPUs to simulate when NVML finds none")
     local.add_argument("--hook-dir", default=str(HOOK_DIR), help="the kernel hook's folder (on jobs' PYTHONPATH)")
     local.add_argument("--device-dir", type=Path, default=Path("/dev"), help="where the GPUs' device nodes are")
-    local.add_argument("--limits", default="{}", help="the settings' limits, as JSON")
     kube = parser.add_argument_group("Kubernetes")
     kube.add_argument("--kube-namespace", default="", help="run jobs as batch/v1 Jobs in this namespace")
     kube.add_argument("--kube-backend", default="gpushare", help="the GPU sharing backend (spawner/sharing/)")
@@ -293,6 +302,11 @@ def main(argv: list[str] | None = None) -> None:
         return
 
 
+def cpu_jobs(args: argparse.Namespace) -> int:
+    """The settings' ``limits.cpu_jobs`` (the chart's ``custom.gpuslice.limits``), checked as `gpuslice up` does."""
+    return parse_settings_limits(json.loads(args.limits))[0].cpu_jobs
+
+
 def _run_local(args: argparse.Namespace, ledger: JobLedger, rules: Callable[[], list[GroupRules]]) -> None:
     if args.data_dir is None:
         raise SystemExit("hub.job_dispatch: give --data-dir (one machine) or --kube-namespace (Kubernetes)")
@@ -305,7 +319,7 @@ def _run_local(args: argparse.Namespace, ledger: JobLedger, rules: Callable[[], 
         confinement=for_machine(data_dir),
         device_dir=args.device_dir,
     )
-    dispatcher = Dispatcher(ledger, local, rules, args.policy)
+    dispatcher = Dispatcher(ledger, local, rules, args.policy, cpu_jobs(args))
     while True:
         try:
             dispatcher.step(time.time())
@@ -328,7 +342,8 @@ async def _run_kube(args: argparse.Namespace, ledger: JobLedger, rules: Callable
     backend = sharing.backend(args.kube_backend, **json.loads(args.kube_backend_settings))
     pod = job_pod_from_args(args.kube_namespace, args.scheduler_name, args.models_claim, args.home_claim, args.ttl)
     async with client.ApiClient() as api:
-        await run(KubeJobs(ledger, client.CoreV1Api(api), backend, pod, rules, args.policy), args.interval)
+        jobs = KubeJobs(ledger, client.CoreV1Api(api), backend, pod, rules, args.policy, most_cpu_jobs=cpu_jobs(args))
+        await run(jobs, args.interval)
 
 
 if __name__ == "__main__":

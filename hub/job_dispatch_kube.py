@@ -28,6 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hub.job_dispatch import decide
 from spawner import sharing
+from spawner.cgroups import DEFAULT_LIMITS
 from spawner.inventory import GROUP_ANNOTATION, Allocation, Inventory, Pending, add_pending
 from spawner.job_kube import JOB_LABEL, JobPod, Observed, job_manifest, job_name, observed
 from spawner.job_ledger import JobLedger, JobRecord, Placement
@@ -68,6 +69,7 @@ class KubeJobs:
     pod: JobPod
     rules: Any  # () -> the groups' rules now
     policy: str = "default"
+    most_cpu_jobs: int = DEFAULT_LIMITS.cpu_jobs  # the settings' limits.cpu_jobs
     pending: dict[int, Pending] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)  # Job name -> when this process created it
     deleting: set[str] = field(default_factory=set)
@@ -136,6 +138,7 @@ class KubeJobs:
                 policy=self.policy,
                 now=now,
                 rows_for=rows_for,
+                most_cpu_jobs=self.most_cpu_jobs,
             )
         )
         for placement in decided.placements:

@@ -108,6 +108,7 @@ configure_hub(
             f"--kube-backend={values.backend}",
             f"--kube-backend-settings={json.dumps(_job_backend_settings)}",
             f"--policy={values.policy}",
+            f"--limits={json.dumps({'cpu_jobs': values.cpu_jobs})}",
             *([f"--scheduler-name={values.scheduler_name}"] if values.scheduler_name else []),
             *([f"--models-claim={values.models_claim}"] if values.models_claim else []),
         ),

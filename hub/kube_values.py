@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from hub.settings import Contact, Market, NoticeMail, OnCall, Platform, read_oncall
 from spawner import environ, sharing
+from spawner.cgroups import DEFAULT_LIMITS
 from spawner.checked import PositiveInt, UrlOrEmpty, one_of, problems
 from spawner.placement import POLICIES
 
@@ -133,6 +134,13 @@ class KubeValues(Platform):
     )
     alertmanager_url: UrlOrEmpty = Field(
         default="", description="The Alertmanager of the portal's Alerts page, as its pod reaches it ('': none)."
+    )
+    cpu_jobs: int = Field(
+        default=DEFAULT_LIMITS.cpu_jobs,
+        ge=1,
+        le=1000,
+        description="CPU-only batch jobs one person may have starting, running or stopping at once (one machine's"
+        " limits.cpu_jobs): they wait for no GPU slice, so this bounds a loop of submissions.",
     )
     proposals_per_hour: PositiveInt = Field(
         default=Market.model_fields["proposals_per_hour"].default,

@@ -42,6 +42,9 @@ class Limits:
     home_bytes: int = 10 * GiB  # not a cgroup's: the HomeOverSize alert's line (docs/security.md)
     cpus: float | None = None  # a hard CPU quota in cores (a job's ``cpus``); None: the weight alone
     job_file_bytes: int = GiB  # not a cgroup's: the largest file a batch job writes, its output included (RLIMIT_FSIZE)
+    # Not a cgroup's: CPU-only batch jobs one person may have starting, running or stopping at once (they wait
+    # for no slice, so the GPU line does not bound them); the machine's, not a class's (hub/job_dispatch.py).
+    cpu_jobs: int = 4
 
     def describe(self) -> str:
         return (
@@ -54,9 +57,9 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 # Settings spelling -> field; sizes are quantities ("4GiB"), the others plain integers.
 LIMIT_KEYS = {"memory": "memory_bytes", "processes": "processes", "cpu_weight": "cpu_weight", "tmp": "tmp_bytes"}
-LIMIT_KEYS |= {"shm": "shm_bytes", "home": "home_bytes", "job_file": "job_file_bytes"}
+LIMIT_KEYS |= {"shm": "shm_bytes", "home": "home_bytes", "job_file": "job_file_bytes", "cpu_jobs": "cpu_jobs"}
 _SIZES = {"memory", "tmp", "shm", "home", "job_file"}
-_RANGES = {"processes": (16, 1_000_000), "cpu_weight": (1, 10_000)}
+_RANGES = {"processes": (16, 1_000_000), "cpu_weight": (1, 10_000), "cpu_jobs": (1, 1_000)}
 _SMALLEST = {"memory": 256 * 2**20, "tmp": 2**20, "shm": 2**20, "home": 2**20, "job_file": 2**20}
 
 
@@ -67,8 +70,8 @@ class LimitsError(ValueError):
 def parse_limits(
     raw: Mapping[str, Any], base: Limits = DEFAULT_LIMITS, where: str = "limits", others: tuple[str, ...] = ()
 ) -> Limits:
-    """``base`` with the keys of ``raw`` (settings spelling: memory, processes, cpu_weight, tmp, shm, home, job_file)
-    applied; ``others``: keys the caller reads itself, skipped here."""
+    """``base`` with the keys of ``raw`` (settings spelling: memory, processes, cpu_weight, tmp, shm, home, job_file,
+    cpu_jobs) applied; ``others``: keys the caller reads itself, skipped here."""
     known = (*LIMIT_KEYS, *others)
     unknown = sorted(set(raw) - set(known))
     if unknown:
@@ -95,6 +98,11 @@ def parse_settings_limits(raw: Mapping[str, Any]) -> tuple[Limits, dict[str, Lim
     for name, rules in classes.items():
         if not isinstance(rules, Mapping):
             raise LimitsError(f"limits.classes.{name} must be a mapping of limits (for example memory: 2GiB)")
+        if "cpu_jobs" in rules:
+            raise LimitsError(
+                f"limits.classes.{name}.cpu_jobs: CPU-only jobs per person are the machine's limit, not a class's;"
+                " set limits.cpu_jobs"
+            )
         own[str(name)] = parse_limits(rules, machine, f"limits.classes.{name}")
     return machine, own
 

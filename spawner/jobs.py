@@ -50,9 +50,6 @@ PRIORITIES = ("normal", "backfill")
 DEFAULT_TIME_LIMIT = "1h"
 MOST_RETRIES = 10
 MOST_QUEUED_PER_USER = 200  # jobs one person may have waiting at once (a loop cannot fill the line)
-# CPU-only jobs one person may have starting, running or stopping at once: they wait for no slice, so without
-# this a loop of submissions would run 200 processes at once on the machine's cores and memory.
-MOST_CPU_JOBS_PER_USER = 4
 GRACE_S = 30.0  # from SIGTERM to SIGKILL when a job is stopped: time to write a checkpoint
 
 # Exit statuses a shell gives a command it could not run; the job runner gives them too.

@@ -1,11 +1,10 @@
 import time
-from collections.abc import Callable
 
 import streamlit as st
 
-from portal import job_views, views
+from portal import job_views, said, views
 from portal.data.errors import SourceUnavailableError
-from portal.data.jobs import JobInfo
+from portal.data.jobs import JobEvent, JobInfo
 from portal.sources import clients, jobs
 from spawner.words import counted
 
@@ -25,18 +24,6 @@ def _label(job: JobInfo) -> str:
     return f"{job.id}: {job.name} ({job.user}, {job.state})"
 
 
-def _act(action: Callable[[], JobInfo], done: Callable[[JobInfo], str]) -> None:
-    """What the reader asked, with the hub's refusal (its words) shown as an error."""
-    try:
-        after = action()
-    except (PermissionError, LookupError, ValueError) as exc:
-        st.error(str(exc))
-    except SourceUnavailableError as exc:
-        st.error(f"{exc}. Nothing was changed; try again in a moment.")
-    else:
-        st.success(done(after))
-
-
 @st.fragment(run_every=clients.REFRESH_S)
 def live_table() -> list[JobInfo]:
     """The jobs the hub lets the reader see, re-read without reloading the page."""
@@ -54,20 +41,19 @@ def live_table() -> list[JobInfo]:
         job_views.job_rows(shown, gpus, now, where),
         hide_index=True,
         width="stretch",
-        column_config={"detail": st.column_config.TextColumn("detail", width="large")},
+        column_config={
+            "state": st.column_config.TextColumn("state", width=90),  # "succeeded", "cancelled" whole
+            "detail": st.column_config.TextColumn("detail", width="large"),
+        },
     )
     return shown
 
 
-shown = live_table() or []
-chosen = st.selectbox("Job", shown, format_func=_label, key="job")
-if chosen is not None:
-    try:
-        job, events = jobs.job(identity, chosen.id)
-    except (PermissionError, LookupError) as exc:
-        st.error(str(exc))
-        st.stop()
-    now = time.time()
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+def _facts(job: JobInfo, events: list[JobEvent], now: float) -> None:
+    """What the job is and what happened to it, as the hub says now."""
     st.subheader(views.plain(f"Job {job.id}: {job.name}"))  # its owner chose the name: shown, never rendered
     st.write(views.plain(job_views.detail(job, None, now, where)))
     spec = job.spec
@@ -84,33 +70,51 @@ if chosen is not None:
         hide_index=True,
         width="stretch",
     )
+
+
+def _output(job: JobInfo) -> None:
+    try:
+        data, size = jobs.log_tail(identity, job.id)
+    except (PermissionError, LookupError) as exc:
+        st.error(str(exc))
+        return
+    cut = f" (the last {len(data) // 1024} KiB of {size // 1024} KiB)" if size > len(data) else ""
+    st.caption(f"Output{cut}, as the job wrote it:")
+    # st.code shows text as text: whatever a job prints (markup, HTML, escapes) is never rendered.
+    st.code(job_views.printable(data) or "(nothing yet)", language=None)
+
+
+def show_job(job_id: int) -> None:
+    """The chosen job, re-read with the table while it can still change: its state, events and output follow
+    the hub (a job that ends while the page is open says so without a reload), its buttons act on it as it is."""
+    try:
+        job, events = jobs.job(identity, job_id)
+    except (PermissionError, LookupError) as exc:
+        st.error(str(exc))
+        return
+    _facts(job, events, time.time())
     cancel_col, resubmit_col = st.columns(2)
-    if job.state not in ("succeeded", "failed", "cancelled") and cancel_col.button("Cancel", type="primary"):
-        _act(lambda: jobs.cancel(identity, job.id), lambda after: f"Job {after.id}: {after.reason}")
+    if job.state not in FINAL and cancel_col.button("Cancel", type="primary"):
+        said.act("job", lambda: jobs.cancel(identity, job.id), lambda after: f"Job {after.id}: {after.reason}")
     if job.user == identity.name and resubmit_col.button("Resubmit with the same settings"):
-        _act(lambda: jobs.resubmit(identity, job.id), lambda after: f"Submitted as job {after.id}.")
-
+        said.act("job", lambda: jobs.resubmit(identity, job.id), lambda after: f"Submitted as job {after.id}.")
+    said.show("job")
     if job.user == identity.name or identity.admin:  # the hub says the same: output is its owner's and admins'
-
-        @st.fragment(run_every=clients.REFRESH_S if job.state not in ("succeeded", "failed", "cancelled") else None)
-        def live_log() -> None:
-            try:
-                data, size = jobs.log_tail(identity, job.id)
-            except (PermissionError, LookupError) as exc:
-                st.error(str(exc))
-                return
-            cut = f" (the last {len(data) // 1024} KiB of {size // 1024} KiB)" if size > len(data) else ""
-            st.caption(f"Output{cut}, as the job wrote it:")
-            # st.code shows text as text: whatever a job prints (markup, HTML, escapes) is never rendered.
-            st.code(job_views.printable(data) or "(nothing yet)", language=None)
-
-        live_log()
-        if st.button("Prepare the whole output for download"):
-            try:
-                whole = jobs.whole_log(identity, job.id)
-            except (PermissionError, LookupError) as exc:
-                st.error(str(exc))
-            else:
-                st.download_button("Download", whole, file_name=f"job-{job.id}.log", mime="text/plain")
+        _output(job)
     else:
         st.caption("A job's output is for its owner and admins.")
+
+
+shown = live_table() or []
+chosen = st.selectbox("Job", shown, format_func=_label, key="job")
+if chosen is not None:
+    # A job that ended when the page ran changes no more: read once. One that ends while shown is read
+    # (from the cache, READ_TTL_S) until the next page run.
+    st.fragment(show_job, run_every=None if chosen.state in FINAL else clients.REFRESH_S)(chosen.id)
+    if (chosen.user == identity.name or identity.admin) and st.button("Prepare the whole output for download"):
+        try:
+            whole = jobs.whole_log(identity, chosen.id)
+        except (PermissionError, LookupError) as exc:
+            st.error(str(exc))
+        else:
+            st.download_button("Download", whole, file_name=f"job-{chosen.id}.log", mime="text/plain")

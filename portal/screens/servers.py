@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 import pandas as pd
 import streamlit as st
 
-from portal import views
+from portal import said, views
 from portal.data.errors import SourceUnavailableError
 from portal.sources import classes, clients, line, servers
 from spawner.line_admin import Waiting
@@ -134,6 +134,7 @@ def live_queue() -> None:
         return
     if not waiting:
         st.caption("Nobody waits for a GPU." if manager.admin else "Nobody you can see waits for a GPU.")
+        said.show("queue")  # the request just cancelled was the last
         return
     now = time.time()
     rows = [
@@ -162,15 +163,18 @@ def live_queue() -> None:
         chosen_wait = st.selectbox("Waiting request", manageable, format_func=_waiting_label, key="waiting")
         first_col, cancel_col = st.columns(2)
         if first_col.button("Put first") and chosen_wait is not None:
-            _act(
+            said.act(
+                "queue",
                 lambda: line.put_first(identity, chosen_wait.user, chosen_wait.server),
                 f"{views.plain(chosen_wait.user)} goes first.",
             )
         if cancel_col.button("Cancel the request") and chosen_wait is not None:
-            _act(
+            said.act(
+                "queue",
                 lambda: line.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),
                 f"Cancelled: {views.plain(chosen_wait.user)}'s page will say you did.",
             )
+    said.show("queue")
 
 
 live_queue()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from portal import views
+from portal import said, views
 from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ClassInfo
 from portal.data.prometheus import MetricsUnavailableError
@@ -215,7 +215,9 @@ def live_class() -> None:
         )
         stop = st.selectbox("Server", running, format_func=lambda s: f"{s.user}/{s.name or '(default)'}", key="stop")
         if st.button("Stop this server") and stop is not None:
-            _act(lambda: servers.stop_server(identity, stop.user, stop.name), f"Stopping {stop.user}'s server.")
+            said.act(
+                "class", lambda: servers.stop_server(identity, stop.user, stop.name), f"Stopping {stop.user}'s server."
+            )
     else:
         st.caption("No student of this class has a server running.")
     if waiting:
@@ -238,9 +240,10 @@ def live_class() -> None:
         )
         first = st.selectbox("Waiting student", waiting, format_func=lambda w: w.user, key="first")
         if st.button("Put first") and first is not None:
-            _act(lambda: line.put_first(identity, first.user, first.server), f"{first.user} goes first.")
+            said.act("class", lambda: line.put_first(identity, first.user, first.server), f"{first.user} goes first.")
     else:
         st.caption("Nobody of this class waits for a GPU.")
+    said.show("class")
 
 
 live_class()

@@ -96,6 +96,9 @@ def test_a_student_runs_a_notebook_as_a_job_from_jupyterlab_and_follows_it_in_th
         portal.screenshot(path=str(ARTIFACTS / "run-as-job-portal-queued.png"), full_page=True)
         requests.post(f"{admin_jobs}/{blockers[0]}/cancel", headers=admin, timeout=60)  # a card frees
         portal.wait_for_selector("text=running", timeout=60_000)
+        # The chosen job's own pane follows too, not only the table: it was read while queued.
+        detail = "[data-testid=stMarkdown] >> text=/^running .* on 4 GiB of GPU/"
+        portal.wait_for_selector(detail, timeout=60_000)
         (platform.data_dir / "homes" / "ana" / "go-on").write_text("")
         deadline = time.monotonic() + 120
         while (
@@ -104,6 +107,7 @@ def test_a_student_runs_a_notebook_as_a_job_from_jupyterlab_and_follows_it_in_th
             assert time.monotonic() < deadline, "the job did not succeed"
             time.sleep(0.5)
         portal.wait_for_selector("text=succeeded", timeout=60_000)
+        portal.wait_for_selector("[data-testid=stMarkdown] >> text=finished: exit code 0", timeout=60_000)
         portal.screenshot(path=str(ARTIFACTS / "run-as-job-portal-succeeded.png"), full_page=True)
 
         executed = f"train.job-{job['id']}.ipynb"

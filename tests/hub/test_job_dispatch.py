@@ -7,6 +7,8 @@ confined, as root, through the hub).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hub.job_dispatch import Dispatcher, decide, preempt_words
+from spawner.cgroups import DEFAULT_LIMITS, LimitsError, parse_settings_limits
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.job_launch import Machine
@@ -25,7 +28,6 @@ from spawner.jobs import (
     CANCEL,
     CANCELLED,
     FAILED,
-    MOST_CPU_JOBS_PER_USER,
     QUEUED,
     RUNNING,
     STARTING,
@@ -112,7 +114,7 @@ def test_the_line_places_jobs_behind_a_person_and_stops_backfill_for_them(tmp_pa
     assert preempt_words(person) == "preempted for bob (a notebook server, 8 GiB of one GPU)"
 
 
-def look_and_place(ledger: JobLedger) -> None:
+def look_and_place(ledger: JobLedger, most_cpu_jobs: int = DEFAULT_LIMITS.cpu_jobs) -> None:
     """One look at the line as the dispatcher takes it, without starting runners."""
     ledger.dispatch(
         lambda holds, line, res, jobs: decide(
@@ -125,6 +127,7 @@ def look_and_place(ledger: JobLedger) -> None:
             budgets_now={},
             policy="default",
             now=time.time(),
+            most_cpu_jobs=most_cpu_jobs,
         )
     )
 
@@ -133,22 +136,38 @@ def test_one_person_runs_only_a_few_cpu_only_jobs_at_once(tmp_path: Path) -> Non
     """CPU-only jobs wait for no slice: a loop of submissions must not start them all at once."""
     ledger = JobLedger(tmp_path / "ledger.sqlite")
     home = tmp_path / "home"
-    anns = [new_job(ledger, home, {"command": ["a"]}) for _ in range(MOST_CPU_JOBS_PER_USER + 2)]
+    most = DEFAULT_LIMITS.cpu_jobs
+    anns = [new_job(ledger, home, {"command": ["a"]}) for _ in range(most + 2)]
     bobs = new_job(ledger, home, {"command": ["a"]}, user="bob")
     look_and_place(ledger)
-    first, rest = anns[:MOST_CPU_JOBS_PER_USER], anns[MOST_CPU_JOBS_PER_USER:]
-    assert [j.state for j in records([*first, bobs], ledger)] == [STARTING] * (MOST_CPU_JOBS_PER_USER + 1)
+    first, rest = anns[:most], anns[most:]
+    assert [j.state for j in records([*first, bobs], ledger)] == [STARTING] * (most + 1)
     for job in records(rest, ledger):
         assert job.state == QUEUED
         assert job.reason == (
-            f"waiting: ann has {MOST_CPU_JOBS_PER_USER} CPU-only jobs running, the most one person may at once;"
-            " it starts when one ends"
+            f"waiting: ann has {most} CPU-only jobs running, the most one person may at once; it starts when one ends"
         )
     look_and_place(ledger)  # still full: nothing more starts
     assert [j.state for j in records(rest, ledger)] == [QUEUED, QUEUED]
     ledger.finish(first[0].id, Outcome(SUCCEEDED, "finished: exit code 0"), 0, None)
     look_and_place(ledger)  # one ended: the oldest waiting one starts
     assert [j.state for j in records(rest, ledger)] == [STARTING, QUEUED]
+
+
+def test_the_settings_limits_cpu_jobs_is_how_many_cpu_only_jobs_one_person_runs(tmp_path: Path) -> None:
+    """limits.cpu_jobs as gpuslice.yaml writes it, read as the dispatcher's service reads its --limits."""
+    from hub.job_dispatch import cpu_jobs
+
+    most = cpu_jobs(argparse.Namespace(limits=json.dumps({"cpu_jobs": 2, "memory": "2GiB"})))
+    assert most == 2 and cpu_jobs(argparse.Namespace(limits="{}")) == DEFAULT_LIMITS.cpu_jobs
+    ledger = JobLedger(tmp_path / "ledger.sqlite")
+    anns = [new_job(ledger, tmp_path / "home", {"command": ["a"]}) for _ in range(3)]
+    look_and_place(ledger, most)
+    assert [j.state for j in records(anns, ledger)] == [STARTING, STARTING, QUEUED]
+    with pytest.raises(LimitsError, match=r"machine's limit, not a class's; set limits\.cpu_jobs"):
+        parse_settings_limits({"classes": {"ml101": {"cpu_jobs": 9}}})
+    with pytest.raises(LimitsError, match="cpu_jobs: must be a whole number from 1 to 1000, not 0"):
+        parse_settings_limits({"cpu_jobs": 0})
 
 
 def test_a_job_that_cannot_start_fails_and_frees_its_slice_without_stopping_the_others(tmp_path: Path) -> None:

@@ -86,6 +86,21 @@ def test_the_jobs_page_lists_each_job_with_what_it_does(fakes: dict[str, object]
     assert table["detail"][1] == "#1 in line: x"
 
 
+def test_the_chosen_jobs_detail_is_read_as_the_hub_says_now_not_as_the_table_had_it(
+    fakes: dict[str, object],  # noqa: F811
+    hub_jobs: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The detail re-reads the job: one that ended after the table was read shows its end, and no Cancel."""
+    fakes["identity"] = Identity("alice")
+    ended = job(state="succeeded", reason="exit code 0", elapsed_s=90)
+    monkeypatch.setattr(jobs, "job", lambda identity, job_id: (ended, [JobEvent("succeeded", "exit code 0", 1_100.0)]))
+    at = run("screens/jobs.py")
+    assert at.dataframe[0].value["state"][0] == "running"  # the table's read
+    assert "succeeded" in list(at.dataframe[1].value["state"])  # the detail's own, later read
+    assert "Cancel" not in [b.label for b in at.button]
+
+
 def test_a_jobs_output_is_shown_as_text_to_its_owner(fakes: dict[str, object], hub_jobs: dict[str, Any]) -> None:  # noqa: F811
     fakes["identity"] = Identity("alice")
     at = run("screens/jobs.py")

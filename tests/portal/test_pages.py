@@ -429,6 +429,12 @@ def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     assert not at.exception, at.exception
     assert ledger.line() == []
     assert ledger.latest_events()["dan/"].message == "cancelled by teacher (admin) in the portal"
+    said = "Cancelled: dan's page will say you did."
+    assert said in texts(at)
+    # The queue redraws itself twice a second without the button pressed: the outcome stays on it
+    # (the request, and its buttons with it, are gone from the line by then).
+    at.run()
+    assert said in texts(at) and "Cancel the request" not in [b.label for b in at.button]
 
 
 def test_the_overview_shows_wait_percentiles_per_class_and_day_in_the_viewers_scope(
