@@ -236,9 +236,24 @@ def test_who_left_gives_the_slice_to_the_line_with_the_notebook_saved_and_who_pa
         assert 'print("left open, kept")' in again["walker"].inner_text(".jp-Notebook")  # saved by the warning
         assert 'print("closed tab, kept")' in again["closer"].inner_text(".jp-Notebook")
         assert "closed tab, kept" in again["closer"].inner_text(".jp-OutputArea")  # its output, saved with it
-        notice = again["walker"].wait_for_selector(
-            ".Toastify__toast >> text=by the GPU line's reclaimer", timeout=60_000
-        )
+        try:
+            notice = again["walker"].wait_for_selector(
+                ".Toastify__toast >> text=by the GPU line's reclaimer", timeout=60_000
+            )
+        except Exception as exc:  # what the page was told, and what the ledger holds: the failure says why
+            said = again["walker"].evaluate(
+                "fetch(document.location.origin + '/hub/gpuslice/notice', {credentials: 'same-origin'})"
+                ".then(r => r.status + ' ' + r.statusText).catch(e => String(e))"
+            )
+            body = again["walker"].evaluate(
+                "fetch(document.location.origin + '/hub/gpuslice/notice', {credentials: 'same-origin'})"
+                ".then(r => r.text()).catch(e => String(e))"
+            )
+            toasts = again["walker"].locator(".Toastify__toast").all_inner_texts()
+            raise AssertionError(
+                f"no stop notice: /hub/gpuslice/notice said {said} {body}; toasts {toasts};"
+                f" walker's events {events(platform, 'walker/')}"
+            ) from exc
         assert notice is not None and "What you had open is open again." in notice.inner_text()
         again["walker"].wait_for_timeout(800)
         again["walker"].screenshot(path=str(SHOTS / "reopened-walker.png"))
