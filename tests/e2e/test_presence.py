@@ -93,11 +93,6 @@ def start_again_in_the_browser(page: Any, platform: Platform, user: str) -> None
     page.wait_for_selector(".jp-Notebook", timeout=120_000)  # reopened from the workspace kept in the home
 
 
-@pytest.mark.xfail(
-    reason="open defect (issue #34): the notice of a reclaim stop is not shown as a JupyterLab notification at"
-    " the walker's next start (the slice, the saved notebook and the pausing typist hold); seen 2026-11-28",
-    strict=False,
-)
 def test_who_left_gives_the_slice_to_the_line_with_the_notebook_saved_and_who_pauses_keeps_it(
     make_platform: object,
 ) -> None:

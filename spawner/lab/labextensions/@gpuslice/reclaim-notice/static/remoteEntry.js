@@ -35,7 +35,7 @@
     return String(text).replace(/\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ/g, function (stamp) {
       var when = new Date(stamp);
       var minutes = Math.round((when - Date.now()) / 60000);
-      var away = minutes <= 0 ? "now" : minutes === 1 ? "in 1 minute" : "in " + minutes + " minutes";
+      var away = minutes === -1 ? "a minute ago" : minutes === 0 ? "now" : minutes === 1 ? "in 1 minute" : "in " + minutes + " minutes";
       if (minutes < -1) return when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
       return when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) + " (" + away + ")";
     });
@@ -181,8 +181,11 @@
     activate: function (app) {
       var config = pageConfig();
       if (!config.hubPrefix) return; // not under JupyterHub: nobody to ask, nobody to tell
-      sharedModule("@jupyterlab/apputils")
-        .then(function (apputils) { watchNotices(app, apputils, config); })
+      // The first look waits for the restored layout: a notification made before JupyterLab's own
+      // notification plugin is active goes to the notification center without a toast, and the stop
+      // notice comes at this first look (it is then kept as shown, never seen).
+      Promise.all([sharedModule("@jupyterlab/apputils"), app.restored])
+        .then(function (found) { watchNotices(app, found[0], config); })
         .catch(function (error) { console.error(error); });
       sharedModule("@jupyterlab/services")
         .then(function (services) { beat(services); })
