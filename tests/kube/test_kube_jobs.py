@@ -78,11 +78,6 @@ def k8s_jobs(hub: RestartableHub) -> dict[str, dict[str, Any]]:
     return {j["metadata"]["labels"]["gpuslice.io/job"]: j for j in hub.hub.k8s(JOBS)["items"]}
 
 
-@pytest.mark.xfail(
-    reason="open defect (issue #33): after a hub kill -9, a backfill Job deleted to yield to a person is read by"
-    " the new dispatcher as 'node lost: its Job is gone' (failed) instead of requeued; seen 2026-11-28",
-    strict=False,
-)
 def test_jobs_are_batch_jobs_made_by_the_line_and_yield_to_people(one_card_with_jobs: RestartableHub) -> None:
     hub, root = one_card_with_jobs, one_card_with_jobs.root
     assert hub.hub.api("POST", "/users", json={"usernames": ["ann", "bob", "cy"]}).status_code == 201

@@ -5,6 +5,7 @@ JupyterHub polls each server once at start, then only waits for an HTTP answer f
 while it waits, as the local backend does: the dead server is gone in seconds.
 """
 
+import contextlib
 import os
 import secrets
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import requests
 
@@ -56,10 +58,21 @@ class RestartableHub:
             start_new_session=True,  # its own process group: the processes of its container (kill_9)
         )
 
+    def _container(self) -> list[psutil.Process]:
+        """Every process the hub started, however far down: JupyterHub starts its managed services in
+        sessions of their own (a process group would miss them), a container's PID namespace does not."""
+        assert self.process is not None
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
     def kill_9(self) -> None:
         """The hub's container dies: every process in it is killed (its managed services too, as in a pod)."""
         assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
+        inside = self._container()
+        self.process.kill()
+        _kill_all(inside)
         self.process.wait()
 
     def wait_healthy(self, timeout_s: float = 120) -> None:
@@ -67,13 +80,23 @@ class RestartableHub:
         _wait_http(f"{self.hub.url}/hub/health", self.process, self.root / "hub.log", timeout_s=timeout_s)
 
     def stop(self) -> None:
+        """The container stopped: SIGTERM to the hub, then whatever is left in it killed, as a pod's end does."""
         if self.process is not None and self.process.poll() is None:
+            inside = self._container()
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+            _kill_all(inside)
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(processes, timeout=10)
 
 
 def running_hub(
