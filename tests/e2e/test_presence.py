@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
 from tests.e2e.platform import Platform, admin_api
