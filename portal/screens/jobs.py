@@ -21,7 +21,8 @@ states = set(right.multiselect("State", job_views.JOB_STATES))
 
 
 def _label(job: JobInfo) -> str:
-    return f"{job.id}: {job.name} ({job.user}, {job.state})"
+    # No state here: the choices are read once per page run, the state below follows the hub.
+    return f"{job.id}: {job.name} ({job.user})"
 
 
 @st.fragment(run_every=clients.REFRESH_S)
