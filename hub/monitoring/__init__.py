@@ -277,9 +277,13 @@ def alertmanager_config(
     else:
         routes = [
             heartbeat_route(),
-            # The first page waits as an on-call rotation's does (OnCall.first_page_after): a cause
-            # fired by another rule group a little later still inhibits its effects.
-            {"matchers": ['severity="critical"'], "receiver": "critical", "group_wait": OnCall().first_page_after},
+            # The first page waits as an on-call rotation's does (oncall.first_page_after, which may be
+            # set without a rotation): a cause fired by another rule group a little later still inhibits its effects.
+            {
+                "matchers": ['severity="critical"'],
+                "receiver": "critical",
+                "group_wait": (oncall or OnCall()).first_page_after,
+            },
             {"matchers": ['severity="warning"'], "receiver": "warning"},
         ]
         receivers = [receiver(name, default) for name in ("default", "critical", "warning")]

@@ -192,6 +192,23 @@ class Platform:
         finally:
             db.close()
 
+    def wait_patrolled(self, timeout_s: float = 120) -> None:
+        """Until the gpu-patrol service's first round (each free card checked as the hub starts, each
+        held by a ``patrol/gpu-N`` allocation meanwhile) is over: a test that counts the ledger's
+        rows from the start does not count the patrol's."""
+        from spawner.card_health import CardLedger
+        from spawner.gpus import machine
+
+        cards = len(machine(str((self.settings.get("gpus") or {}).get("simulate", ""))).gpus)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            checked = {c.gpu for c in CardLedger(self.data_dir / "ledger.sqlite").health()}
+            patrolling = [row for row in self.ledger() if row[0].startswith("patrol/")]
+            if len(checked) >= cards and not patrolling:
+                return
+            assert time.monotonic() < deadline, f"the patrol's first round: {len(checked)} of {cards} cards"
+            time.sleep(0.2)
+
     def last_event(self, key: str) -> tuple[str, str] | None:
         """(kind, message) of the server's latest recorded event, read straight from SQLite."""
         db = sqlite3.connect(self.data_dir / "ledger.sqlite")
