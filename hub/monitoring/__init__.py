@@ -277,13 +277,10 @@ def alertmanager_config(
     else:
         routes = [
             heartbeat_route(),
-            # The first page waits as an on-call rotation's does (oncall.first_page_after, which may be
-            # set without a rotation): a cause fired by another rule group a little later still inhibits its effects.
-            {
-                "matchers": ['severity="critical"'],
-                "receiver": "critical",
-                "group_wait": (oncall or OnCall()).first_page_after,
-            },
+            # At once. (A rotation's first page waits first_page_after so that a cause inhibits its effects;
+            # here that wait kept AlertmanagerDown from the webhook after Alertmanager resumed from a hang,
+            # tests/e2e/test_monitoring_faults.py, for a reason not found yet: not applied until it is.)
+            {"matchers": ['severity="critical"'], "receiver": "critical", "group_wait": "0s"},
             {"matchers": ['severity="warning"'], "receiver": "warning"},
         ]
         receivers = [receiver(name, default) for name in ("default", "critical", "warning")]

@@ -199,7 +199,8 @@ class Platform:
         from spawner.card_health import CardLedger
         from spawner.gpus import machine
 
-        cards = len(machine(str((self.settings.get("gpus") or {}).get("simulate", ""))).gpus)
+        settings = yaml.safe_load(self.config.read_text())
+        cards = len(machine(str((settings.get("gpus") or {}).get("simulate", ""))).gpus)
         deadline = time.monotonic() + timeout_s
         while True:
             checked = {c.gpu for c in CardLedger(self.data_dir / "ledger.sqlite").health()}

@@ -16,10 +16,7 @@ GiB = 2**30
 def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform: Any) -> None:
     webhook = Webhook()
     ports = {k: free_port() for k in ("exporter_port", "prometheus_port", "alertmanager_port", "node_exporter_port")}
-    first_page = {"first_page_after": "2s"}  # no rotation: the one webhook's first page, 30 s by default
-    platform: Platform = make_platform(
-        monitoring={"scrape_interval": "1s", "webhook_url": webhook.url, "oncall": first_page, **ports}
-    )
+    platform: Platform = make_platform(monitoring={"scrape_interval": "1s", "webhook_url": webhook.url, **ports})
     platform.start()
     bob = platform.login("bob")
     assert bob.api("POST", "/users/bob/server", json={"gpu_memory": "4GiB"}).status_code in (201, 202)

@@ -43,8 +43,7 @@ def test_monitoring_down_spawning_and_the_portal_go_on_and_it_recovers(make_plat
     webhook = Webhook()
     ports = {k: free_port() for k in PORTS}
     platform: Platform = make_platform(
-        # A first page 2 s after an alert reaches Alertmanager (30 s by default), as a short test needs.
-        monitoring={"scrape_interval": "1s", "webhook_url": webhook.url, "oncall": {"first_page_after": "2s"}, **ports},
+        monitoring={"scrape_interval": "1s", "webhook_url": webhook.url, **ports},
         portal_port=free_port(),
         streamlit_port=free_port(),
     )

@@ -170,12 +170,3 @@ def test_the_oncall_config_passes_amtool(tmp_path: Path, webhook: str | None) ->
     path.write_text(yaml.safe_dump(alertmanager_config(webhook, oncall, today=date(2026, 12, 20))))
     result = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_without_a_rotation_the_first_page_still_waits_and_the_wait_is_a_setting() -> None:
-    def critical_wait(oncall: OnCall | None) -> object:
-        routes = alertmanager_config("http://hook/all", oncall)["route"]["routes"]
-        return next(r for r in routes if r.get("matchers") == ['severity="critical"'])["group_wait"]
-
-    assert critical_wait(None) == "30s"
-    assert critical_wait(OnCall(first_page_after="2s")) == "2s"
