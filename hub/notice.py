@@ -39,8 +39,8 @@ def notices(spawners: dict[str, Any]) -> list[dict[str, str]]:
 
 def next_look_s(spawners: dict[str, Any]) -> float:
     """The shortest look interval among these servers' warning leads (spawner/waitline.py)."""
-    leads = [float(getattr(s, "gpu_warning_lead", NOTICE_LOOK_EVERY_S * 6)) for s in spawners.values()]
-    return min([NOTICE_LOOK_EVERY_S, *(notice_look_interval(lead) for lead in leads)])
+    leads = [float(s.gpu_warning_lead) for s in spawners.values() if hasattr(s, "gpu_warning_lead")]
+    return min((notice_look_interval(lead) for lead in leads), default=NOTICE_LOOK_EVERY_S)
 
 
 def home_notices(words: str | None) -> list[dict[str, str]]:

@@ -5,8 +5,8 @@ on that: the first line's route waits ``first_page_after`` (its ``group_wait``: 
 for a cause that another rule group fires a little later to inhibit its effects), the second
 line's ``first_page_after + escalate_after``, and Alertmanager drops silenced alerts before it
 notifies, so an incident the first line acknowledged in time never reaches the second line;
-the owner's route waits ``first_page_after + owner_after`` the same way. Who is first line is a time interval per person
-(Alertmanager's ``time_intervals``), written out for the weeks ahead; warnings are only
+the owner's route waits ``first_page_after + owner_after`` the same way. Who is first line is
+a time interval per person (Alertmanager's ``time_intervals``), written out for the weeks ahead; warnings are only
 sent in business hours (they wait for the next one), critical alerts at any hour.
 """
 
@@ -128,24 +128,12 @@ def oncall_routes(oncall: OnCall) -> list[dict[str, Any]]:
         routes.append(heartbeat_route())
     critical = escalation(oncall, oncall.critical_repeat, owner=True, mute=[])
     warning = escalation(oncall, oncall.warning_repeat, owner=False, mute=[AFTER_HOURS])
-    if critical:
-        routes.append(
-            {
-                "matchers": ['severity="critical"'],
-                "receiver": "default",
-                "group_wait": oncall.first_page_after,
-                "routes": critical,
-            }
-        )
-    if warning:
-        routes.append(
-            {
-                "matchers": ['severity="warning"'],
-                "receiver": "default",
-                "group_wait": oncall.first_page_after,
-                "routes": warning,
-            }
-        )
+    for severity, tiers in (("critical", critical), ("warning", warning)):
+        if tiers:
+            matchers = [f'severity="{severity}"']
+            routes.append(
+                {"matchers": matchers, "receiver": "default", "group_wait": oncall.first_page_after, "routes": tiers}
+            )
     return routes
 
 

@@ -27,15 +27,9 @@ def _label(job: views.ServerView) -> str:
 
 
 def _act(action: Callable[[], object], done: str) -> None:
-    """Run what the reader asked; a refusal (checked in the data layer or by the hub) shows as an error."""
-    try:
-        action()
-    except (PermissionError, ValueError) as exc:
-        st.error(str(exc))
-    except SourceUnavailableError as exc:
-        st.error(f"{exc}. Nothing was changed; try again in a moment.")
-    else:
-        st.success(done)
+    """Run what the reader asked; a refusal (checked in the data layer or by the hub) shows here as an error."""
+    said.act("page", action, done)
+    said.show("page")
 
 
 @st.fragment(run_every=clients.REFRESH_S)

@@ -16,7 +16,7 @@ from portal.data.errors import SourceUnavailableError
 from portal.data.hub import ClassInfo
 from portal.data.prometheus import MetricsUnavailableError
 from portal.sources import classes, clients, line, metrics, servers
-from spawner.quotas import GroupRulesError, read_group
+from spawner.quotas import read_group
 from spawner.shares import format_bytes
 from spawner.words import ordinal
 
@@ -26,17 +26,10 @@ st.title("Teaching")
 
 
 def _act(action: Callable[[], object], done: str) -> object:
-    """Run what the teacher asked; the hub's refusal (who may, a rule that cannot be) shows as an error."""
-    try:
-        result = action()
-    except (PermissionError, ValueError, GroupRulesError) as exc:
-        st.error(str(exc))
-    except SourceUnavailableError as exc:
-        st.error(f"{exc}. Nothing was changed; try again in a moment.")
-    else:
-        st.success(done)
-        return result
-    return None
+    """Run what the teacher asked; the hub's refusal (who may, a rule that cannot be) shows here as an error."""
+    result = said.act("page", action, done)
+    said.show("page")
+    return result
 
 
 def _names(text: str) -> list[str]:
