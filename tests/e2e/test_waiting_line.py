@@ -272,6 +272,9 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
         admin.screenshot(path=str(shots / "servers-queue-admin-laptop.png"), full_page=True)
         admin.click("button:has-text('Cancel the request')")  # the first in line: s4
         admin.wait_for_selector("text=Cancelled: s4", timeout=120_000)
+        admin.wait_for_timeout(1500)  # two redraws of the queue: the outcome stays
+        admin.locator("text=Cancelled: s4").scroll_into_view_if_needed()
+        admin.screenshot(path=str(shots / "servers-queue-cancelled-admin-laptop.png"), full_page=True)
         waiter.wait_for_selector("text=cancelled by admin (admin) in the portal", timeout=60_000)
         assert not waiter.is_visible("text=Your server is starting up")
         waiter.screenshot(path=str(shots / "waiting-page-cancelled-laptop.png"), full_page=True)
