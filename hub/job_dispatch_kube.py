@@ -4,7 +4,8 @@ The same look at the line as on one machine (hub/job_dispatch.py ``decide``, one
 transaction), over the cluster as the sharing backend reads it (nodes, the namespace's pods, the
 backend's own lists: spawner/sharing/), so notebook pods and job pods hold room alike. A job the line
 places becomes a Job (spawner/job_kube.py ``job_manifest``): no Job, no pod, until then. Its room is
-held in this process (``Pending``) until its pod is listed. Each look also reads every Job this
+held by a row of the ledger's ``placing``, written in the look that places it, until its pod is listed;
+the hub's spawns count those rows, and this look counts theirs (spawner/kube.py). Each look also reads every Job this
 service made (label ``app.kubernetes.io/managed-by=gpuslice``) and writes to the ledger what their
 conditions say: running, succeeded, failed (the last pod's exit code and why; past its deadline: the
 time limit). A job asked to stop (a cancel, a preemption for a person) has its Job deleted: its pod
@@ -17,6 +18,7 @@ from the cluster at each look: a restarted hub's dispatcher carries on where the
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -29,11 +31,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from hub.job_dispatch import decide
 from spawner import sharing
 from spawner.cgroups import DEFAULT_LIMITS
-from spawner.inventory import GROUP_ANNOTATION, Allocation, Inventory, Pending, add_pending
-from spawner.job_kube import JOB_LABEL, JobPod, Observed, job_manifest, job_name, observed
-from spawner.job_ledger import JobLedger, JobRecord, Placement
+from spawner.inventory import GROUP_ANNOTATION, Allocation, Inventory, Pending, add_pending, live_pending
+from spawner.job_kube import JobPod, Observed, job_manifest, job_name, observed
+from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement
 from spawner.jobs import (
     FINISHED,
+    JOB_MARK,
     LOST,
     QUEUED,
     RUNNING,
@@ -48,11 +51,12 @@ from spawner.jobs import (
     outcome,
 )
 from spawner.kube import _items, _send
-from spawner.ledger import Held, server_key
+from spawner.ledger import Held, Placing, server_key
 from spawner.placement import Choice
 from spawner.quotas import budgets
 from spawner.shares import RequestKind
 from spawner.sharing.base import Listing, SharingBackend, Target
+from spawner.waitline import Entry, Reservation
 
 log = logging.getLogger("gpuslice.jobs")
 LOG_TAIL_LINES = 200  # of a failed pod's log, for the reason in words (out of GPU memory)
@@ -61,7 +65,7 @@ LOST_AFTER_S = 30.0  # a placed job whose Job is not there this long after its c
 
 @dataclass
 class KubeJobs:
-    """The dispatcher's state on a cluster between looks: placements not yet listed, Jobs it deleted."""
+    """The dispatcher's state on a cluster between looks: the Jobs it made and deleted."""
 
     ledger: JobLedger
     api: Any  # a kubernetes_asyncio CoreV1Api (its api_client makes the raw calls)
@@ -70,7 +74,6 @@ class KubeJobs:
     rules: Any  # () -> the groups' rules now
     policy: str = "default"
     most_cpu_jobs: int = DEFAULT_LIMITS.cpu_jobs  # the settings' limits.cpu_jobs
-    pending: dict[int, Pending] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)  # Job name -> when this process created it
     deleting: set[str] = field(default_factory=set)
 
@@ -94,40 +97,16 @@ class KubeJobs:
         objects = {read.key: await _items(self._get(read.path)) for read in self.backend.reads}
         return Listing(nodes, pods, objects, now=datetime.now(UTC)), jobs
 
-    def _inventory(
-        self, listing: Listing, active: dict[int, JobRecord]
-    ) -> tuple[SharingBackend, Inventory, list[Held]]:
-        fitted, inventory = sharing.read(self.backend, listing)
-        listed = {str((p["metadata"].get("labels") or {}).get(JOB_LABEL, "")) for p in listing.pods}
-        for job_id in list(self.pending):
-            if str(job_id) in listed or job_id not in active:
-                del self.pending[job_id]  # its pod holds the room now, or it is over
-        add_pending(inventory, list(self.pending.values()))
-        groups = {p.pod: p.group for p in self.pending.values()}
-        for pod in listing.pods:
-            meta = pod.get("metadata", {})
-            groups[meta.get("name", "")] = (meta.get("annotations") or {}).get(GROUP_ANNOTATION)
-        holds = [
-            Held(
-                server_key(a.user, a.server), gpu.index, a.user, a.server, a.memory_bytes, a.whole, groups.get(a.owner)
-            )
-            for gpu, a in inventory.allocations()
-        ]
-        return fitted, inventory, holds
-
     async def step(self, now: float) -> None:
         listing, jobs = await self._listing()
-        before = {j.id: j for j in self.ledger.jobs(states=[STARTING, RUNNING, STOPPING])}
-        fitted, inventory, holds = self._inventory(listing, before)
+        fitted, listed = sharing.read(self.backend, listing)
         budgets_now = budgets(list(self.rules()))
         chosen: dict[int, Choice | None] = {}
+        placing = Placing()
 
-        def rows_for(job: JobRecord, _inventory: Inventory, _group: str | None, choice: Choice | None) -> list[Held]:
-            chosen[job.id] = choice
-            return []  # the pod is the hold: the ledger keeps no rows on a cluster
-
-        decided, active = self.ledger.dispatch(
-            lambda _rows, line, reservations, records: decide(
+        def look(_rows: list[Held], line: list[Entry], reservations: list[Reservation], records: Looked) -> Dispatch:
+            inventory, holds = counting(listed, listing.pods, placing.seen)
+            return decide(
                 holds,
                 line,
                 reservations,
@@ -140,11 +119,19 @@ class KubeJobs:
                 rows_for=rows_for,
                 most_cpu_jobs=self.most_cpu_jobs,
             )
-        )
+
+        def rows_for(job: JobRecord, counted: Inventory, _group: str | None, choice: Choice | None) -> list[Held]:
+            chosen[job.id] = choice
+            placed = _placed(job, counted, choice, now)
+            if placed is not None:
+                placing.made.append(placed)  # written with the job's placement, in the same transaction
+            return []  # the pod is the hold: the ledger keeps no allocation rows on a cluster
+
+        decided, active = self.ledger.dispatch(look, placing)
         for placement in decided.placements:
             job = active.get(placement.job)
             if job is not None:
-                await self._create(job, fitted, inventory, chosen.get(job.id), placement)
+                await self._create(job, fitted, listed, chosen.get(job.id), placement)  # same nodes and cards
         await self._follow(active, jobs, listing.pods)
 
     async def _create(
@@ -177,17 +164,9 @@ class KubeJobs:
             models=job.plan.models,
             pod=self.pod,
         )
-        if card is not None and choice is not None:
-            node = inventory.nodes[choice.node]
-            held = card.memory_bytes if request.kind is RequestKind.WHOLE else request.bytes_on(card.memory_bytes)
-            allocation = Allocation(job.user, f"job:{job.id}", held, name, request.kind is RequestKind.WHOLE)
-            self.pending[job.id] = Pending(
-                name, node.name, choice.gpus, allocation, job.plan.group, job.plan.asked_bytes
-            )
         try:
             status = await _send(self.api, "POST", self._path("jobs"), manifest)
         except ApiException as exc:
-            self.pending.pop(job.id, None)
             ending = Ending(None, start_error=f"the cluster refused its Job (HTTP {exc.status} {exc.reason})")
             self._finish(job, ending)
             return
@@ -254,9 +233,41 @@ class KubeJobs:
             slice_words=job.plan.label,
         )
         requeue = line_entry(job.id, job.user, job.spec, job.plan, job.submitted, time.time())
-        after = self.ledger.finish(job.id, result, ending.exit_code, requeue)
-        self.pending.pop(job.id, None)
+        after = self.ledger.finish(job.id, result, ending.exit_code, requeue)  # its placing row goes with it
         log.info("gpuslice jobs: job %s (%s) %s: %s", job.id, job.user, after.state if after else "?", result.reason)
+
+
+def counting(
+    listed: Inventory, pods: Sequence[Mapping[str, Any]], placing: list[Pending]
+) -> tuple[Inventory, list[Held]]:
+    """The cluster as listed with the placements (the ledger's ``placing``: the hub's spawns' and this
+    service's) it does not count yet, and what it holds as ledger rows."""
+    inventory = copy.deepcopy(listed)
+    live = live_pending(placing, pods, time.time())
+    add_pending(inventory, live)
+    groups = {p.pod: p.group for p in live}
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        groups[meta.get("name", "")] = (meta.get("annotations") or {}).get(GROUP_ANNOTATION)
+    holds = [
+        Held(server_key(a.user, a.server), gpu.index, a.user, a.server, a.memory_bytes, a.whole, groups.get(a.owner))
+        for gpu, a in inventory.allocations()
+    ]
+    return inventory, holds
+
+
+def _placed(job: JobRecord, inventory: Inventory, choice: Choice | None, now: float) -> Pending | None:
+    """The room a job's placement takes until its pod is listed (None: it holds no GPU). ``job``: as queued (its
+    Job is named for the attempt this placement begins)."""
+    if choice is None or not choice.gpus:
+        return None
+    request = job.plan.request
+    node = inventory.nodes[choice.node]
+    card = node.gpus[choice.gpus[0]].memory_bytes
+    whole = request.kind is RequestKind.WHOLE
+    name = job_name(job.id, job.attempts + 1)
+    allocation = Allocation(job.user, f"{JOB_MARK}{job.id}", card if whole else request.bytes_on(card), name, whole)
+    return Pending(name, node.name, choice.gpus, allocation, job.plan.group, job.plan.asked_bytes, now)
 
 
 def _command(job: JobRecord) -> list[str]:

@@ -152,14 +152,23 @@ def memory_bytes(quantity: str | int | float) -> int:
         raise ValueError(f"bad memory quantity {quantity!r}") from exc
 
 
+# A placement with no pod of its own listed this long after it was made was never made (its hub was killed
+# between the two): its room is free again. Far above the moment a pod takes to be created and listed.
+ORPHAN_AFTER_S = 120.0
+
+
 @dataclass(frozen=True)
 class Pending:
-    """A placement the hub decided whose pod the cluster's listing does not count yet.
+    """A placement decided on a cluster whose pod the cluster's listing does not count yet.
 
     A pod is listed only after it is created, and a gpushare, MIG or whole-card pod holds
     its cards only once bound to a node: until then the listing shows its room as free.
-    ``gpus`` index ``node``'s cards as in ``Inventory`` (a placement's ``Choice``);
+    The hub's spawns and the job dispatcher are two processes: each writes its placements
+    to the ledger (``placing``) in the transaction that decides them, and each counts the
+    other's. ``gpus`` index ``node``'s cards as in ``Inventory`` (a placement's ``Choice``);
     ``allocation`` is what each of them holds; ``asked_bytes`` is charged to ``group``.
+    ``pod``: the notebook's pod, or a batch job's Job (its pod gets a name of the Job
+    controller's); ``placed_at``: when it was decided (wall clock).
     """
 
     pod: str
@@ -168,19 +177,42 @@ class Pending:
     allocation: Allocation
     group: str | None = None
     asked_bytes: int = 0
+    placed_at: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """The ledger's "user/server" of what was placed ("user/job:N" for a batch job)."""
+        return f"{self.allocation.user}/{self.allocation.server}"
+
+
+def pod_key(pod: Obj) -> str:
+    """A notebook or job pod's "user/server", from the annotations the spawner and dispatcher write."""
+    meta = pod.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    user = annotations.get(USERNAME) or (meta.get("labels") or {}).get(USERNAME) or ""
+    return f"{user}/{annotations.get(SERVERNAME, '')}"
+
+
+def live_pending(pending: Iterable[Pending], pods: Iterable[Obj], now: float) -> list[Pending]:
+    """The placements still to count: made less than ``ORPHAN_AFTER_S`` ago, or with a pod of theirs listed (one
+    unbound holds no card in the listing yet, for as long as it waits)."""
+    listed = {pod.get("metadata", {}).get("name") for pod in pods} | {pod_key(pod) for pod in pods}
+    return [p for p in pending if now - p.placed_at < ORPHAN_AFTER_S or p.pod in listed or p.key in listed]
 
 
 def add_pending(inventory: Inventory, pending: Iterable[Pending]) -> list[str]:
     """Charge ``inventory`` with the placements it does not count yet; return the pods it counts now.
 
-    A pod the inventory already holds GPUs for (by name) is counted once, as the cluster has
-    it: its placement is returned, for the caller to forget.
+    A placement the inventory already holds GPUs for (by pod name, or by user and server: a
+    job's pod is named by the Job controller) is counted once, as the cluster has it: its pod
+    is returned.
     """
     counted = {allocation.owner for _, allocation in inventory.allocations()}
+    counted |= {f"{a.user}/{a.server}" for _, a in inventory.allocations()}
     by_name = {node.name: node for node in inventory.nodes}
     landed = []
     for placed in pending:
-        if placed.pod in counted:
+        if placed.pod in counted or placed.key in counted:
             landed.append(placed.pod)
             continue
         node = by_name.get(placed.node)

@@ -36,7 +36,19 @@ from spawner.jobs import (
     job_id_of,
     job_key,
 )
-from spawner.ledger import Held, Ledger, _insert, _insert_entry, _leave, _read, _read_line, _read_reservations
+from spawner.ledger import (
+    Held,
+    Ledger,
+    Placing,
+    _insert,
+    _insert_entry,
+    _insert_placing,
+    _leave,
+    _read,
+    _read_line,
+    _read_placing,
+    _read_reservations,
+)
 from spawner.processes import Proc
 from spawner.shares import RequestKind
 from spawner.waitline import Entry, Reservation
@@ -207,10 +219,13 @@ class JobLedger(Ledger):
 
     # -- the dispatcher's look at the line --------------------------------------------------------
 
-    def dispatch(self, decide: Decide) -> tuple[Dispatch, dict[int, JobRecord]]:
+    def dispatch(self, decide: Decide, placing: Placing | None = None) -> tuple[Dispatch, dict[int, JobRecord]]:
         """One atomic look at the line: the queued jobs' entries marked present (the dispatcher is their
         presence), then ``decide``'s placements written (slices held, places left, state starting) and its stops
         asked (state stopping). Returns what was decided, and the active jobs as they are after it.
+
+        ``placing`` (a cluster): filled with the placements whose pods its listing may not count yet before
+        ``decide``; those ``decide`` put in its ``made`` are written with their jobs' placements.
 
         A queued job is read only when ``decide`` asks for it (``Looked.queued``): a long line costs its
         entries, not its jobs' records."""
@@ -224,6 +239,8 @@ class JobLedger(Ledger):
             )
             line = _read_line(db)
             reservations = [r for r in _read_reservations(db) if r.end > now]
+            if placing is not None:
+                placing.seen, placing.made = _read_placing(db), []
             decided = decide(_read(db), line, reservations, looked)
             in_line = {e.key: e for e in line}
             for placement in decided.placements:
@@ -231,6 +248,8 @@ class JobLedger(Ledger):
                 if job is None or job.state != QUEUED or (job.key not in in_line and needs_gpu(job.plan)):
                     continue
                 _insert(db, job.key, placement.rows)
+                if placing is not None:
+                    _insert_placing(db, [p for p in placing.made if p.key == job.key])
                 if job.key in in_line:
                     _leave(db, in_line[job.key], "placed", now)
                 db.execute(
@@ -337,6 +356,7 @@ class JobLedger(Ledger):
             if job.stop_kind == CANCEL and outcome.state == QUEUED:  # cancelled while it was being stopped
                 outcome = Outcome(CANCELLED, job.stop_reason or "cancelled", preempted=outcome.preempted)
             db.execute("DELETE FROM allocation WHERE key = ?", (job.key,))
+            db.execute("DELETE FROM placing WHERE key = ?", (job.key,))
             db.execute(
                 "UPDATE job SET failures = failures + ?, preemptions = preemptions + ?, exit_code = ?,"
                 " runner_pid = NULL, runner_started = NULL, pid = NULL, pid_started = NULL, placed = '',"

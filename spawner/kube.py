@@ -8,8 +8,9 @@ placed by the same policy as the local backend, and a request no node can hold i
 refused at once with the core's explanation, or waits in the GPU line (``wait``: the
 line of spawner/line.py, kept in the ledger's SQLite file on the hub's volume) with no pod
 until the line places it. A placement whose pod the listing does not count yet (not
-listed, or not yet bound to its node) is held in ``PENDING``, so concurrent spawns never
-take the same room. The pod then carries the sharing
+listed, or not yet bound to its node) is written to the ledger's ``placing`` in the
+transaction that decides it, and every placement counts those rows (the hub's spawns and the
+job dispatcher, hub/job_dispatch_kube.py, alike), so no two take the same room. The pod then carries the sharing
 backend's resources, annotations and environment; the Kubernetes scheduler (with the
 gpushare or HAMi extender) makes the final placement. A pod that still goes Pending has
 its FailedScheduling events translated into the same kind of explanation in the spawn
@@ -20,6 +21,7 @@ a restarted hub read them from the API; the ledger file keeps only the line (and
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import math
 import time
@@ -58,10 +60,12 @@ from spawner.inventory import (
     Pending,
     add_pending,
     holds_resources,
+    live_pending,
+    pod_key,
 )
 from spawner.job_request import JobPlace
 from spawner.jobs import is_job_key
-from spawner.ledger import Held, LedgerError, server_key, stop_message
+from spawner.ledger import Held, LedgerError, Placing, server_key, stop_message
 from spawner.lifecycle import RestartCheck
 from spawner.line import LogRead, WaitingLineMixin
 from spawner.mixin import asked_bytes
@@ -72,7 +76,7 @@ from spawner.shares import GpuRequest, RequestKind, format_bytes, parse_quantity
 from spawner.sharing.base import ApiList, Listing, SharingBackend, Target
 from spawner.sharing.gpushare import unit_bytes
 from spawner.stop_events import STOPPED, pod_event, stop_request
-from spawner.waitline import activity_report_interval
+from spawner.waitline import Entry, Reservation, activity_report_interval
 
 TRANSIENT_STATUSES = {429, 500, 502, 503, 504}
 STOP_NOTE_TIMEOUT_S = 5  # the note of who stopped a server waits no longer than this for the API
@@ -158,21 +162,19 @@ async def _items(call: Any) -> list[dict[str, Any]]:
 
 
 CACHES: dict[str, ClusterCache] = {}
-# Namespace -> pod name -> a placement this hub decided whose pod the listing does not count yet.
-# In this process only: every spawn of the hub decides in its one event loop, between two awaits.
-PENDING: dict[str, dict[str, Pending]] = {}
 
 
 def usage_from_pods(pods: list[dict[str, Any]], user: str, except_pod: str, pending: Iterable[Pending] = ()) -> Usage:
     """What the pods' annotations count against the group rules (the pod being started excluded),
-    with the ``pending`` placements whose pods are not listed yet."""
+    with the ``pending`` placements whose pods are not listed yet (by name, or by user and server: a job's)."""
     servers = 0
     group_bytes: dict[str, int] = {}
     listed = {pod.get("metadata", {}).get("name") for pod in pods}
+    listed |= {pod_key(pod) for pod in pods if holds_resources(pod)}  # a job's pod: named by the Job controller
     for placed in pending:
-        if placed.pod in listed or placed.pod == except_pod:
+        if placed.pod in listed or placed.key in listed or placed.pod == except_pod:
             continue
-        servers += placed.allocation.user == user
+        servers += placed.allocation.user == user and not is_job_key(placed.key)
         if placed.group:
             group_bytes[placed.group] = group_bytes.get(placed.group, 0) + placed.asked_bytes
     for pod in pods:
@@ -331,8 +333,11 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
     ).tag(config=True)
 
     gpu_option_keys = OPTION_KEYS | {"profile", "wait"}
-    _gpu_cluster: Inventory | None = None
+    _gpu_cluster: Inventory | None = None  # the listing's, with the placements it does not count yet
+    _gpu_listed: Inventory | None = None  # the listing's alone
     _gpu_pods: list[dict[str, Any]] | None = None  # the listing _gpu_cluster was built from
+    _gpu_seen: tuple[Pending, ...] = ()  # the placements _gpu_cluster counts beyond the listing
+    _gpu_turn: Placing | None = None  # this spawn's turn in the ledger (its placement is written with it)
     _gpu_sharing: SharingBackend | None = None  # the sharing backend fitted to that listing
     _gpu_placement: tuple[str | None, Choice | None] | None = None  # the group charged and where, once placed
     _gpu_api_error = ""
@@ -386,11 +391,19 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         self._gpu_sharing, inventory = sharing.read(self.sharing_backend(), listing)
         for warning in inventory.warnings:
             self.log.warning("gpuslice inventory: %s", warning)
-        pending = PENDING.setdefault(self.namespace, {})
-        for pod in add_pending(inventory, list(pending.values())):
-            pending.pop(pod, None)  # the cluster counts its pod now
-        self._gpu_cluster, self._gpu_pods = inventory, snapshot.pods
-        return inventory, snapshot.pods
+        self._gpu_listed, self._gpu_pods = inventory, snapshot.pods
+        self._gpu_cluster = self._counting(self._ledger.placing())
+        return self._gpu_cluster, snapshot.pods
+
+    def _counting(self, placing: list[Pending]) -> Inventory:
+        """The cluster as listed, with the placements (the ledger's ``placing``) it does not count yet but this
+        spawn's own (``self._gpu_seen``: those counted)."""
+        assert self._gpu_listed is not None and self._gpu_pods is not None  # cluster() came first
+        inventory = copy.deepcopy(self._gpu_listed)
+        live = [p for p in live_pending(placing, self._gpu_pods, time.time()) if p.key != self._key]
+        add_pending(inventory, live)
+        self._gpu_seen = tuple(live)
+        return inventory
 
     @property
     def _machine(self) -> Machine:
@@ -562,13 +575,25 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         assert self._gpu_cluster is not None  # _refresh_view came first
         return self._gpu_cluster
 
+    def _take_turn(self, request: GpuRequest, image: str, wait: bool, joined: bool = False) -> list[Held] | None:
+        """The line's turn (spawner/line.py) over the cluster as listed and the placements the ledger holds as it
+        begins (made meanwhile by another spawn, or by the job dispatcher); a placement is written with it."""
+        placing = self._gpu_turn = Placing()
+
+        def turn(
+            rows: list[Held], line: list[Entry], mine: Entry | None, reservations: list[Reservation]
+        ) -> tuple[list[Held] | None, Entry | None]:
+            self._gpu_cluster = self._counting(placing.seen)
+            return self._turn(request, image, wait, self._line_holds(rows), line, mine, reservations, joined)
+
+        return self._ledger.take_turn(self._key, turn, placing)
+
     def _line_holds(self, rows: list[Held]) -> list[Held]:
-        """Every GPU the cluster's pods and this hub's pending placements hold, as ledger rows.
+        """Every GPU the cluster's pods and the placements not counted yet hold, as ledger rows.
 
         ``rows``: the ledger's own, always empty here (the pods are the allocations).
         """
-        pending = PENDING.get(self.namespace, {})
-        groups = {p.pod: p.group for p in pending.values()}
+        groups = {p.pod: p.group for p in self._gpu_seen}
         for pod in self._gpu_pods or []:
             meta = pod.get("metadata", {})
             groups[meta.get("name", "")] = (meta.get("annotations") or {}).get(GROUP_ANNOTATION)
@@ -582,8 +607,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
 
     def _decide(self, request: GpuRequest, image: str, holds: list[Held]) -> list[Held]:
         inventory = self._inventory(holds)
-        pending = PENDING.get(self.namespace, {}).values()
-        usage = usage_from_pods(self._gpu_pods or [], self.user.name, self.pod_name, pending)
+        usage = usage_from_pods(self._gpu_pods or [], self.user.name, self.pod_name, self._gpu_seen)
         group, choice = self.check_and_place(request, image, inventory, usage, held_demands(inventory))
         return self._rows(request, inventory, group, choice)
 
@@ -597,12 +621,18 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
             allocation = Allocation(
                 self.user.name, self.name, card if whole else request.bytes_on(card), self.pod_name, whole
             )
-            placed = Pending(self.pod_name, node.name, choice.gpus, allocation, group, asked_bytes(request, inventory))
-            PENDING.setdefault(self.namespace, {})[self.pod_name] = placed
+            placed = Pending(
+                self.pod_name, node.name, choice.gpus, allocation, group, asked_bytes(request, inventory), time.time()
+            )
+            assert self._gpu_turn is not None  # _rows runs inside _take_turn's turn
+            self._gpu_turn.made.append(placed)  # written with the placement (take_turn)
         return []
 
     def _forget_placement(self) -> None:
-        PENDING.get(self.namespace, {}).pop(self.pod_name, None)
+        try:
+            self._ledger.forget_placing(self._key)
+        except LedgerError as exc:  # kept a day at most; counted only while its pod is listed, or for minutes
+            self.log.warning("gpuslice: could not forget the placement of %s: %s", self._key, exc)
 
     def _end_hold(self) -> None:
         """The pod's hold ends: its time counts in the least-served order (the ledger keeps no pods' rows)."""

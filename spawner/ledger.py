@@ -29,11 +29,11 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from spawner.inventory import Allocation
+from spawner.inventory import Allocation, Pending
 from spawner.placement import Demand
 from spawner.sqlite_schema import migrate
 from spawner.waitline import HELD_TOO_LONG, LEFT, RELEASED, WARNED, Entry, Presence, Reservation, Wait, put_first
@@ -175,7 +175,25 @@ CREATE TABLE IF NOT EXISTS card_health (
     cleared_by TEXT NOT NULL DEFAULT ''  -- the admin who put it back, after a failure
 );
 """
-SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS, PRESENCE_AND_HELD, JOBS)
+# Step 5: on a cluster, the placements whose pods its listing does not count yet (spawner.inventory.Pending): the
+# hub's spawns and the job dispatcher are two processes, and each must see the room the other just took.
+PLACING = """
+CREATE TABLE IF NOT EXISTS placing (
+    key TEXT PRIMARY KEY,         -- "user/server", or "user/job:N"
+    pod TEXT NOT NULL,            -- the notebook's pod, or the batch job's Job
+    node TEXT NOT NULL,
+    gpus TEXT NOT NULL,           -- JSON: the node's cards it holds, as the inventory indexes them
+    user TEXT NOT NULL,
+    server TEXT NOT NULL,
+    memory_bytes INTEGER NOT NULL, -- on each of those cards
+    whole INTEGER NOT NULL,
+    grp TEXT,                     -- the group charged
+    asked_bytes INTEGER NOT NULL, -- what the group is charged
+    placed REAL NOT NULL
+);
+"""
+SCHEMA_STEPS = (SCHEMA, SERVER_PROCESS, PRESENCE_AND_HELD, JOBS, PLACING)
+PLACING_KEPT_S = 86400  # a placing row this old is gone for good (its server or job long ended)
 
 # What happened to a server, in the order it can happen. The portal's Servers page
 # reads the latest one: why a pending server waits, why a stopped one failed.
@@ -303,6 +321,17 @@ Decide = Callable[[list[Held]], list[Held] | None]
 # waiting) and the reservations not yet over; it returns the rows to hold now, or the entry
 # to keep waiting as (or neither).
 Turn = Callable[[list[Held], list[Entry], Entry | None, list[Reservation]], tuple[list[Held] | None, Entry | None]]
+
+
+@dataclass
+class Placing:
+    """One transaction's view of a cluster's placements not yet counted by its listing: the others' (``seen``, read
+    as it begins) and the ones it decides (``made``, written if it places)."""
+
+    seen: list[Pending] = field(default_factory=list)
+    made: list[Pending] = field(default_factory=list)
+
+
 # A check on a line change sees the entry (or reservation) it is about; it raises PermissionError to refuse.
 Check = Callable[[_T], None]
 
@@ -374,11 +403,17 @@ class Ledger:
             _insert(db, key, rows)
             return rows
 
-    def take_turn(self, key: str, turn: Turn) -> list[Held] | None:
+    def take_turn(self, key: str, turn: Turn, placing: Placing | None = None) -> list[Held] | None:
         """Atomically: place ``key`` if ``turn`` says so (and take it out of the line), else keep
-        or put it in the line as ``turn`` returns it. Returns the rows held, or None."""
+        or put it in the line as ``turn`` returns it. Returns the rows held, or None.
+
+        ``placing`` (a cluster): filled with the others' placements before ``turn``; what ``turn`` put in its
+        ``made`` is written with the placement."""
         with self._write() as db:
             db.execute("DELETE FROM allocation WHERE key = ?", (key,))
+            if placing is not None:
+                db.execute("DELETE FROM placing WHERE key = ?", (key,))
+                placing.seen, placing.made = _read_placing(db), []
             line = _read_line(db)
             mine = next((e for e in line if e.key == key), None)
             now = time.time()
@@ -386,6 +421,8 @@ class Ledger:
             rows, waiting = turn(_read(db), [e for e in line if e.key != key], mine, reservations)
             if rows is not None:
                 _insert(db, key, rows)
+                if placing is not None:
+                    _insert_placing(db, placing.made)
                 if mine is not None:
                     _leave(db, mine, "placed", now)
                 return rows
@@ -508,6 +545,15 @@ class Ledger:
         with self._write() as db:
             db.execute("DELETE FROM server_process WHERE pid = ? AND started = ?", (process.pid, process.started))
 
+    def placing(self) -> list[Pending]:
+        """A cluster's placements whose pods may not be counted by its listing yet (oldest first)."""
+        return self._read_only(_read_placing)
+
+    def forget_placing(self, key: str) -> None:
+        """``key``'s placement is over (its server stopped, its start failed)."""
+        with self._write() as db:
+            db.execute("DELETE FROM placing WHERE key = ?", (key,))
+
     def release(self, key: str) -> int:
         """Drop ``key``'s holds; returns how many rows went (0 when it held nothing). The hold's time is kept
         (``served``), and what its server reported of its owner is forgotten."""
@@ -606,6 +652,42 @@ def _insert(db: sqlite3.Connection, key: str, rows: list[Held]) -> None:
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(key, r.gpu_index, r.user, r.server, r.memory_bytes, int(r.whole), r.group, r.pid, now) for r in rows],
     )
+
+
+def _insert_placing(db: sqlite3.Connection, made: Iterable[Pending]) -> None:
+    now = time.time()
+    db.execute("DELETE FROM placing WHERE placed < ?", (now - PLACING_KEPT_S,))
+    db.executemany(
+        "INSERT OR REPLACE INTO placing (key, pod, node, gpus, user, server, memory_bytes, whole, grp, asked_bytes,"
+        " placed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                p.key,
+                p.pod,
+                p.node,
+                json.dumps(list(p.gpus)),
+                p.allocation.user,
+                p.allocation.server,
+                p.allocation.memory_bytes,
+                int(p.allocation.whole),
+                p.group,
+                p.asked_bytes,
+                p.placed_at or now,
+            )
+            for p in made
+        ],
+    )
+
+
+def _read_placing(db: sqlite3.Connection) -> list[Pending]:
+    rows = db.execute(
+        "SELECT pod, node, gpus, user, server, memory_bytes, whole, grp, asked_bytes, placed FROM placing"
+        " ORDER BY placed, key"
+    ).fetchall()
+    return [
+        Pending(pod, node, tuple(json.loads(gpus)), Allocation(user, server, held, pod, bool(whole)), grp, asked, at)
+        for pod, node, gpus, user, server, held, whole, grp, asked, at in rows
+    ]
 
 
 def _insert_event(db: sqlite3.Connection, key: str, kind: str, progress: int, message: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from spawner import sharing
-from spawner.kube import CACHES, PENDING, ClusterCache, KubeGpuSpawner, Snapshot
+from spawner.kube import CACHES, ClusterCache, KubeGpuSpawner, Snapshot
 from spawner.quotas import GroupRules
 from spawner.request import GpuRefused
 from tests.kube.test_kube_spawner import LOOP, make, pod_of
@@ -47,7 +47,6 @@ def spawner_on(pods: list[dict[str, Any]], ledger: Path) -> KubeGpuSpawner:
     spawner.gpu_inventory_ttl = 3600.0
     cache = CACHES.setdefault(spawner.namespace, ClusterCache())
     cache._snapshot = Snapshot([acme_node("acme-1")], pods, float("inf"))  # the listing, as the API would give it
-    PENDING.pop(spawner.namespace, None)
     return spawner
 
 
@@ -55,7 +54,6 @@ def spawner_on(pods: list[dict[str, Any]], ledger: Path) -> KubeGpuSpawner:
 def _forget_the_listing() -> Any:
     yield
     CACHES.clear()
-    PENDING.clear()
 
 
 def test_the_fake_backend_is_in_the_one_table() -> None:

@@ -1,6 +1,6 @@
 """Placements the hub decided whose pods the cluster's listing does not count yet (spawner.inventory.Pending)."""
 
-from spawner.inventory import Allocation, Pending, add_pending
+from spawner.inventory import ORPHAN_AFTER_S, Allocation, Pending, add_pending, live_pending
 from spawner.kube import usage_from_pods
 from spawner.shares import GiB
 from spawner.sharing import build_kube
@@ -36,6 +36,45 @@ def test_a_pending_placement_takes_its_room_until_the_listing_counts_its_pod() -
     inventory = build_kube(CARDS, [bound], Gpushare())
     assert add_pending(inventory, [placed("jupyter-ann", 1, 4)]) == ["jupyter-ann"]
     assert [g.free_bytes for g in inventory.nodes[0].gpus] == [4 * GiB, 8 * GiB]
+
+
+def test_a_jobs_placement_is_counted_once_its_pod_of_another_name_is() -> None:
+    """A batch job's pod is named by the Job controller: the placement (named for its Job) is matched by user and
+    server ("cy/job:7")."""
+    held = Allocation("cy", "job:7", 8 * GiB, "gpuslice-job-7-1")
+    job = Pending("gpuslice-job-7-1", "n1", (1,), held, "ml101", 8 * GiB)
+    charged = {"gpuslice.io/group": "ml101", "gpuslice.io/gpu-memory-bytes": str(8 * GiB)}
+    its_pod = pod(
+        "gpuslice-job-7-1-x2k9d",
+        "n1",
+        {"aliyun.com/gpu-mem": "8"},
+        {
+            "hub.jupyter.org/servername": "job:7",
+            "ALIYUN_COM_GPU_MEM_IDX": "1",
+            "ALIYUN_COM_GPU_MEM_POD": "8",
+            **charged,
+        },
+        user="cy",
+    )
+    inventory = build_kube(CARDS, [its_pod], Gpushare())
+    assert add_pending(inventory, [job]) == ["gpuslice-job-7-1"]
+    assert [g.free_bytes for g in inventory.nodes[0].gpus] == [8 * GiB, 0]
+    usage = usage_from_pods([its_pod], "cy", "jupyter-cy", [job])
+    assert usage.user_servers == 0  # a job is not a server
+    assert usage.group_bytes == {"ml101": 8 * GiB}  # charged once, from its pod
+    assert usage_from_pods([], "cy", "jupyter-cy", [job]).group_bytes == {"ml101": 8 * GiB}  # before it is listed
+
+
+def test_a_placement_whose_pod_never_came_frees_its_room_after_a_while() -> None:
+    """Its hub was killed between the placement and the pod: the room comes back (after ORPHAN_AFTER_S); a
+    placement with its pod listed but not bound is still counted, however long it waits."""
+    now = 10_000.0
+    fresh, old = placed("jupyter-ann", 1, 4), placed("jupyter-bob", 0, 4, user="bob")
+    fresh = Pending(**{**fresh.__dict__, "placed_at": now - 5})
+    old = Pending(**{**old.__dict__, "placed_at": now - ORPHAN_AFTER_S - 1})
+    assert live_pending([fresh, old], [], now) == [fresh]
+    waiting = pod("jupyter-bob", "", {"aliyun.com/gpu-mem": "4"}, phase="Pending", user="bob")
+    assert live_pending([fresh, old], [waiting], now) == [fresh, old]
 
 
 def test_a_placement_on_a_node_that_is_gone_holds_nothing() -> None:
