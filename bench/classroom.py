@@ -43,6 +43,7 @@ SLICE = "512MiB"  # 50 of them fit on the two simulated 16 GiB cards with room t
 PASSWORD = "bench-password"  # every bench user's (plain JupyterHub's dummy authenticator takes any)
 TEACHER = "bench-teacher"
 READY_WITHIN_S = 600  # a server not ready this long after Start is a failure
+RECONNECT_S = 3.0  # a browser's EventSource waits about this long before it opens a broken stream again
 
 
 class KernelConnectionClosedError(RuntimeError):
@@ -186,26 +187,37 @@ def _student(hub: Hub, base: str, user: str, options: dict[str, Any], start: thr
 
 
 def _follow_progress(session: requests.Session, base: str, user: str, began: float) -> None:
-    """Wait for the server as the hub's spawn page does: one event stream of its progress (JupyterHub's
-    ``/server/progress``) until an event says ready or failed. (Polling the user's model four times a second, as
-    this benchmark once did, is 240 requests a second from a class of 60, which no class's browsers send: it
-    measured the hub's answers to the poll, and the servers' own calls to the hub queued behind them.)"""
-    url = f"{base}/hub/api/users/{user}/server/progress"
-    # The hub sends a keepalive every 8 s: a read that waits longer than a minute is a hub that stopped answering.
+    """Wait for the server as the hub's spawn page does: an event stream of its progress (JupyterHub's
+    ``/server/progress``) until an event says ready or failed, opened again when it breaks or stays silent (a
+    browser's EventSource reconnects by itself). (Polling the user's model four times a second, as this benchmark
+    once did, is 240 requests a second from a class of 60, which no class's browsers send.)"""
+    while time.perf_counter() - began < READY_WITHIN_S:
+        try:
+            if _ready_by_stream(session, f"{base}/hub/api/users/{user}/server/progress", began):
+                return
+        except (requests.ConnectionError, requests.Timeout):
+            pass  # as EventSource does: open it again (the hub answers at once if the server is ready)
+        time.sleep(RECONNECT_S)
+    raise RuntimeError(f"server not ready in {READY_WITHIN_S} s")
+
+
+def _ready_by_stream(session: requests.Session, url: str, began: float) -> bool:
+    """One progress stream: True once it says ready, False when it ends or runs past the wait; raises if failed."""
+    # The hub writes a keepalive every 8 s: a minute of silence is a stream to open again.
     with session.get(url, stream=True, timeout=(60, 60)) as response:
         if response.status_code != 200:
             raise RuntimeError(f"progress: HTTP {response.status_code}: {response.text[:120]}")
         for line in response.iter_lines(decode_unicode=True):
             if time.perf_counter() - began > READY_WITHIN_S:
-                raise RuntimeError(f"server not ready in {READY_WITHIN_S} s")
+                return False
             if not line or not line.startswith("data:"):
                 continue
             event = json.loads(line.removeprefix("data:"))
             if event.get("ready"):
-                return
+                return True
             if event.get("failed"):
                 raise RuntimeError(f"spawn failed: {str(event.get('message', ''))[:240]}")
-    raise RuntimeError("the progress stream ended with neither ready nor failed")
+    return False
 
 
 def _stop_all(hub: Hub, users: list[str]) -> None:
