@@ -18,7 +18,6 @@ from the cluster at each look: a restarted hub's dispatcher carries on where the
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from hub.job_dispatch import decide
 from spawner import sharing
 from spawner.cgroups import DEFAULT_LIMITS
-from spawner.inventory import GROUP_ANNOTATION, Allocation, Inventory, Pending, add_pending, live_pending
+from spawner.inventory import GROUP_ANNOTATION, Allocation, Inventory, Pending, with_pending
 from spawner.job_kube import JobPod, Observed, job_manifest, job_name, observed
 from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement
 from spawner.jobs import (
@@ -242,9 +241,7 @@ def counting(
 ) -> tuple[Inventory, list[Held]]:
     """The cluster as listed with the placements (the ledger's ``placing``: the hub's spawns' and this
     service's) it does not count yet, and what it holds as ledger rows."""
-    inventory = copy.deepcopy(listed)
-    live = live_pending(placing, pods, time.time())
-    add_pending(inventory, live)
+    inventory, live = with_pending(listed, pods, placing, time.time())
     groups = {p.pod: p.group for p in live}
     for pod in pods:
         meta = pod.get("metadata", {})

@@ -7,6 +7,7 @@ Pure code. Built here from this machine's GPUs and the ledger's allocations
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -198,6 +199,18 @@ def live_pending(pending: Iterable[Pending], pods: Iterable[Obj], now: float) ->
     unbound holds no card in the listing yet, for as long as it waits)."""
     listed = {pod.get("metadata", {}).get("name") for pod in pods} | {pod_key(pod) for pod in pods}
     return [p for p in pending if now - p.placed_at < ORPHAN_AFTER_S or p.pod in listed or p.key in listed]
+
+
+def with_pending(
+    listed: Inventory, pods: Iterable[Obj], pending: Iterable[Pending], now: float, but: str = ""
+) -> tuple[Inventory, list[Pending]]:
+    """A copy of the ``listed`` cluster charged with the ``pending`` placements still to count (``live_pending``),
+    but the one of key ``but`` (a spawn's own); and those placements."""
+    pods = list(pods)
+    live = [p for p in live_pending(pending, pods, now) if p.key != but]
+    inventory = copy.deepcopy(listed)
+    add_pending(inventory, live)
+    return inventory, live
 
 
 def add_pending(inventory: Inventory, pending: Iterable[Pending]) -> list[str]:

@@ -21,7 +21,6 @@ a restarted hub read them from the API; the ledger file keeps only the line (and
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import math
 import time
@@ -58,10 +57,9 @@ from spawner.inventory import (
     Gpu,
     Inventory,
     Pending,
-    add_pending,
     holds_resources,
-    live_pending,
     pod_key,
+    with_pending,
 )
 from spawner.job_request import JobPlace
 from spawner.jobs import is_job_key
@@ -399,9 +397,7 @@ class KubeGpuSpawner(WaitingLineMixin, KubeSpawner):  # type: ignore[misc]
         """The cluster as listed, with the placements (the ledger's ``placing``) it does not count yet but this
         spawn's own (``self._gpu_seen``: those counted)."""
         assert self._gpu_listed is not None and self._gpu_pods is not None  # cluster() came first
-        inventory = copy.deepcopy(self._gpu_listed)
-        live = [p for p in live_pending(placing, self._gpu_pods, time.time()) if p.key != self._key]
-        add_pending(inventory, live)
+        inventory, live = with_pending(self._gpu_listed, self._gpu_pods, placing, time.time(), but=self._key)
         self._gpu_seen = tuple(live)
         return inventory
 
