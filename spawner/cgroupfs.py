@@ -7,11 +7,13 @@ all. ``Hierarchy`` says which this machine has, read from ``/proc/self/mounts``;
 gives ``Cgroups`` a temporary tree instead. The values written come from spawner/cgroups.py.
 
 Every server's cgroup sits under one parent (``gpuslice``), so the servers left by a hub
-that is gone are found by listing it, whether or not anything recorded them. A parent weighs
-what its servers weigh together (``weigh_parents``): the kernel shares CPU between a group and
-its siblings by the group's own weight, so a parent left at the default would give every
-server together the share of one process beside the hub, the proxy and the portal (a class of
-60 starting at once got so little CPU that every server missed its 180 s to answer).
+that is gone are found by listing it, whether or not anything recorded them. The parent keeps
+the kernel's default CPU weight, as systemd's ``user.slice`` does beside ``system.slice``: all
+servers together weigh as one process beside the hub, the proxy and the portal, which therefore
+keep answering while a class starts (weights only divide a busy CPU: an idle hub leaves the
+servers every core). Parents weighing the sum of their servers were tried and measured worse: a
+class of 60 started 48 of 60 against 60 of 60 (docs/load.md), a hub restarted beside 20
+starting servers took so long that servers waiting for it gave up, and a second hub took 90 s.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from spawner.cgroups import Limits, v1_files, v2_files
 PARENT = "gpuslice"
 V1_CONTROLLERS = ("memory", "pids", "cpu", "devices")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
-V1_MOST_SHARES, V2_MOST_WEIGHT = 262_144, 10_000  # the kernel's largest cpu.shares and cpu.weight
-DEFAULT_WEIGHT = {"cpu.shares": 1024, "cpu.weight": 100}  # a level with no server: as one process
 
 
 @dataclass(frozen=True)
@@ -114,21 +114,7 @@ class Cgroups:
             folder.mkdir(exist_ok=True)
             for file, value in v2_files(limits):
                 (folder / file).write_text(value)
-        self.weigh_parents()
         return self.directories(name)
-
-    def weigh_parents(self) -> None:
-        """Each level above the servers weighs the sum of what is below it (its servers' CPU weights), within the
-        kernel's range: each server then competes for CPU as one process beside the platform's own."""
-        file, most = ("cpu.shares", V1_MOST_SHARES) if self.hierarchy.version == 1 else ("cpu.weight", V2_MOST_WEIGHT)
-        mount = self.hierarchy.mounts.get("cpu" if self.hierarchy.version == 1 else "")
-        if mount is None:
-            return
-        levels = [mount / Path(*Path(self.parent).parts[: i + 1]) for i in range(len(Path(self.parent).parts))]
-        for level in reversed(levels):  # the deepest first: each sums the level below as just written
-            with contextlib.suppress(OSError):  # a server removed meanwhile; the next start or stop weighs again
-                below = [int((child / file).read_text()) for child in level.iterdir() if (child / file).is_file()]
-                (level / file).write_text(str(min(most, max(sum(below), DEFAULT_WEIGHT[file]))))
 
     def names(self) -> set[str]:
         """Every server cgroup present (in any hierarchy)."""
@@ -163,7 +149,6 @@ class Cgroups:
         for folder in self.directories(name):
             _rmdir(folder)
             _rmdir(folder.parent, quietly=True)  # the platform's folder, once its last server is gone
-        self.weigh_parents()
         return killed
 
 

@@ -76,34 +76,6 @@ def test_a_v2_cgroup_hands_the_controllers_down(tmp_path: Path) -> None:
     }
 
 
-def test_the_levels_above_the_servers_weigh_what_their_servers_weigh_together(tmp_path: Path) -> None:
-    """Else the kernel gives all the servers together one process's share beside the hub and the portal."""
-    mounts = {c: tmp_path / c for c in ("memory", "pids", "cpu", "devices")}
-    cgroups = Cgroups(Hierarchy(1, mounts), "gpuslice/p1")
-    for name, weight in (("a", 100), ("b", 100), ("c", 50)):
-        cgroups.create(name, Limits(512 * MiB, 64, weight, MiB, MiB), [])
-    shares = {level: (tmp_path / "cpu" / level / "cpu.shares").read_text() for level in ("gpuslice", "gpuslice/p1")}
-    assert shares == {"gpuslice": "2560", "gpuslice/p1": "2560"}  # 1024 + 1024 + 512
-
-    def remove(name: str) -> None:
-        for folder in cgroups.directories(name):  # a real cgroup's files go with its folder; a temporary tree's not
-            for file in folder.iterdir():
-                file.unlink()
-        cgroups.remove(name)
-
-    remove("a")
-    assert (tmp_path / "cpu/gpuslice/cpu.shares").read_text() == "1536"
-    remove("b")
-    remove("c")
-    assert (tmp_path / "cpu/gpuslice/cpu.shares").read_text() == "1024"  # no server: one process's share
-
-    v2 = Cgroups(Hierarchy(2, {"": tmp_path / "v2"}), "gpuslice/p1")
-    (tmp_path / "v2/gpuslice").mkdir(parents=True)
-    for name in map(str, range(150)):  # more than the kernel's largest weight can say
-        v2.create(name, Limits(512 * MiB, 64, 100, MiB, MiB), [])
-    assert (tmp_path / "v2/gpuslice/p1/cpu.weight").read_text() == "10000"
-
-
 # -- for real, as root ---------------------------------------------------------------------
 
 
