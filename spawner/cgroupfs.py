@@ -8,12 +8,12 @@ gives ``Cgroups`` a temporary tree instead. The values written come from spawner
 
 Every server's cgroup sits under one parent (``gpuslice``), so the servers left by a hub
 that is gone are found by listing it, whether or not anything recorded them. The parent keeps
-the kernel's default CPU weight, as systemd's ``user.slice`` does beside ``system.slice``: all
-servers together weigh as one process beside the hub, the proxy and the portal, which therefore
-keep answering while a class starts (weights only divide a busy CPU: an idle hub leaves the
-servers every core). Parents weighing the sum of their servers were tried and measured worse: a
-class of 60 started 48 of 60 against 60 of 60 (docs/load.md), a hub restarted beside 20
-starting servers took so long that servers waiting for it gave up, and a second hub took 90 s.
+the kernel's default CPU weight, as the servers' ``gpuslice.slice`` does beside ``system.slice``
+under systemd: all servers together weigh as one process beside the hub, the proxy and the
+portal, which keep answering while a class starts (weights only divide a busy CPU: an idle hub
+leaves the servers every core; a class of 60 started 60 of 60 so, docs/load.md). Parents that
+weighed the sum of their servers were tried: a hub beside 20 starting servers then took over
+90 s to start, and one restarted beside them so long that servers waiting for it gave up.
 """
 
 from __future__ import annotations

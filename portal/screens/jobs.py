@@ -95,9 +95,10 @@ def show_job(job_id: int) -> None:
         return
     _facts(job, events, time.time())
     cancel_col, resubmit_col = st.columns(2)
-    if job.state not in FINAL and cancel_col.button("Cancel", type="primary"):
+    if job.state not in FINAL and cancel_col.button("Cancel", type="primary") and said.may_act("job", "cancel", job.id):
         said.act("job", lambda: jobs.cancel(identity, job.id), lambda after: f"Job {after.id}: {after.reason}")
-    if job.user == identity.name and resubmit_col.button("Resubmit with the same settings"):
+    resubmit = job.user == identity.name and resubmit_col.button("Resubmit with the same settings")
+    if resubmit and said.may_act("job", "resubmit", job.id):
         said.act("job", lambda: jobs.resubmit(identity, job.id), lambda after: f"Submitted as job {after.id}.")
     said.show("job")
     if job.user == identity.name or identity.admin:  # the hub says the same: output is its owner's and admins'

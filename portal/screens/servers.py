@@ -107,7 +107,9 @@ with st.expander("History of a server"):
 stoppable = [j for j in shown if j.state in ("running", "pending") and (identity.admin or j.user == identity.name)]
 if stoppable:
     choice = st.selectbox("Stop a server", stoppable, format_func=_label)
-    if st.button("Stop", type="primary") and choice is not None:
+    server = (choice.user, choice.server) if choice is not None else None
+    shown_before = said.seen("stop", server)
+    if st.button("Stop", type="primary") and choice is not None and said.may_act("stop", "stop", server, shown_before):
         _act(lambda: servers.stop_server(identity, choice.user, choice.server), f"Stopping {_label(choice)}.")
 
 manager = line.line_manager(identity)
@@ -155,14 +157,20 @@ def live_queue() -> None:
     manageable = [w for w in waiting if may_manage(manager, w.group) is None]
     if manageable:
         chosen_wait = st.selectbox("Waiting request", manageable, format_func=_waiting_label, key="waiting")
+        request = (chosen_wait.user, chosen_wait.server) if chosen_wait is not None else None
+        shown_before = said.seen("queue", request)
         first_col, cancel_col = st.columns(2)
-        if first_col.button("Put first") and chosen_wait is not None:
+        if first_col.button("Put first") and chosen_wait and said.may_act("queue", "first", request, shown_before):
             said.act(
                 "queue",
                 lambda: line.put_first(identity, chosen_wait.user, chosen_wait.server),
                 f"{views.plain(chosen_wait.user)} goes first.",
             )
-        if cancel_col.button("Cancel the request") and chosen_wait is not None:
+        if (
+            cancel_col.button("Cancel the request")
+            and chosen_wait
+            and said.may_act("queue", "cancel", request, shown_before)
+        ):
             said.act(
                 "queue",
                 lambda: line.cancel_waiting(identity, chosen_wait.user, chosen_wait.server),

@@ -207,7 +207,9 @@ def live_class() -> None:
             width="stretch",
         )
         stop = st.selectbox("Server", running, format_func=lambda s: f"{s.user}/{s.name or '(default)'}", key="stop")
-        if st.button("Stop this server") and stop is not None:
+        server = (stop.user, stop.name) if stop is not None else None
+        stop_seen = said.seen("class-stop", server)
+        if st.button("Stop this server") and stop is not None and said.may_act("class", "stop", server, stop_seen):
             said.act(
                 "class", lambda: servers.stop_server(identity, stop.user, stop.name), f"Stopping {stop.user}'s server."
             )
@@ -232,7 +234,9 @@ def live_class() -> None:
             width="stretch",
         )
         first = st.selectbox("Waiting student", waiting, format_func=lambda w: w.user, key="first")
-        if st.button("Put first") and first is not None:
+        request = (first.user, first.server) if first is not None else None
+        first_seen = said.seen("class-first", request)
+        if st.button("Put first") and first is not None and said.may_act("class", "first", request, first_seen):
             said.act("class", lambda: line.put_first(identity, first.user, first.server), f"{first.user} goes first.")
     else:
         st.caption("Nobody of this class waits for a GPU.")

@@ -437,6 +437,27 @@ def test_an_admin_cancels_a_waiting_request_from_the_queue_view(
     assert said in texts(at) and "Cancel the request" not in [b.label for b in at.button]
 
 
+@pytest.mark.process
+def test_a_click_acts_on_the_request_the_page_showed_once_however_often_it_arrives(
+    fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Streamlit replays a click after a refresh of the queue interrupts its run: seen in a browser, one
+    click cancelled the first in line and then the next one. A click arriving again before the page showed
+    the line moved up acts on nobody else; once the page shows the next request, a click cancels it."""
+    for user in ("dan", "eve"):
+        ledger = _ledger_with_a_waiter(tmp_path / "ledger.sqlite", user, "ml101")
+    at = run("screens/servers.py")
+    cancel = next(b for b in at.button if b.label == "Cancel the request")
+    cancel.click().run()  # drawn with dan chosen and first: dan goes
+    assert [e.user for e in ledger.line()] == ["eve"]
+    next(b for b in at.button if b.label == "Cancel the request").click().run()  # again, the page still showing dan
+    assert [e.user for e in ledger.line()] == ["eve"], "a replayed click cancelled a request nobody chose"
+    assert "The list changed as you pressed: nothing was done" in texts(at)
+    next(b for b in at.button if b.label == "Cancel the request").click().run()  # the page now shows eve
+    assert ledger.line() == []
+    assert "Cancelled: eve's page will say you did." in texts(at)
+
+
 def test_the_overview_shows_wait_percentiles_per_class_and_day_in_the_viewers_scope(
     fakes: dict[str, object], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
