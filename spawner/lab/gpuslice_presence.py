@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -100,10 +101,15 @@ def kernels_now(kernel_manager: Any) -> tuple[int, bool]:
 class Reporter:
     """Posts the server's reports to the hub, every ``beat_s`` and at once when a beat asks for it."""
 
-    def __init__(self, serverapp: Any, hub: dict[str, str], watch: Watch) -> None:
+    def __init__(self, serverapp: Any, hub: dict[str, str], watch: Watch, tls: dict[str, Any]) -> None:
         from tornado.httpclient import AsyncHTTPClient
 
-        self.serverapp, self.watch, self.client = serverapp, watch, AsyncHTTPClient()
+        # A client of its own, never the event loop's shared one: tornado makes that once, with the defaults
+        # configured when it is first asked for. This extension loads before JupyterHub's, which configures
+        # the hub's CA and its client certificate (internal SSL) and then asks for it: taken here, it lacked
+        # them, JupyterHub's check of its hub failed, and the server exited before it listened.
+        self.serverapp, self.watch = serverapp, watch
+        self.client = AsyncHTTPClient(force_instance=True, defaults=tls)
         user, server = quote(hub["user"], safe=""), quote(hub["server"], safe="")
         self.url = f"{hub['api_url'].rstrip('/')}/gpuslice/presence/{user}/{server}"
         self.headers = {"Authorization": f"token {hub['token']}", "Content-Type": "application/json"}
@@ -148,6 +154,21 @@ def hub_of(environ: dict[str, str]) -> dict[str, str] | None:
     }
 
 
+# Where JupyterHub's single-user server finds its TLS files for the hub (internal SSL), by tornado's setting.
+HUB_TLS_FILES = {
+    "ca_certs": "JUPYTERHUB_SSL_CLIENT_CA",
+    "client_key": "JUPYTERHUB_SSL_KEYFILE",
+    "client_cert": "JUPYTERHUB_SSL_CERTFILE",
+}
+
+
+def hub_tls(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The requests' TLS settings for the hub, as JupyterHub's single-user server makes its own: the hub's CA
+    and this server's key and certificate under internal SSL, the system's CAs where none is named."""
+    named = {setting: environ[name] for setting, name in HUB_TLS_FILES.items() if environ.get(name)}
+    return {"validate_cert": True, **named}
+
+
 def beat_seconds(environ: dict[str, str]) -> float:
     """The pages' beat and the reports' period: JupyterHub's activity interval (the spawner sets it to a
     sixth of the reclaim warning's lead, so a return during a warning reaches the hub in time)."""
@@ -169,7 +190,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     environ = dict(os.environ)
     watch = Watch(beat_seconds(environ))
     hub = hub_of(environ)
-    reporter = Reporter(serverapp, hub, watch) if hub else None
+    reporter = Reporter(serverapp, hub, watch, hub_tls(environ)) if hub else None
 
     class PresenceHandler(APIHandler):
         """A page's beat: ``{"page": ID, "input": BOOL}``; answers how often to beat."""

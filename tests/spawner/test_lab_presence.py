@@ -3,6 +3,7 @@
 (On a real jupyter_server with a real JupyterLab page: tests/e2e/test_presence.py.)
 """
 
+import asyncio
 import importlib.util
 from types import ModuleType, SimpleNamespace
 
@@ -107,3 +108,43 @@ def test_a_page_that_says_it_closes_is_gone_at_once_and_its_closing_is_the_last_
     assert watch.report(25.0, connections=0, busy=False)["pages"] == 0
     assert watch.report(25.0, connections=0, busy=False)["page_s"] == 5.0  # seen until it closed
     assert watch.beat("zz", False, now=30.0, gone=True) is False  # a page never seen: nothing to tell
+
+
+def test_the_hubs_tls_files_are_those_jupyterhub_names_and_none_over_plain_http() -> None:
+    internal_ssl = {
+        "JUPYTERHUB_SSL_CLIENT_CA": "/etc/jupyterhub/ssl/notebooks-ca_trust.crt",
+        "JUPYTERHUB_SSL_KEYFILE": "/etc/jupyterhub/ssl/ssl.key",
+        "JUPYTERHUB_SSL_CERTFILE": "/etc/jupyterhub/ssl/ssl.crt",
+    }
+    assert lab.hub_tls(internal_ssl) == {
+        "validate_cert": True,
+        "ca_certs": "/etc/jupyterhub/ssl/notebooks-ca_trust.crt",
+        "client_key": "/etc/jupyterhub/ssl/ssl.key",
+        "client_cert": "/etc/jupyterhub/ssl/ssl.crt",
+    }
+    assert lab.hub_tls({"JUPYTERHUB_SSL_CLIENT_CA": ""}) == {"validate_cert": True}  # an empty one is no file
+
+
+def test_the_reporter_leaves_jupyterhub_the_shared_client_it_configures_for_the_hub() -> None:
+    """JupyterHub's single-user extension loads after this one, configures tornado's client with the hub's CA
+    and asks for the event loop's shared client (jupyterhub/singleuser/extension.py, hub_http_client): a
+    reporter that had taken that client first left JupyterHub one without the CA (KubeSpawner's
+    test_spawn_internal_ssl: the server's hub check failed and it exited)."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    hub = {"api_url": "https://hub:8081/hub/api", "token": "t", "user": "ann", "server": ""}
+    tls = lab.hub_tls({"JUPYTERHUB_SSL_CLIENT_CA": "/ssl/ca.crt"})
+
+    async def load_as_the_server_does() -> None:
+        reporter = lab.Reporter(SimpleNamespace(), hub, lab.Watch(beat_s=30), tls)
+        AsyncHTTPClient.configure(AsyncHTTPClient.configured_class(), defaults={"ca_certs": "/ssl/hub-ca.crt"})
+        jupyterhubs = AsyncHTTPClient()
+        assert jupyterhubs.defaults["ca_certs"] == "/ssl/hub-ca.crt"
+        assert reporter.client is not jupyterhubs and reporter.client.defaults["ca_certs"] == "/ssl/ca.crt"
+        reporter.client.close()
+
+    saved = AsyncHTTPClient._save_configuration()
+    try:
+        asyncio.run(load_as_the_server_does())
+    finally:
+        AsyncHTTPClient._restore_configuration(saved)
