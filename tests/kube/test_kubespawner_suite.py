@@ -26,12 +26,7 @@ KNOWN: dict[str, str] = {}
 # Tests whose result against the double is not settled yet: either result is allowed, and said. Not a
 # difference of real clusters (that would be KNOWN): a defect of the double or of its stand-in images
 # that is still being found.
-UNSETTLED: dict[str, str] = {
-    "test_spawner::test_spawn_internal_ssl": (
-        "since 2026-11-27 the hub-ssl pod's check_up of the internal-SSL server is mostly refused"
-        " (connection refused, also when run again alone); it passed on 2026-11-25; cause not yet found"
-    ),
-}
+UNSETTLED: dict[str, str] = {}
 
 
 def vendored_suite() -> Path:
