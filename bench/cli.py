@@ -52,6 +52,12 @@ def register(commands: Any) -> None:
         default=0,
         help="browser sessions (headless Chromium) refreshing the portal while gpuslice's class spawns (default 0)",
     )
+    klass.add_argument(
+        "--browsers-apart",
+        action="store_true",
+        help="run the sessions' browsers in a cgroup of their own, one share of the CPU (root; default: beside"
+        " the platform, each browser process weighing as much as the hub)",
+    )
     klass.set_defaults(run=_class)
     alerts = benches.add_parser("alerts", help="replay a simulated week with injected faults through the alert rules")
     alerts.add_argument("--days", type=float, default=7.0, help="days to simulate (default 7)")
@@ -119,7 +125,7 @@ def _class(args: argparse.Namespace) -> int:
     with _bench_extra():
         from bench.classroom import run
 
-    print(json.dumps(run(args.users, args.portal_sessions), indent=2))
+    print(json.dumps(run(args.users, args.portal_sessions, args.browsers_apart), indent=2))
     return 0
 
 

@@ -6,18 +6,32 @@ as answered when its title is shown and Streamlit reports the script run finishe
 that takes over a minute, or shows a traceback or an error message, is a failure.
 Timings are kept apart for the idle portal (before the class) and for the portal while
 the class spawns, so the figure that matters is their ratio on the same machine.
+
+The browsers stand in for the readers' own computers. Beside the platform on the same cores,
+every Chromium process weighs as much as the hub or the portal, and three sessions loading pages
+back to back outweighed the portal they measure and the class's servers (docs/load.md).
+``browsers_apart`` runs them in a cgroup of their own (``gpuslice-bench/browsers``, the weight of
+one process, as the servers' parent has): the readers' computers then cost the machine one share
+however many processes they start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shlex
 import statistics
+import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spawner import cgroupfs
+from spawner.cgroups import GiB, Limits
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -85,12 +99,22 @@ def _p95(times: list[float]) -> float | None:
 class PortalLoad:
     """``with PortalLoad(base, users): run the class`` keeps every session refreshing meanwhile."""
 
-    def __init__(self, base: str, users: list[str], roles: dict[str, str] | None = None, idle_rounds: int = 2) -> None:
+    def __init__(
+        self,
+        base: str,
+        users: list[str],
+        roles: dict[str, str] | None = None,
+        idle_rounds: int = 2,
+        browsers_apart: bool = False,
+    ) -> None:
         """``roles``: each user's role ("admin", "teacher", "student"; default admin): first paints are kept
-        per page and role, and teachers and admins open the Teaching page too."""
+        per page and role, and teachers and admins open the Teaching page too. ``browsers_apart``: the
+        browsers in a cgroup of their own (needs root and a cgroup filesystem)."""
         if not Path(CHROMIUM).exists():
             raise RuntimeError("portal sessions need Debian's chromium: scripts/setup installs it")
-        self.base, self.users, self.idle_rounds = base, users, idle_rounds
+        if browsers_apart and cgroupfs.detect() is None:
+            raise RuntimeError("browsers apart need root and a cgroup filesystem (v1 or v2); run without it")
+        self.base, self.users, self.idle_rounds, self.browsers_apart = base, users, idle_rounds, browsers_apart
         self.roles = roles or dict.fromkeys(users, "admin")
         self.first, self.idle, self.during = Phase(), Phase(), Phase()
         self.first_reloads: list[str] = []
@@ -117,6 +141,7 @@ class PortalLoad:
             ratio = {"p50": round(during["p50_s"] / idle["p50_s"], 2), "p95": round(during["p95_s"] / idle["p95_s"], 2)}
         return {
             "sessions": len(self.users),
+            "browsers": "in a cgroup of their own" if self.browsers_apart else "beside the platform",
             "first_page": self.first.summary() | {"reloaded": self.first_reloads},
             "idle": idle,
             "during_class": during,
@@ -135,8 +160,8 @@ class PortalLoad:
     async def _sessions(self) -> None:
         from playwright.async_api import async_playwright
 
-        async with async_playwright() as p:
-            browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        async with async_playwright() as p, _browser_program(self.browsers_apart) as program:
+            browser = await p.chromium.launch(executable_path=program, args=ARGS)
             try:
                 pages = await asyncio.gather(*(self._login(browser, user) for user in self.users))
                 roles = [self.roles.get(user, "admin") for user in self.users]
@@ -217,6 +242,38 @@ class PortalLoad:
         if count:
             phase.failures[failure] += 1
         return failure
+
+
+BROWSER_CGROUP_PARENT, BROWSER_CGROUP = "gpuslice-bench", "browsers"
+
+
+@contextlib.asynccontextmanager
+async def _browser_program(apart: bool) -> Any:
+    """What Playwright starts as Chromium: Chromium itself, or (``apart``) a launcher that first joins the
+    browsers' cgroup, which is emptied and removed when the block ends."""
+    if not apart:
+        yield CHROMIUM
+        return
+    hierarchy = cgroupfs.detect()
+    assert hierarchy is not None  # checked by PortalLoad
+    cgroups = cgroupfs.Cgroups(hierarchy, parent=BROWSER_CGROUP_PARENT)
+    # One share of the CPU (the default weight), memory and processes enough for a few sessions, every device.
+    folders = cgroups.create(BROWSER_CGROUP, Limits(memory_bytes=16 * GiB, processes=4096), ["a"])
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpuslice-browsers-") as folder:
+            launcher = Path(folder) / "chromium"
+            launcher.write_text(launcher_script([f / "cgroup.procs" for f in folders], CHROMIUM))
+            launcher.chmod(0o755)
+            yield str(launcher)
+    finally:
+        cgroups.remove(BROWSER_CGROUP)
+
+
+def launcher_script(procs: Sequence[Path], program: str) -> str:
+    """A shell script that writes its own PID into each ``cgroup.procs`` and then execs ``program`` with its
+    arguments: exec keeps the PID, so the program itself joined, and every process it starts is born there."""
+    joins = "".join(f"echo $$ > {shlex.quote(str(path))}\n" for path in procs)
+    return f'#!/bin/sh\nset -e\n{joins}exec {shlex.quote(program)} "$@"\n'
 
 
 async def _what_it_shows(page: Any) -> str:
