@@ -5,6 +5,7 @@ import sqlite3
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -365,7 +366,17 @@ def test_in_the_browser_three_students_of_a_two_slice_class_press_start_together
 
         classmate = pages[started[0]]
         classmate.goto(f"{platform.url}/hub/home")
-        classmate.click("#stop")  # the hub home page's Stop My Server
+        # The hub's home page binds Stop My Server in a script it loads after the page's load event: a click
+        # before that did nothing (a full run's failure: no stop request in the hub's log). Pressed once the
+        # page is settled, and the stop request it sends awaited.
+        classmate.wait_for_load_state("networkidle")
+
+        def stops_the_server(request: Any) -> bool:
+            path = urlsplit(request.url).path
+            return bool(request.method == "DELETE" and path.endswith(f"/users/{started[0]}/server"))
+
+        with classmate.expect_request(stops_the_server, timeout=30_000):
+            classmate.click("#stop")
         third.wait_for_url(f"**/user/{waiting[0]}/lab**", timeout=120_000)  # nobody pressed anything there
         third.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         browser.close()
