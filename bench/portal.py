@@ -112,9 +112,11 @@ class PortalLoad:
         browsers in a cgroup of their own (needs root and a cgroup filesystem)."""
         if not Path(CHROMIUM).exists():
             raise RuntimeError("portal sessions need Debian's chromium: scripts/setup installs it")
-        if browsers_apart and cgroupfs.detect() is None:
+        # Where the browsers' cgroup goes (None: beside the platform), found once.
+        self.browser_hierarchy = cgroupfs.detect() if browsers_apart else None
+        if browsers_apart and self.browser_hierarchy is None:
             raise RuntimeError("browsers apart need root and a cgroup filesystem (v1 or v2); run without it")
-        self.base, self.users, self.idle_rounds, self.browsers_apart = base, users, idle_rounds, browsers_apart
+        self.base, self.users, self.idle_rounds = base, users, idle_rounds
         self.roles = roles or dict.fromkeys(users, "admin")
         self.first, self.idle, self.during = Phase(), Phase(), Phase()
         self.first_reloads: list[str] = []
@@ -141,7 +143,7 @@ class PortalLoad:
             ratio = {"p50": round(during["p50_s"] / idle["p50_s"], 2), "p95": round(during["p95_s"] / idle["p95_s"], 2)}
         return {
             "sessions": len(self.users),
-            "browsers": "in a cgroup of their own" if self.browsers_apart else "beside the platform",
+            "browsers": "beside the platform" if self.browser_hierarchy is None else "in a cgroup of their own",
             "first_page": self.first.summary() | {"reloaded": self.first_reloads},
             "idle": idle,
             "during_class": during,
@@ -160,7 +162,7 @@ class PortalLoad:
     async def _sessions(self) -> None:
         from playwright.async_api import async_playwright
 
-        async with async_playwright() as p, _browser_program(self.browsers_apart) as program:
+        async with async_playwright() as p, _browser_program(self.browser_hierarchy) as program:
             browser = await p.chromium.launch(executable_path=program, args=ARGS)
             try:
                 pages = await asyncio.gather(*(self._login(browser, user) for user in self.users))
@@ -248,14 +250,12 @@ BROWSER_CGROUP_PARENT, BROWSER_CGROUP = "gpuslice-bench", "browsers"
 
 
 @contextlib.asynccontextmanager
-async def _browser_program(apart: bool) -> Any:
-    """What Playwright starts as Chromium: Chromium itself, or (``apart``) a launcher that first joins the
-    browsers' cgroup, which is emptied and removed when the block ends."""
-    if not apart:
+async def _browser_program(hierarchy: cgroupfs.Hierarchy | None) -> Any:
+    """What Playwright starts as Chromium: Chromium itself, or (a ``hierarchy`` given) a launcher that first
+    joins the browsers' cgroup there, which is emptied and removed when the block ends."""
+    if hierarchy is None:
         yield CHROMIUM
         return
-    hierarchy = cgroupfs.detect()
-    assert hierarchy is not None  # checked by PortalLoad
     cgroups = cgroupfs.Cgroups(hierarchy, parent=BROWSER_CGROUP_PARENT)
     # One share of the CPU (the default weight), memory and processes enough for a few sessions, every device.
     folders = cgroups.create(BROWSER_CGROUP, Limits(memory_bytes=16 * GiB, processes=4096), ["a"])
