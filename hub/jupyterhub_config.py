@@ -18,7 +18,7 @@ from hub.classes import CLI_SERVICE
 from hub.settings import from_environment
 from hub.top_cli import TOP_SERVICE
 from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub, incident_recorder, renewals_service
-from spawner import environ
+from spawner import environ, start_turns
 from spawner.card_health import CardLedger
 from spawner.cgroups import limits_for
 from spawner.gpus import machine
@@ -68,6 +68,10 @@ c.LocalGpuSpawner.default_url = "/lab"
 c.LocalGpuSpawner.http_timeout = 180
 c.LocalGpuSpawner.start_timeout = 300  # a spawn waiting in the GPU line gets gpu_line_max_wait on top
 c.LocalGpuSpawner.gpu_line_max_wait = settings.line_max_wait
+# ... and start a few at a time, the others told their turn: all at once, none answered (spawner/start_turns.py).
+c.LocalGpuSpawner.gpu_concurrent_starts = (
+    settings.concurrent_starts if settings.concurrent_starts is not None else start_turns.default_limit()
+)
 # The same for kernels: under that load a new kernel can take over a minute to answer, and
 # jupyter_server presumes it dead after 60 s (measured: 2-4 of 50 cells lost).
 c.LocalGpuSpawner.args = ["--MappingKernelManager.kernel_info_timeout=180"]

@@ -31,6 +31,7 @@ from spawner.cgroups import LimitsError, parse_settings_limits
 from spawner.checked import (
     Amount,
     Checked,
+    Count,
     Flag,
     Port,
     PortOrZero,
@@ -473,6 +474,11 @@ class Settings(Platform):
     )
     line_max_wait: Seconds = Field(
         default=LINE_MAX_WAIT_S, description="Longest a request may wait in the GPU line (seconds); it is then told so."
+    )
+    concurrent_starts: Count = Field(
+        default=None,
+        description="Notebook servers that start at once on this machine; the others wait their turn, told their "
+        "place (a class pressing Start together). Empty: 2 per CPU core; 0: all at once.",
     )
     admin_password_from: str = Field(
         default="",

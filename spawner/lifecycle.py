@@ -13,11 +13,12 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from traitlets import Instance, Unicode
+from traitlets import Instance, Integer, Unicode
 
 from spawner import environ
 from spawner.card_health import CardLedger
@@ -32,6 +33,7 @@ from spawner.request import GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes
 from spawner.sharing.base import ServerGpuSpec, Target
 from spawner.sharing.local import Local
+from spawner.start_turns import START_TURN_MAX_WAIT_S, START_TURN_PROGRESS, machine_turns, turn_words
 from spawner.waitline import activity_report_interval
 
 HOOK_DIR = Path(__file__).parent / "kernel_hook"
@@ -117,6 +119,16 @@ class LedgerGpuMixin(WaitingLineMixin):
         help="The folder on notebooks' PYTHONPATH: the kernel hook (under isolation unix-users, "
         "a copy every account can read: hub/userenv.py).",
     ).tag(config=True)
+    gpu_concurrent_starts = Integer(
+        0,
+        help="Servers that start at once on this machine; the others wait their turn, told their place "
+        "(spawner/start_turns.py). 0: all start at once.",
+    ).tag(config=True)
+    gpu_start_turn_max_wait = Integer(
+        START_TURN_MAX_WAIT_S,
+        help="Longest a server waits for its turn to start (seconds); its start then fails, saying so. "
+        "start_timeout is raised by this much where servers take turns.",
+    ).tag(config=True)
     gpu_lab_dir = Unicode(
         str(LAB_DIR),
         help="The folder on notebooks' JUPYTER_PATH and JUPYTER_CONFIG_PATH: JupyterLab's reclaim notice and "
@@ -196,13 +208,14 @@ class LedgerGpuMixin(WaitingLineMixin):
             self.prepare_server()
             models = ", ".join(self._gpu_models or {})
             self._stage(50, f"models mounted in ~/models: {models}" if models else "no models to mount")
-            result = await super().start()  # type: ignore[misc]
-            self._remember_process(result)
-            pid = getattr(self, "pid", 0)
-            started = f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer"
-            self._record("started", 50, started)
-            self._stage(70, started)
-            await self._first_answer(result)
+            async with self._start_turn():
+                result = await super().start()  # type: ignore[misc]
+                self._remember_process(result)
+                pid = getattr(self, "pid", 0)
+                started = f"server process started{f' (pid {pid})' if pid else ''}; waiting for it to answer"
+                self._record("started", 50, started)
+                self._stage(70, started)
+                await self._first_answer(result)
         except BaseException as exc:
             self._ledger.release(self._key)
             self._gpu_holds = None
@@ -211,6 +224,26 @@ class LedgerGpuMixin(WaitingLineMixin):
         finally:
             self._gpu_starting = False
         return result
+
+    def _start_turn(self) -> AbstractAsyncContextManager[Any]:
+        """Held from the server's launch to its first answer: with ``gpu_concurrent_starts``, the server waits
+        here for its turn while that many start (spawner/start_turns.py), so ``http_timeout`` counts from it."""
+        if not self.gpu_concurrent_starts:
+            return nullcontext()
+        turns = machine_turns(self.gpu_concurrent_starts)
+        told: list[int] = []
+
+        def tell(ahead: int) -> None:
+            words = turn_words(ahead, turns.limit)
+            if not told:  # the Servers page says why it waits; its place changing is for the student's page
+                self._record("waiting", START_TURN_PROGRESS, words)
+            told.append(ahead)
+            self._stage(START_TURN_PROGRESS, words)
+
+        return turns.turn(tell, self.gpu_start_turn_max_wait)
+
+    def _start_turn_allowance(self) -> int:
+        return self.gpu_start_turn_max_wait if self.gpu_concurrent_starts else 0
 
     def _remember_process(self, started: Any) -> None:
         """Record the new server's process in the ledger at once, before it answers.
@@ -416,7 +449,7 @@ class LedgerGpuMixin(WaitingLineMixin):
             since = since if since is not None else (stages[0].at if stages else None)
             for stage in stages[sent:]:
                 took = stage.at - (since if since is not None else stage.at)
-                waiting = stage.progress == WAITING_PROGRESS  # a place in line: no step's duration to tell
+                waiting = stage.progress in (WAITING_PROGRESS, START_TURN_PROGRESS)  # a place: no step's duration
                 yield {
                     "progress": stage.progress,
                     "message": stage.message if waiting else f"{stage.message} ({took:.1f} s)",

@@ -412,14 +412,19 @@ class WaitingLineMixin(GpuShareMixin):
 
     def run_pre_spawn_hook(self) -> Any:
         # JupyterHub reads start_timeout once start() is called: a waiting spawn gets the line's
-        # limit on top, so JupyterHub never gives up on it before the line does.
+        # limit on top, and every spawn the wait for its turn to start, so JupyterHub never gives
+        # up on it before the line or the turns do.
         hub_spawner: Any = self  # JupyterHub's Spawner, which this class is mixed into
         if self._gpu_base_start_timeout is None:
             self._gpu_base_start_timeout = float(hub_spawner.start_timeout)
         in_line = any(e.key == self._key for e in self._ledger.line())  # back after a hub restart
         extra = self.gpu_line_max_wait if self._wants_to_wait() or in_line else 0
-        hub_spawner.start_timeout = int(self._gpu_base_start_timeout + extra)
+        hub_spawner.start_timeout = int(self._gpu_base_start_timeout + extra + self._start_turn_allowance())
         return super().run_pre_spawn_hook()  # type: ignore[misc]
+
+    def _start_turn_allowance(self) -> int:
+        """Seconds a server may wait for its turn to start once placed (a backend that takes turns says)."""
+        return 0
 
     def _record(self, kind: str, progress: int, message: str) -> None:
         try:

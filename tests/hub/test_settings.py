@@ -106,6 +106,7 @@ def test_groups_images_and_platform_options(tmp_path: Path) -> None:
         ("isolation: docker\n", "isolation must be one of none, unix-users"),
         ("idle_timeout: 0\n", "idle_timeout must be a whole number of seconds above 0"),
         ("line_max_wait: -5\n", "line_max_wait must be a whole number of seconds above 0"),
+        ("concurrent_starts: -1\n", "concurrent_starts must be a whole number, 0 or more"),
         ("open_signup: yes-please\n", "open_signup must be true or false"),
         ("smallest_slice: 0MiB\n", "smallest_slice: '0MiB' is not an amount of memory above 0"),
         ('smallest_slice: "' + "9" * 5000 + 'GiB"\n', "5003 characters long"),

@@ -10,6 +10,7 @@ from hub import roles
 from hub.settings import SettingsError, from_mapping
 from hub.wiring import Accounts, HubParts, configure_hub, configure_z2jh_hub
 from spawner.quotas import GroupRules
+from spawner.start_turns import default_limit
 
 REPO = Path(__file__).parents[2]
 SETTINGS = from_mapping(
@@ -79,6 +80,14 @@ def test_the_single_machine_config_goes_through_the_one_wiring(tmp_path: Path, m
     assert c.LocalGpuSpawner.gpu_classes_path == str(tmp_path / "data" / "classes.sqlite")
     assert c.JupyterHub.extra_handlers and str(REPO / "hub" / "templates") in c.JupyterHub.template_paths
     assert c.LocalGpuSpawner.gpu_groups[0].name == "ml101" and c.GpusliceAuthenticator.create_users is False
+    assert c.LocalGpuSpawner.gpu_concurrent_starts == default_limit()  # the settings left it empty
+    settings.write_text("concurrent_starts: 0\n")
+    assert (
+        PyFileConfigLoader("jupyterhub_config.py", path=str(REPO / "hub"))
+        .load_config()
+        .LocalGpuSpawner["gpu_concurrent_starts"]
+        == 0
+    )
 
 
 def test_with_monitoring_the_single_machine_runs_the_incident_recorder(

@@ -115,3 +115,43 @@ def test_a_server_that_stays_silent_fails_after_http_timeout(tmp_path: Path) -> 
     finally:
         assert spawner.process is not None
         spawner.process.kill()
+
+
+def test_with_turns_a_second_server_waits_until_the_first_answers_and_is_told_its_place(tmp_path: Path) -> None:
+    """One start at a time: the second server's process does not exist until the first one answered."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = Spawner(tmp_path / "a", SERVES_API), Spawner(tmp_path / "b", SERVES_API)
+    second.user = SimpleNamespace(name="bob", groups=[], admin=False)
+    for spawner in (first, second):
+        spawner.gpu_ledger_path = str(tmp_path / "ledger.sqlite")
+        spawner.gpu_concurrent_starts = 1
+
+    async def scenario() -> tuple[Any, Any]:
+        one = asyncio.ensure_future(first.start())
+        await asyncio.sleep(0)
+        result, events = await _start_and_read_progress(second)
+        assert one.done(), "the second server started before the first one answered"
+        return await one, (result, events)
+
+    try:
+        _, (result, events) = asyncio.run(scenario())
+        assert isinstance(result, tuple), result
+        waits = [e["message"] for e in events if e["progress"] == 55]
+        assert waits == ["Waiting for a turn to start: yours is next. This machine starts 1 server at a time."]
+        assert [e["progress"] for e in events][-2:] == [70, 90]
+        kinds = [e.kind for e in Ledger(tmp_path / "ledger.sqlite").history("bob/")]
+        assert kinds == ["requested", "placed", "waiting", "started"], kinds
+    finally:
+        for spawner in (first, second):
+            if spawner.process is not None:
+                spawner.process.kill()
+
+
+def test_with_turns_jupyterhub_waits_the_turn_on_top_of_start_timeout(tmp_path: Path) -> None:
+    spawner = Spawner(tmp_path, SERVES_API)
+    spawner.run_pre_spawn_hook()
+    assert spawner.start_timeout == 300
+    spawner.gpu_concurrent_starts = 4
+    spawner.run_pre_spawn_hook()
+    assert spawner.start_timeout == 300 + spawner.gpu_start_turn_max_wait
