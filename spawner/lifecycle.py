@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 from traitlets import Instance, Integer, Unicode
 
-from spawner import environ
+from spawner import environ, metrics
 from spawner.card_health import CardLedger
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, ServerProcess, stop_message
@@ -231,6 +231,7 @@ class LedgerGpuMixin(WaitingLineMixin):
         if not self.gpu_concurrent_starts:
             return nullcontext()
         turns = machine_turns(self.gpu_concurrent_starts)
+        metrics.follow_turns(lambda: turns.starting, lambda: turns.waiting)
         told: list[int] = []
 
         def tell(ahead: int) -> None:

@@ -7,7 +7,9 @@ JupyterHub's metrics.py does). The hub's collectors live in hub/metrics.py.
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from collections.abc import Callable
+
+from prometheus_client import Counter, Gauge
 
 REFUSAL_REASONS = ("invalid", "quota", "capacity", "line")
 
@@ -29,3 +31,18 @@ SPAWN_OFFERED_LINE = Counter(
 for _reason in REFUSAL_REASONS:
     SPAWN_REFUSED.labels(reason=_reason)
     SPAWN_OFFERED_LINE.labels(reason=_reason)
+
+# One machine's turns to start (spawner/start_turns.py): many waiting for long is a machine too small
+# for its classes' mornings, or a server that hangs before it answers and holds its turn.
+SERVER_STARTS = Gauge(
+    "gpuslice_server_starts",
+    "Notebook servers starting on this machine: state=starting (launched, not answering yet), "
+    "state=waiting (waiting for their turn to start; concurrent_starts).",
+    ["state"],
+)
+
+
+def follow_turns(starting: Callable[[], float], waiting: Callable[[], float]) -> None:
+    """Report the hub's turns to start (read at each scrape)."""
+    SERVER_STARTS.labels(state="starting").set_function(starting)
+    SERVER_STARTS.labels(state="waiting").set_function(waiting)

@@ -118,3 +118,25 @@ def test_one_set_of_turns_per_hub_and_a_sensible_default() -> None:
     assert default_limit() >= 2
     with pytest.raises(ValueError, match="1 or more"):
         StartTurns(0)
+
+
+def test_the_hubs_metrics_count_the_servers_starting_and_those_waiting_their_turn() -> None:
+    from prometheus_client import REGISTRY
+
+    from spawner import metrics
+
+    def sample(state: str) -> float | None:
+        return REGISTRY.get_sample_value("gpuslice_server_starts", {"state": state})
+
+    async def scenario() -> None:
+        turns = StartTurns(1)
+        metrics.follow_turns(lambda: turns.starting, lambda: turns.waiting)
+        go = asyncio.Event()
+        tasks = [asyncio.ensure_future(_hold(turns, name, {}, [], go)) for name in "abc"]
+        await _settle()
+        assert (sample("starting"), sample("waiting")) == (1, 2)
+        go.set()
+        await asyncio.gather(*tasks)
+        assert (sample("starting"), sample("waiting")) == (0, 0)
+
+    asyncio.run(scenario())
