@@ -271,6 +271,12 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
         admin.locator("button:has-text('Cancel the request')").scroll_into_view_if_needed()
         admin.wait_for_timeout(1500)
         admin.screenshot(path=str(shots / "servers-queue-admin-laptop.png"), full_page=True)
+        # Pressed between two redraws of the live queue: a press while one runs may be lost in it (two of
+        # four runs on 2026-11-28 waited here for a message that never came).
+        admin.wait_for_function(
+            "() => document.querySelector(\"[data-testid='stApp']\")?.dataset.testScriptState === 'notRunning'",
+            timeout=60_000,
+        )
         admin.click("button:has-text('Cancel the request')")  # the first in line: s4
         admin.wait_for_selector("text=Cancelled: s4", timeout=120_000)
         admin.wait_for_timeout(1500)  # two redraws of the queue: the outcome stays
