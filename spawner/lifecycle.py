@@ -232,13 +232,14 @@ class LedgerGpuMixin(WaitingLineMixin):
             return nullcontext()
         turns = machine_turns(self.gpu_concurrent_starts)
         metrics.follow_turns(lambda: turns.starting, lambda: turns.waiting)
-        told: list[int] = []
+        recorded = False
 
         def tell(ahead: int) -> None:
+            nonlocal recorded
             words = turn_words(ahead, turns.limit)
-            if not told:  # the Servers page says why it waits; its place changing is for the student's page
+            if not recorded:  # the Servers page says why it waits; its place changing is for the student's page
                 self._record("waiting", START_TURN_PROGRESS, words)
-            told.append(ahead)
+                recorded = True
             self._stage(START_TURN_PROGRESS, words)
 
         return turns.turn(tell, self.gpu_start_turn_max_wait)

@@ -4,8 +4,8 @@ A JupyterLab server costs a few seconds of CPU before it answers. A class pressi
 small machine starts every server at once: each gets a sliver of the cores, none answers within
 ``http_timeout``, and they fail together (measured: 0 of 60 on two cores with the portal open,
 docs/load.md). With turns, a few servers start at full speed while the others wait, each told its place,
-and a server's time to answer is counted from its turn. Nothing here does I/O; the spawner says what a
-waiting student reads (spawner/local.py).
+and a server's time to answer is counted from its turn. Nothing here does I/O but ask how many cores
+this process may use; the spawner records and shows what a waiting student reads (spawner/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ class StartTurns:
     async def turn(self, told: Callable[[int], None], max_wait: float) -> AsyncIterator[None]:
         """Hold a turn for the body; wait for it first when ``limit`` servers are starting.
 
-        Raises TurnTimeoutError after ``max_wait`` seconds of waiting. A cancelled wait (JupyterHub gave up,
-        the student pressed Cancel) leaves the line and lets the next one move up."""
+        Raises TurnTimeoutError after ``max_wait`` seconds of waiting. A cancelled wait (JupyterHub gave up
+        on the start) leaves the line and lets the next one move up."""
         if self.starting < self.limit and not self._waiting:
             self.starting += 1
         else:
