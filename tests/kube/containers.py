@@ -50,7 +50,7 @@ import yaml
 
 from tests.e2e.platform import free_port
 from tests.helm.test_chart import CHART, helm
-from tests.kube.images import ULIMITS, podman
+from tests.kube.images import ULIMITS, podman, revive_dns
 
 Obj = dict[str, Any]
 ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -179,6 +179,7 @@ class Cluster:
     containers: dict[str, str] = field(default_factory=dict)  # workload name -> container
     published: dict[tuple[str, int], int] = field(default_factory=dict)  # (workload, port) -> host port
     restarts: dict[str, int] = field(default_factory=dict)  # container -> times restarted
+    dns_revived: int = 0  # times the network's name server had exited and was started again
     stopping: threading.Event = field(default_factory=threading.Event)
     kubelet: threading.Thread | None = None
     namespace: str = NAMESPACE
@@ -289,8 +290,11 @@ class Cluster:
                 self.run_pod(name, workload["spec"]["template"], publish or {}, node=node["metadata"]["name"])
 
     def restart_exited(self) -> None:
-        """The kubelet's restartPolicy Always, every second: a workload container that exited starts again."""
+        """The kubelet's restartPolicy Always, every second: a workload container that exited starts again.
+        And the network's name server, should podman's have exited under it (``revive_dns``)."""
         while not self.stopping.wait(1):
+            if self.containers and revive_dns(self.network):
+                self.dns_revived += 1
             exited = podman(
                 "ps", "--all", "--filter", "status=exited", "--filter", f"network={self.network}",
                 "--format", "{{.Names}}", check=False,
@@ -455,6 +459,8 @@ class Cluster:
         self.stopping.set()
         if self.kubelet is not None:
             self.kubelet.join(timeout=30)
+        if self.dns_revived:
+            print(f"harness: podman's name server exited under {self.network}, restarted {self.dns_revived} time(s)")
         logs = self.root / "logs"  # every container's output, kept for a failure's reader
         logs.mkdir(exist_ok=True)
         for container in [*self.containers.values(), *self.notebook_containers()]:

@@ -36,7 +36,10 @@ REPO = Path(__file__).parents[2]
 IMAGES = REPO / "images"
 BASE = "localhost/debian:bookworm"
 # The images the chart runs (proxy, hub, portal, exporter) and the notebook image it spawns.
-PLATFORM = ("notebook-base", "proxy", "hub", "portal", "exporter")
+PLATFORM = ("notebook-base", "proxy", "exporter", "portal", "hub")
+# Built side by side, each group in its order: the portal's image and the hub's first stage are the
+# exporter's and more, so they are built after it, on the same thread, and find its layers made.
+BUILT_TOGETHER = (("notebook-base",), ("exporter", "portal", "hub"), ("proxy",))
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # This sandbox's root may not raise rlimits above the host's hard limits (podman's defaults do).
 ULIMITS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
@@ -82,6 +85,40 @@ def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.C
     if check and result.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args[:3])} ... failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+def revive_dns(network: str) -> bool:
+    """Start the containers' name server again if it exited while ``network`` still uses it.
+
+    Debian bookworm's netavark and aardvark-dns (1.4) can lose it when containers of two networks start
+    and stop at once: seen with the chart's and z2jh's harnesses side by side, aardvark-dns exited as the
+    other test took its network down, and every Service name on the surviving network failed to resolve
+    from then on (its Prometheus found no exporter, its portal no hub). netavark starts aardvark-dns
+    again, with every network's names, when a container joins a network: a throwaway one does, once the
+    dead one is reaped (netavark takes an unreaped one for running). Returns whether it had to."""
+    if _name_server() == "running":
+        return False
+    deadline = time.monotonic() + 10
+    while _name_server() == "zombie" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    podman("run", "--rm", *ULIMITS, f"--network={network}", "--entrypoint=true", BASE, check=False)
+    return True
+
+
+def _name_server() -> str:
+    """Whether aardvark-dns is "running", a "zombie" (killed, not yet reaped: it keeps its pid), or ""."""
+    found = ""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        name, _, rest = text.partition(" (")[2].rpartition(") ")
+        if name == "aardvark-dns":
+            if not rest.startswith("Z"):
+                return "running"
+            found = "zombie"
+    return found
 
 
 def exists(image: str) -> bool:
@@ -180,9 +217,9 @@ def build_platform() -> dict[str, str]:
     waits on Debian's and PyPI's downloads (one took 143 s of which 18 s on a core), so one after
     another they kept the chart's test waiting ~24 minutes on CI."""
     debian_base()  # once, before the builds that start from it
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="podman-build") as pool:
-        tags = dict(zip(PLATFORM, pool.map(build, PLATFORM), strict=True))
-    return tags
+    with ThreadPoolExecutor(max_workers=len(BUILT_TOGETHER), thread_name_prefix="podman-build") as pool:
+        groups = pool.map(lambda names: {name: build(name) for name in names}, BUILT_TOGETHER)
+        return {name: tag for group in groups for name, tag in group.items()}
 
 
 def main() -> None:

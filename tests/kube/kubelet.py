@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube.containers import expand, podman_command, security_flags, service_links
-from tests.kube.images import ULIMITS, exists, podman, podman_env
+from tests.kube.images import ULIMITS, exists, podman, podman_env, revive_dns
 
 Obj = dict[str, Any]
 Lookup = Callable[[str, str, str], Obj | None]  # (resource, namespace, name) -> stored object
@@ -344,7 +344,10 @@ class PodmanKubelet:
         if found.returncode != 0:
             return -1
         state, code = found.stdout.split()
-        return int(code) if state in ("exited", "stopped") else None
+        if state in ("exited", "stopped"):
+            return int(code)
+        revive_dns(self.network)  # a running pod's Service names resolve (podman's name server may exit)
+        return None
 
     def stop(self, pod: Obj, grace: float) -> None:
         # By the container's ID, not its name: a pod made again under this name may be starting already.
