@@ -295,6 +295,8 @@ class Cluster:
         while not self.stopping.wait(1):
             if self.containers and revive_dns(self.network):
                 self.dns_revived += 1
+                with (self.root / "harness.log").open("a") as log:  # read after a failure
+                    log.write(f"{time.strftime('%H:%M:%S')} podman's name server restarted for {self.network}\n")
             exited = podman(
                 "ps", "--all", "--filter", "status=exited", "--filter", f"network={self.network}",
                 "--format", "{{.Names}}", check=False,

@@ -17,9 +17,11 @@ Run ``python -m tests.kube.images`` to build them all (the times are printed).
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -88,37 +90,49 @@ def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.C
 
 
 def revive_dns(network: str) -> bool:
-    """Start the containers' name server again if it exited while ``network`` still uses it.
+    """Start the containers' name server again on ``network`` if it stopped answering there.
 
     Debian bookworm's netavark and aardvark-dns (1.4) can lose it when containers of two networks start
-    and stop at once: seen with the chart's and z2jh's harnesses side by side, aardvark-dns exited as the
-    other test took its network down, and every Service name on the surviving network failed to resolve
-    from then on (its Prometheus found no exporter, its portal no hub). netavark starts aardvark-dns
-    again, with every network's names, when a container joins a network: a throwaway one does, once the
-    dead one is reaped (netavark takes an unreaped one for running). Returns whether it had to."""
-    if _name_server() == "running":
+    and stop at once: aardvark-dns rebinds every network's socket on each change, and can exit, or live
+    on without this network's socket. Seen with the chart's and z2jh's harnesses side by side: as the
+    other test took its network down, every Service name on the surviving network failed to resolve from
+    then on (its Prometheus found no exporter, its portal no hub, its proxy no portal). netavark starts
+    aardvark-dns again (or makes it rebind), with every network's names, when a container joins a
+    network: a throwaway one does, once a dead one is reaped (netavark takes an unreaped one for
+    running). Returns whether it had to."""
+    if _listening(_gateway(network), 53):
         return False
     deadline = time.monotonic() + 10
-    while _name_server() == "zombie" and time.monotonic() < deadline:
+    while _name_server_zombie() and time.monotonic() < deadline:
         time.sleep(0.2)
     podman("run", "--rm", *ULIMITS, f"--network={network}", "--entrypoint=true", BASE, check=False)
     return True
 
 
-def _name_server() -> str:
-    """Whether aardvark-dns is "running", a "zombie" (killed, not yet reaped: it keeps its pid), or ""."""
-    found = ""
+@functools.cache
+def _gateway(network: str) -> str:
+    """The network's gateway address, where podman's name server answers its containers."""
+    return podman("network", "inspect", "--format", "{{range .Subnets}}{{.Gateway}}{{end}}", network).stdout.strip()
+
+
+def _listening(address: str, port: int) -> bool:
+    """Whether a UDP socket of this machine is bound to address:port (/proc/net/udp: little-endian hex)."""
+    wanted = f"{socket.inet_aton(address)[::-1].hex().upper()}:{port:04X}"
+    lines = Path("/proc/net/udp").read_text().splitlines()[1:]
+    return any(line.split()[1] == wanted for line in lines)
+
+
+def _name_server_zombie() -> bool:
+    """An aardvark-dns killed and not yet reaped: it keeps its pid, so netavark would not start another."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:  # the process ended while we looked
             continue
         name, _, rest = text.partition(" (")[2].rpartition(") ")
-        if name == "aardvark-dns":
-            if not rest.startswith("Z"):
-                return "running"
-            found = "zombie"
-    return found
+        if name == "aardvark-dns" and rest.startswith("Z"):
+            return True
+    return False
 
 
 def exists(image: str) -> bool:
