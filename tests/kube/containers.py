@@ -179,7 +179,7 @@ class Cluster:
     containers: dict[str, str] = field(default_factory=dict)  # workload name -> container
     published: dict[tuple[str, int], int] = field(default_factory=dict)  # (workload, port) -> host port
     restarts: dict[str, int] = field(default_factory=dict)  # container -> times restarted
-    dns_revived: int = 0  # times the network's name server had exited and was started again
+    dns_revived: int = 0  # times the network's name server stopped answering and was started again
     stopping: threading.Event = field(default_factory=threading.Event)
     kubelet: threading.Thread | None = None
     namespace: str = NAMESPACE
@@ -291,7 +291,7 @@ class Cluster:
 
     def restart_exited(self) -> None:
         """The kubelet's restartPolicy Always, every second: a workload container that exited starts again.
-        And the network's name server, should podman's have exited under it (``revive_dns``)."""
+        And the network's name server, should podman's stop answering on it (``revive_dns``)."""
         while not self.stopping.wait(1):
             if self.containers and revive_dns(self.network):
                 self.dns_revived += 1
@@ -462,7 +462,7 @@ class Cluster:
         if self.kubelet is not None:
             self.kubelet.join(timeout=30)
         if self.dns_revived:
-            print(f"harness: podman's name server exited under {self.network}, restarted {self.dns_revived} time(s)")
+            print(f"harness: podman's name server stopped answering on {self.network}: restarted {self.dns_revived}x")
         logs = self.root / "logs"  # every container's output, kept for a failure's reader
         logs.mkdir(exist_ok=True)
         for container in [*self.containers.values(), *self.notebook_containers()]:
