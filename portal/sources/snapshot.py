@@ -33,7 +33,8 @@ class Snapshot(Generic[T]):
         self._at = 0.0  # when the value was read (monotonic)
         self._error: Exception | None = None
         self._wanted = time.monotonic()
-        self._generation = 0  # values read so far: a refresh waits for the next one
+        self._begun = 0  # reads begun so far (one at a time, in order)
+        self._done = 0  # of those, the last one that ended: a refresh waits for one begun after it
         self._thread: threading.Thread | None = None
 
     def get(self, wait_s: float = FIRST_WAIT_S) -> T:
@@ -53,12 +54,13 @@ class Snapshot(Generic[T]):
     def refresh(self, wait_s: float = 5.0) -> None:
         """Read again now, and wait (up to ``wait_s``) for that read: after a change made from the portal."""
         with self._lock:
-            target = self._generation + 1
+            # A read already under way may have asked the source before the change: not that one.
+            target = self._begun + 1
             self._wanted = time.monotonic()
             self._start()
             self._lock.notify_all()
             deadline = time.monotonic() + wait_s
-            while self._generation < target and time.monotonic() < deadline:
+            while self._done < target and time.monotonic() < deadline:
                 self._lock.wait(deadline - time.monotonic())
 
     def _start(self) -> None:
@@ -69,6 +71,9 @@ class Snapshot(Generic[T]):
     def _run(self) -> None:
         while True:
             began = time.monotonic()
+            with self._lock:
+                self._begun += 1
+                number = self._begun
             try:
                 value, error = self._read(), None
             except Exception as exc:  # kept and raised to readers: a page says the source did not answer
@@ -78,7 +83,7 @@ class Snapshot(Generic[T]):
                     self._value, self._at, self._error = value, time.monotonic(), None
                 else:
                     self._error = error
-                self._generation += 1
+                self._done = number
                 self._lock.notify_all()
                 if time.monotonic() - self._wanted > IDLE_AFTER_S:
                     self._thread = None
