@@ -82,16 +82,19 @@ def live_table() -> list[views.ServerView]:
 
 shown = live_table() or []
 
-with st.expander("History of a server"):
-    chosen = st.selectbox("Server", shown, format_func=_label, key="history")
+# Read only once the reader opens it: a closed expander's code runs on every run of the page too, and
+# this is a read of its own (the ledger, or the Kubernetes API) that nobody may look at.
+history_box = st.expander("History of a server", on_change="rerun", key="history-open")
+if history_box.open:
+    chosen = history_box.selectbox("Server", shown, format_func=_label, key="history")
     if chosen is not None:
         try:
             history = servers.server_history(identity, chosen.user, chosen.server)
         except PermissionError as exc:
-            st.error(str(exc))
+            history_box.error(str(exc))
         else:
             now = time.time()
-            st.dataframe(
+            history_box.dataframe(
                 [
                     {
                         "when": views.clock_text(e.created, now, where),

@@ -246,7 +246,12 @@ def test_jobs_page_for_an_admin_lists_everyone_says_why_and_can_stop(
     # Two hours since the fake server started (plus however long the suite has run so far).
     assert table["age"].iloc[0].startswith("2 h ") and table["idle"].iloc[0].startswith("2 h ")
     assert "1 pending" in at.caption[0].value and "1 refused" in at.caption[0].value
+    assert len(at.dataframe) == 1  # the history is not read until the reader opens it
+    at.session_state["history-open"] = True
+    at.run()
     assert list(at.dataframe[1].value["message"]) == ["server process started (pid 10)"]  # history of alice
+    at.session_state["history-open"] = False
+    at.run()
     at.multiselect[0].select("refused").run()
     assert list(at.dataframe[0].value["user"]) == ["carl"]
     at.multiselect[0].unselect("refused").run()
