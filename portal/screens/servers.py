@@ -4,10 +4,12 @@ from datetime import datetime, timedelta
 
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from portal import said, views
 from portal.data.errors import SourceUnavailableError
 from portal.sources import classes, clients, line, servers
+from spawner.ledger import ServerEvent
 from spawner.line_admin import Waiting
 from spawner.quotas import classes as class_rules
 from spawner.shares import format_bytes, parse_quantity
@@ -82,6 +84,26 @@ def live_table() -> list[views.ServerView]:
 
 shown = live_table() or []
 
+
+def _draw_history(box: DeltaGenerator, history: list[ServerEvent]) -> None:
+    if not history:  # a server that never started, or was asked for before the ledger kept events
+        box.caption("Nothing is recorded for this server yet.")
+        return
+    now = time.time()
+    box.dataframe(
+        [
+            {
+                "when": views.clock_text(e.created, now, where),
+                "event": e.kind,
+                "message": views.times_in_words(e.message, now, where),
+            }
+            for e in history
+        ],
+        hide_index=True,
+        width="stretch",
+    )
+
+
 # Read only once the reader opens it: a closed expander's code runs on every run of the page too, and
 # this is a read of its own (the ledger, or the Kubernetes API) that nobody may look at.
 history_box = st.expander("History of a server", on_change="rerun", key="history-open")
@@ -89,23 +111,9 @@ if history_box.open:
     chosen = history_box.selectbox("Server", shown, format_func=_label, key="history")
     if chosen is not None:
         try:
-            history = servers.server_history(identity, chosen.user, chosen.server)
+            _draw_history(history_box, servers.server_history(identity, chosen.user, chosen.server))
         except PermissionError as exc:
             history_box.error(str(exc))
-        else:
-            now = time.time()
-            history_box.dataframe(
-                [
-                    {
-                        "when": views.clock_text(e.created, now, where),
-                        "event": e.kind,
-                        "message": views.times_in_words(e.message, now, where),
-                    }
-                    for e in history
-                ],
-                hide_index=True,
-                width="stretch",
-            )
 
 stoppable = [j for j in shown if j.state in ("running", "pending") and (identity.admin or j.user == identity.name)]
 if stoppable:
