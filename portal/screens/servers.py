@@ -105,7 +105,7 @@ def _draw_history(box: DeltaGenerator, history: list[ServerEvent]) -> None:
 
 
 # Read only once the reader opens it: a closed expander's code runs on every run of the page too, and
-# this is a read of its own (the ledger, or the Kubernetes API) that nobody may look at.
+# this is a read of its own (the ledger, or the Kubernetes API) for a table the reader may never open.
 history_box = st.expander("History of a server", on_change="rerun", key="history-open")
 if history_box.open:
     chosen = history_box.selectbox("Server", shown, format_func=_label, key="history")
