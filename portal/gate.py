@@ -8,6 +8,7 @@ Streamlit, which listens on loopback only, adding the signed identity header
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import secrets
 import signal
@@ -31,7 +32,17 @@ from spawner.ports import free_port
 # waits in its queue longer than 20 s; two browsers loading the portal together already open 12
 # (6 each), and a class opening it at 9:00 many more, so the gate must not be the bottleneck.
 UPSTREAM_REQUESTS = 256
+BUNDLE_MAX_AGE_S = 365 * 24 * 3600
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length", HEADER.lower()}
+
+
+def streamlit_front_end() -> Path:
+    """Streamlit's built front end (index.html, and static/ with the hashed bundles), found without
+    importing Streamlit: the gate does not run it."""
+    spec = importlib.util.find_spec("streamlit")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("Streamlit is not installed: run scripts/setup")
+    return Path(spec.submodule_search_locations[0]) / "static"
 
 
 def identity_of(user: dict[str, Any], hub_token: str = "") -> Identity:
@@ -104,6 +115,31 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):  # type: ignore[misc]
             self.write(response.body)
 
 
+class ScriptHandler(HubOAuthenticated, web.StaticFileHandler):  # type: ignore[misc]
+    """Streamlit's own bundles (``static/js``, ``static/css``, ``static/media``), served by the gate.
+
+    A page's first load asks for about a hundred script chunks. Streamlit's process also runs
+    every open page's script, and beside one admin page with live parts those chunks waited
+    4-19 s each there (docs/load.md). The gate only relays, so it answers them at once. They
+    are the framework's files, the same for everyone, and their names carry their hash: the
+    browser keeps them for a year, as Streamlit itself tells it to. Logged-in users only, as
+    every other path of the portal.
+    """
+
+    def check_xsrf_cookie(self) -> None:
+        # Only reads of files that are the same for everyone: nothing to forge. (The browser fetches
+        # module scripts in "cors" mode, which JupyterHub would otherwise want an XSRF token for,
+        # and a <script> tag cannot send one.)
+        pass
+
+    @web.authenticated
+    async def get(self, path: str, include_body: bool = True) -> None:
+        await super().get(path, include_body)
+
+    def set_extra_headers(self, path: str) -> None:
+        self.set_header("Cache-Control", f"public, immutable, max-age={BUNDLE_MAX_AGE_S}")
+
+
 class HealthHandler(web.RequestHandler):
     """Streamlit's health check, open: it says nothing about anyone."""
 
@@ -165,14 +201,18 @@ class StreamHandler(HubOAuthenticated, websocket.WebSocketHandler):  # type: ign
             self.peer.close()
 
 
-def make_app(prefix: str, upstream: Upstream, cookie_secret: bytes) -> web.Application:
+def make_app(prefix: str, upstream: Upstream, cookie_secret: bytes, front_end: Path | None = None) -> web.Application:
+    bundles = (front_end or streamlit_front_end()) / "static"
     routes = [
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+        (url_path_join(prefix, "static/(.*)"), ScriptHandler, {"path": str(bundles)}),
         (url_path_join(prefix, "_stcore/health"), HealthHandler, {"upstream": upstream}),
         (url_path_join(prefix, "_stcore/stream"), StreamHandler, {"upstream": upstream}),
         (url_path_join(prefix, "(.*)"), ProxyHandler, {"upstream": upstream}),
     ]
-    return web.Application(routes, cookie_secret=cookie_secret, xsrf_cookies=False)
+    # Compressed: the gate's client takes Streamlit's answers uncompressed, and a first page's
+    # scripts are 2.7 MB raw, about a quarter of that gzipped, for a class on one network.
+    return web.Application(routes, cookie_secret=cookie_secret, xsrf_cookies=False, compress_response=True)
 
 
 def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[bytes]:

@@ -1,14 +1,19 @@
 """The portal in a real browser (Debian's Chromium driven by Playwright), through the hub's login."""
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+import yaml
 from playwright.sync_api import sync_playwright
 
 from portal.data.hub import HubClient
+from portal.gate import streamlit_front_end
 from portal.identity import Identity, sign
 from tests.e2e.browser import ARGS, CHROMIUM, login
 from tests.e2e.platform import Platform, free_port
@@ -146,11 +151,45 @@ def test_pages_need_a_hub_login(portal: Platform) -> None:
 
     response = requests.get(f"{portal.url}/services/portal/", allow_redirects=False, timeout=10)
     assert response.status_code == 302 and "/hub/api/oauth2/authorize" in response.headers["Location"]
+    script = f"{portal.url}/services/portal/static/js/{_a_streamlit_bundle()}"
+    response = requests.get(script, allow_redirects=False, timeout=10)
+    assert response.status_code == 302 and "/hub/api/oauth2/authorize" in response.headers["Location"]
     deadline = time.monotonic() + 60
     while (health := requests.get(f"{portal.url}/services/portal/_stcore/health", timeout=10)).status_code == 503:
         assert health.text == "starting" and time.monotonic() < deadline
         time.sleep(0.5)
     assert health.status_code == 200 and health.text == "ok"
+
+
+def _a_streamlit_bundle() -> str:
+    return next(f.name for f in sorted((streamlit_front_end() / "static" / "js").glob("*.js")))
+
+
+def _streamlit_pid(platform: Platform) -> int:
+    port = int(yaml.safe_load(platform.config.read_text())["streamlit_port"])
+    return next(c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN")
+
+
+def test_the_gate_serves_streamlits_scripts_while_streamlit_is_busy(portal: Platform) -> None:
+    """A page's first load asks for about a hundred script files. The gate serves them, not the
+    process that runs every open page (beside a live admin page they waited 4-19 s each there):
+    with that process stopped outright, a logged-in browser still gets them, kept for a year."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_context().new_page()
+        login(page, portal, "bob")
+        page.goto(f"{portal.url}/services/portal/")
+        page.wait_for_selector("text=Signed in as", timeout=120_000)
+        streamlit = _streamlit_pid(portal)
+        os.kill(streamlit, signal.SIGSTOP)
+        try:
+            script = page.request.get(f"{portal.url}/services/portal/static/js/{_a_streamlit_bundle()}", timeout=10_000)
+            assert script.status == 200, script.status
+            assert "immutable" in script.headers["cache-control"]
+            assert script.headers["content-type"].startswith(("application/javascript", "text/javascript"))
+        finally:
+            os.kill(streamlit, signal.SIGCONT)
+        browser.close()
 
 
 def _hub_says(session: Any, user: str, state: str, timeout_s: float = 90) -> float:
