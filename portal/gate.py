@@ -132,9 +132,9 @@ class ScriptHandler(HubOAuthenticated, web.StaticFileHandler):  # type: ignore[m
         # and a <script> tag cannot send one.)
         pass
 
-    @web.authenticated
-    async def get(self, path: str, include_body: bool = True) -> None:
-        await super().get(path, include_body)
+    @web.authenticated  # before get and head: a login through the hub, as for every other path
+    def prepare(self) -> None:
+        pass
 
     def set_extra_headers(self, path: str) -> None:
         self.set_header("Cache-Control", f"public, immutable, max-age={BUNDLE_MAX_AGE_S}")
