@@ -233,6 +233,10 @@ def start_streamlit(port: int, prefix: str, secret: bytes) -> subprocess.Popen[b
             "--browser.gatherUsageStats=false",
             "--server.fileWatcherType=none",
             "--client.toolbarMode=minimal",
+            # Not a full garbage collection after every run: with the live parts of the pages
+            # (twice a second each) it was over half of the portal's CPU with one admin's Servers
+            # page open (docs/load.md). Python's own collector still runs as objects pile up.
+            "--runner.postScriptGC=false",
         ],
         env=env,
         preexec_fn=partial(die_with_parent, os.getpid()),  # a killed gate does not leave Streamlit behind
