@@ -201,8 +201,8 @@ class StreamHandler(HubOAuthenticated, websocket.WebSocketHandler):  # type: ign
             self.peer.close()
 
 
-def make_app(prefix: str, upstream: Upstream, cookie_secret: bytes, front_end: Path | None = None) -> web.Application:
-    bundles = (front_end or streamlit_front_end()) / "static"
+def make_app(prefix: str, upstream: Upstream, cookie_secret: bytes) -> web.Application:
+    bundles = streamlit_front_end() / "static"
     routes = [
         (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         (url_path_join(prefix, "static/(.*)"), ScriptHandler, {"path": str(bundles)}),

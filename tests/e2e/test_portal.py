@@ -138,7 +138,7 @@ def test_identity_cannot_be_forged(portal: Platform) -> None:
         sidebar = page.inner_text("section[data-testid='stSidebar']")
         assert "bob" in sidebar and "admin" not in sidebar
         # Straight to Streamlit, past the gate: the forged header is refused.
-        streamlit = int(__import__("yaml").safe_load(portal.config.read_text())["streamlit_port"])
+        streamlit = _streamlit_port(portal)
         direct = browser.new_context(extra_http_headers={"X-Gpuslice-Identity": forged}).new_page()
         direct.goto(f"http://127.0.0.1:{streamlit}/services/portal/")
         direct.wait_for_selector("text=Not signed in", timeout=120_000)
@@ -165,8 +165,12 @@ def _a_streamlit_bundle() -> str:
     return next(f.name for f in sorted((streamlit_front_end() / "static" / "js").glob("*.js")))
 
 
+def _streamlit_port(platform: Platform) -> int:
+    return int(yaml.safe_load(platform.config.read_text())["streamlit_port"])
+
+
 def _streamlit_pid(platform: Platform) -> int:
-    port = int(yaml.safe_load(platform.config.read_text())["streamlit_port"])
+    port = _streamlit_port(platform)
     return next(c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN")
 
 
