@@ -184,6 +184,19 @@ def test_hub_and_notebook_images_share_one_pinned_jupyterhub_the_one_z2jh_runs()
         assert "COPY images/constraints.txt /tmp/constraints.txt" in dockerfile.read_text()
 
 
+def test_every_image_pin_is_within_the_range_the_package_declares() -> None:
+    """The images run what the virtualenv's tests ran: a pin outside pyproject.toml's range (say a
+    jsonschema whose import builds rfc3987_syntax's parsers, which the range keeps out) fails here."""
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {Requirement(d).name.lower(): Requirement(d).specifier for d in dependencies}
+    outside = {
+        name: f"{pin} not in {declared[name]}"
+        for name, pin in constraints().items()
+        if name in declared and not declared[name].contains(pin)
+    }
+    assert not outside, outside
+
+
 def test_the_hub_image_carries_pycurl_and_libcurl() -> None:
     text = (IMAGES / "hub" / "Dockerfile").read_text()
     assert any("pycurl" in command.split() for command in pip_installs(IMAGES / "hub" / "Dockerfile"))

@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import ssl
 import tempfile
 import time
@@ -843,6 +844,7 @@ class ApiServer(GroupsMixin):
         for _, _, pod in [e for e in self.store.everything() if e[0] == "pods"]:
             with contextlib.suppress(Exception):
                 await self._stop_pod(pod, 0)
+        shutil.rmtree(self.root, ignore_errors=True)  # the pods' folders: ~55 a suite run were left in /tmp
 
 
 def _limits(pod: Obj) -> dict[str, int]:
