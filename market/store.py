@@ -14,18 +14,17 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import JSON, Boolean, Float, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from market.catalog import ImageEntry, ModelEntry
+
+if TYPE_CHECKING:  # Alembic is imported where the schema is checked or migrated: ~0.5 s of CPU at every
+    from alembic.config import Config  # start of a process that only reads the market (the hub's services)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 IMAGE_STATUSES = ("active", "deprecated")
@@ -226,6 +225,8 @@ class Store:
     # -- schema -------------------------------------------------------------------------
 
     def _alembic(self) -> Config:
+        from alembic.config import Config
+
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         config.attributes["engine"] = self.engine
@@ -233,6 +234,9 @@ class Store:
 
     def at_newest(self) -> bool:
         """Whether the schema is at the newest Alembic revision (``gpuslice upgrade`` asks before migrating)."""
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
         head = ScriptDirectory.from_config(self._alembic()).get_current_head()
         try:
             with self.engine.connect() as connection:
@@ -242,6 +246,8 @@ class Store:
 
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision (creates it on a new database)."""
+        from alembic import command
+
         try:
             command.upgrade(self._alembic(), "head")
         except SQLAlchemyError as exc:
