@@ -34,12 +34,35 @@ def migrate(db: sqlite3.Connection, steps: Sequence[str], what: str) -> int:
             f"{what} was written by a newer gpuslice (schema {have}, this one knows {len(steps)}): "
             "run that version, or restore a backup made by this one (gpuslice restore)"
         )
-    for number, step in enumerate(steps[have:], start=have + 1):
-        # executescript commits any open transaction first; BEGIN/COMMIT make the step atomic.
+    if db.in_transaction:
+        db.commit()  # as executescript did: what the caller began is its own, not the migration's
+    for number in range(have + 1, len(steps) + 1):
+        # The hub and its services open the same new file at once: each step is taken under the
+        # write lock, and only if no other process took it while this one waited for the lock (a
+        # reclaimer and a hub both adding a column once failed one of them: duplicate column name).
+        db.execute("BEGIN IMMEDIATE")
         try:
-            db.executescript(f"BEGIN IMMEDIATE;\n{step}\nPRAGMA user_version = {number};\nCOMMIT;")
+            if version(db) < number:
+                for statement in statements(steps[number - 1]):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {number}")
+            db.execute("COMMIT")
         except sqlite3.Error:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
     return len(steps)
+
+
+def statements(script: str) -> list[str]:
+    """A step's SQL as single statements (a trigger's body, with its own semicolons, stays whole)."""
+    found, pending = [], ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\n;"):
+                found.append(pending.strip())
+            pending = ""
+    if pending.strip(" \t\n;"):
+        raise SchemaError(f"an incomplete SQL statement in a schema step: {pending.strip()[:80]!r}")
+    return found

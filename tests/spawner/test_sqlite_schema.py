@@ -52,3 +52,34 @@ def test_a_step_that_fails_leaves_the_file_at_the_step_before(tmp_path: Path) ->
 def test_the_ledger_is_versioned(tmp_path: Path) -> None:
     Ledger(tmp_path / "ledger.sqlite")
     assert version(_db(tmp_path / "ledger.sqlite")) == len(SCHEMA_STEPS)
+
+
+def test_a_process_that_read_the_version_before_another_migrated_takes_no_step_twice(tmp_path: Path) -> None:
+    """The hub and the reclaimer open a new ledger at once: one reads version 0, the other takes every
+    step before the first gets the write lock. The first must not add the column again."""
+    path = tmp_path / "s.sqlite"
+    first, other = _db(path), _db(path)
+
+    def the_other_migrates_meanwhile(statement: str) -> None:
+        # Called as the first asks for the write lock, after it read version 0: the other gets it first.
+        if statement.startswith("BEGIN IMMEDIATE") and version(other) == 0:
+            migrate(other, (STEP1, STEP2), "s")
+
+    first.set_trace_callback(the_other_migrates_meanwhile)
+    assert migrate(first, (STEP1, STEP2), "s") == 2
+    first.set_trace_callback(None)
+    assert [c[1] for c in first.execute("PRAGMA table_info(t)")] == ["a", "b"]
+
+
+def test_a_step_of_several_statements_and_a_trigger_runs_whole() -> None:
+    from spawner.sqlite_schema import statements
+
+    step = """CREATE TABLE t (a INTEGER); CREATE TABLE u (b INTEGER);
+    CREATE TRIGGER tu AFTER INSERT ON t BEGIN INSERT INTO u (b) VALUES (new.a); END;
+    """
+    assert len(statements(step)) == 3
+    assert statements(step)[2].endswith("END;")
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    assert migrate(db, (step,), "s") == 1
+    db.execute("INSERT INTO t (a) VALUES (5)")
+    assert db.execute("SELECT b FROM u").fetchall() == [(5,)]
