@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from spawner.ledger import SCHEMA_STEPS, Ledger
-from spawner.sqlite_schema import SchemaError, migrate, version
+from spawner.sqlite_schema import SchemaError, migrate, statements, version
 
 STEP1 = "CREATE TABLE IF NOT EXISTS t (a INTEGER);"
 STEP2 = "ALTER TABLE t ADD COLUMN b TEXT NOT NULL DEFAULT 'x';"
@@ -72,8 +72,6 @@ def test_a_process_that_read_the_version_before_another_migrated_takes_no_step_t
 
 
 def test_a_step_of_several_statements_and_a_trigger_runs_whole() -> None:
-    from spawner.sqlite_schema import statements
-
     step = """CREATE TABLE t (a INTEGER); CREATE TABLE u (b INTEGER);
     CREATE TRIGGER tu AFTER INSERT ON t BEGIN INSERT INTO u (b) VALUES (new.a); END;
     """
