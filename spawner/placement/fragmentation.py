@@ -308,10 +308,9 @@ class FitParts:
     ) -> FitParts:
         shapes, shape = gpu_shapes(wl)
         slices = int(shapes.is_slice.sum())
-        safe_cap = np.where(cap > 0, cap, 1.0)
-        frac = np.where(usable, free / safe_cap, 0.0)
+        frac = _free_share(free, cap, usable)
         fits, full, gpu_fit = _gpu_fit_parts(shapes, slices, free, cap, model, usable)
-        host = (cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :])
+        host = _host_fits(wl, cpu, mem)
         return cls(wl, shape, shapes, slices, free, cap, frac, frac.sum(axis=1), fits, full, host, gpu_fit, cpu, mem)
 
     def fragment(
@@ -401,6 +400,45 @@ def filled_fragment(
     """
     taken = np.minimum(slots, host_slots) if host_bound else slots
     return np.asarray(np.maximum(total[:, None] - taken * cards_per_slot, 0.0))
+
+
+def host_only_after(
+    wl: WorkloadArrays,
+    now: FloatArray,
+    free: FloatArray,
+    cap: FloatArray,
+    usable: BoolArray,
+    cpu: FloatArray,
+    mem: FloatArray,
+) -> FloatArray:
+    """(K, C, T): what ``FitParts`` gives (fragment, then places when K is 2) for C node states that
+    differ from states whose values are ``now`` only by less CPU and memory (``cpu``, ``mem``: the
+    states after placing a task that asks for no GPU), without looking at their GPUs again.
+
+    Exactly the same numbers (``filled=False``), because the GPUs, and so every GPU term, are those
+    of ``now``, and CPU and memory only shrink, so a type that fits the host after fit it before:
+    - a fragment is the whole free GPU (``total``) wherever the type does not fit the host, else
+      what it was (both for GPU types, whose fragment was ``total`` already where the GPU failed,
+      and for types asking for no GPU, which score 0 or ``total`` as they fit or not);
+    - places are the least of the GPU's and the host's (``_host_slots``), and the host's after are
+      at most the host's before, so ``min(places now, host's after)`` is ``min(GPU's, host's after)``.
+    Every step picks one of two stored numbers: no arithmetic that could round differently.
+    """
+    total = _free_share(free, cap, usable).sum(axis=1)
+    fragment = np.where(_host_fits(wl, cpu, mem), now[0], total[:, None])
+    if now.shape[0] == 1:
+        return np.asarray(fragment[None, :, :])
+    return np.stack((fragment, np.minimum(now[1], _host_slots(wl, cpu, mem))))
+
+
+def _free_share(free: FloatArray, cap: FloatArray, usable: BoolArray) -> FloatArray:
+    """(C, G): each usable GPU's free share of its card (0 for the others)."""
+    return np.asarray(np.where(usable, free / np.where(cap > 0, cap, 1.0), 0.0))
+
+
+def _host_fits(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> BoolArray:
+    """(C, T): whether the node's CPU and memory take one task of each type."""
+    return np.asarray((cpu[:, None] >= wl.cpu[None, :]) & (mem[:, None] >= wl.mem[None, :]))
 
 
 def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatArray:

@@ -30,6 +30,7 @@ from spawner.placement.fragmentation import (
     distinct_gpus,
     expected_overflow,
     gpu_cards,
+    host_only_after,
 )
 from spawner.placement.remembered import Distinct, TypeValues, state_hashes, zeros_in_small_pages
 from spawner.placement.state import (
@@ -312,7 +313,8 @@ class FragmentationGradientDescent:
         return np.asarray(fragments @ self._arrays.weight)
 
     def choose(self, state: ClusterState, demand: Demand) -> Choice | None:
-        current = self._frag(self._refresh(state)[0])
+        now = self._refresh(state)
+        current = self._frag(now[0])
         if demand.gpus:
             nodes = np.flatnonzero(state.whole_candidates(demand))
             if nodes.size == 0:
@@ -330,7 +332,7 @@ class FragmentationGradientDescent:
             nodes = np.flatnonzero(state.host_fits(demand))
             if nodes.size == 0:
                 return None
-            after = self._after(state, nodes, state.free[nodes], demand)
+            after = self._host_only_after(state, nodes, demand, now)
             delta = self._frag(after.values.plane(0)) - current[nodes]
             return Choice(int(nodes[self._pick(state, nodes, None, delta, demand, after)]), ())
         cand = distinct_gpus(state, state.slice_candidates(demand))
@@ -348,6 +350,28 @@ class FragmentationGradientDescent:
     def _after(self, state: ClusterState, nodes: IntArray, free: FloatArray, demand: Demand) -> After:
         cpu, mem = state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
         return After(free, cpu, mem, self._values_of(state, nodes, free, cpu, mem))
+
+    def _host_only_after(self, state: ClusterState, nodes: IntArray, demand: Demand, now: FloatArray) -> After:
+        """``_after`` for a demand of no GPU, from the candidates' values now (``host_only_after``).
+
+        Every node the task fits is a candidate, and nearly every state after is new (its CPU
+        and memory differ): scored in full, they were the costliest decisions, and filled the
+        remembered table with states that recur rarely (the table then starts again, and the
+        next decisions score afresh what it held). Each distinct state now gives one state after.
+        Scoring afresh (``remember_states=False``, the reference the benchmark compares with)
+        and ``filled_fragment`` (whose fragment depends on the host's places, not only on fitting
+        once) keep scoring them in full.
+        """
+        if not self.remember_states or self.filled_fragment:
+            return self._after(state, nodes, state.free[nodes], demand)
+        assert self._values is not None
+        cpu, mem = state.cpu[nodes] - demand.cpu_milli, state.mem[nodes] - demand.memory_bytes
+        _, first, inverse = np.unique(self._now_hash[nodes], return_index=True, return_inverse=True)
+        at = nodes[first]
+        values = host_only_after(
+            self._values.types, now[:, at], state.free[at], state.cap[at], state.usable[at], cpu[first], mem[first]
+        )
+        return After(state.free[nodes], cpu, mem, Distinct(values, inverse.reshape(-1)))
 
     def _pick(
         self,

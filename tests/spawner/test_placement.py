@@ -30,6 +30,7 @@ from spawner.placement import (
     type_capacity,
     type_fragment,
 )
+from spawner.placement.fragmentation import FitParts, host_only_after
 from spawner.placement.remembered import TypeValues
 from spawner.shares import GiB, GpuRequest
 
@@ -594,3 +595,43 @@ def test_the_places_kept_per_type_are_the_sum_over_the_nodes_after_every_decisio
         now = policy._refresh(cluster)  # the values of the nodes as they are after the commit
         places = np.where(np.isfinite(now[1]), now[1], 0.0).sum(axis=0)
         assert policy._now_total[1, : places.size].tolist() == places.tolist()
+
+
+def _values_scored_in_full(
+    wl: WorkloadArrays,
+    s: ClusterState,
+    nodes: np.ndarray,
+    cpu: np.ndarray,
+    mem: np.ndarray,
+    *,
+    places: bool,
+    cpu_frag: bool,
+) -> np.ndarray:
+    """(K, C, T): the fragment (and places) of the nodes' GPUs with this CPU and memory, from ``FitParts``."""
+    parts = FitParts.of(wl, s.free[nodes], s.cap[nodes], s.model[nodes], s.usable[nodes], cpu, mem)
+    return np.stack([parts.fragment(cpu_tasks_fragment=cpu_frag)] + ([parts.places()] if places else []))
+
+
+@pytest.mark.parametrize("places", [False, True])
+def test_values_after_a_task_of_no_gpu_are_those_scored_in_full(places: bool) -> None:
+    """``host_only_after`` (the values of node states after placing a task that asks for no GPU,
+    from their values before) gives, bit for bit, what scoring the states after in full gives,
+    for every kind of type, with and without the places plane, CPU-only types fragmenting or not."""
+    types = arrival_types()
+    wl = WorkloadArrays.build(Workload(tuple(types), (1.0 / len(types),) * len(types)), ["G2", "T4"])
+    rng = np.random.default_rng(13)
+    changed = 0
+    for _ in range(20):
+        s = mixed_cluster()
+        s.free[:] = np.where(s.cap > 0, rng.choice([0.0, 100.0, 250.0, 500.0, 700.0, 1000.0], size=s.free.shape), 0.0)
+        s.healthy &= rng.random(s.healthy.shape) > 0.1
+        task = Demand(cpu_milli=int(rng.choice([0, 2000, 6000, 14000])), memory_bytes=int(rng.choice([0, 60])) * GiB)
+        nodes = np.flatnonzero(s.host_fits(task))
+        cpu, mem = s.cpu[nodes] - task.cpu_milli, s.mem[nodes] - task.memory_bytes
+        for cpu_frag in (False, True):
+            now = _values_scored_in_full(wl, s, nodes, s.cpu[nodes], s.mem[nodes], places=places, cpu_frag=cpu_frag)
+            derived = host_only_after(wl, now, s.free[nodes], s.cap[nodes], s.usable[nodes], cpu, mem)
+            after = _values_scored_in_full(wl, s, nodes, cpu, mem, places=places, cpu_frag=cpu_frag)
+            assert derived.tobytes() == after.tobytes()
+            changed += derived.tobytes() != now.tobytes()
+    assert changed > 10  # most tasks took CPU or memory some types needed: values did change
