@@ -536,8 +536,11 @@ def distinct_gpus(state: ClusterState, cand: BoolArray) -> BoolArray:
     # Equal GPUs hash alike; distinct ones (almost surely) not.
     weights = row_hash_weights(3)
     gpu = state.free[rows] * weights[0] + state.cap[rows] * weights[1] + state.model[rows] * weights[2]
-    same = (gpu[:, :, None] == gpu[:, None, :]) & c[:, None, :]
-    earlier = np.tril(np.ones((cand.shape[1], cand.shape[1]), dtype=bool), k=-1)
+    # Each GPU against the GPUs before it only, a column at a time (a node has a few): comparing
+    # every pair at once and masking the later half cost twice as much, on every slice decision.
+    repeated = np.zeros(c.shape, dtype=bool)
+    for g in range(1, cand.shape[1]):
+        repeated[:, g] = ((gpu[:, :g] == gpu[:, g : g + 1]) & c[:, :g]).any(axis=1)
     kept = np.zeros_like(cand)
-    kept[rows] = c & ~(same & earlier).any(axis=2)
+    kept[rows] = c & ~repeated
     return np.asarray(kept, dtype=bool)

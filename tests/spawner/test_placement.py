@@ -30,7 +30,7 @@ from spawner.placement import (
     type_capacity,
     type_fragment,
 )
-from spawner.placement.fragmentation import FitParts, host_only_after
+from spawner.placement.fragmentation import FitParts, distinct_gpus, host_only_after
 from spawner.placement.remembered import TypeValues
 from spawner.shares import GiB, GpuRequest
 
@@ -635,3 +635,17 @@ def test_values_after_a_task_of_no_gpu_are_those_scored_in_full(places: bool) ->
             assert derived.tobytes() == after.tobytes()
             changed += derived.tobytes() != now.tobytes()
     assert changed > 10  # most tasks took CPU or memory some types needed: values did change
+
+
+def test_distinct_gpus_keeps_the_first_of_equal_candidate_gpus_on_each_node() -> None:
+    """``distinct_gpus`` against the pairwise comparison it replaced (every pair of a node's GPUs,
+    the later half masked), on random nodes of equal and unequal, candidate and other GPUs."""
+    rng = np.random.default_rng(17)
+    for width in (1, 2, 3, 8):
+        s = state(rng.choice([0.0, 250.0, 500.0, 1000.0], size=(40, width)).tolist())
+        s.model[:] = rng.integers(0, 2, size=s.model.shape)
+        cand = rng.random(s.free.shape) < 0.7
+        gpu = s.free * 1.1 + s.cap * 1.3 + s.model * 1.7  # any weights tell these GPUs apart
+        same = (gpu[:, :, None] == gpu[:, None, :]) & cand[:, None, :]
+        earlier = np.tril(np.ones((width, width), dtype=bool), k=-1)
+        assert distinct_gpus(s, cand).tolist() == (cand & ~(same & earlier).any(axis=2)).tolist()
