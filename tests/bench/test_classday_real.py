@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 from bench.classday_real import SHORT_DAY, report, validate
 
 # Three students, one 4 GiB slice, everyone forgets their server, closing the tab or leaving it open
@@ -19,6 +21,7 @@ TINY = replace(
 )
 
 
+@pytest.mark.waits
 def test_a_tiny_day_on_the_real_platform_is_served_by_reclaiming_as_the_model_says() -> None:
     result = validate(seed=1, day=TINY, scale_s=2.0)
     real, model = result["real"], result["model"]

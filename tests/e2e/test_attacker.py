@@ -384,6 +384,7 @@ def wait_for_the_line(platform: Platform, user: str) -> Session:
     return session
 
 
+@pytest.mark.waits
 def test_a_forged_activity_does_not_keep_a_slice_from_a_waiting_classmate(
     class_platform: Callable[..., Platform],
 ) -> None:

@@ -183,6 +183,7 @@ def acknowledge(url: str, by: str, **matchers: str) -> None:
     requests.post(f"{url}/api/v2/silences", json=silence, timeout=5).raise_for_status()
 
 
+@pytest.mark.waits
 def test_an_incident_is_paged_inhibited_acknowledged_and_escalated(stack: Stack, hooks: dict[str, Webhook]) -> None:
     alertmanager = stack.url
     alerts = [
@@ -236,6 +237,7 @@ def recorded(stack: Stack, title: str) -> Recorded | None:
     return next((r for r in stack.store.incidents() if r.incident.title == title), None)
 
 
+@pytest.mark.waits
 def test_an_incident_nobody_looks_at_is_recorded_with_alertmanagers_times(
     stack: Stack, hooks: dict[str, Webhook]
 ) -> None:

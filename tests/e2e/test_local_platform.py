@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.e2e.platform import Platform, admin_api, process_alive
@@ -184,6 +185,7 @@ def test_hub_kill_9_and_restart_keeps_running_servers_and_their_slices(make_plat
     assert not process_alive(pid)
 
 
+@pytest.mark.waits
 def test_a_dead_server_gives_its_slice_back(platform: Platform) -> None:
     frank = platform.login("frank")
     assert frank.api("POST", "/users/frank/server", json={"gpu_memory": "2GiB"}).status_code in (201, 202)

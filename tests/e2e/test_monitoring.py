@@ -4,6 +4,7 @@ import json
 import shutil
 from typing import Any
 
+import pytest
 import requests
 from prometheus_api_client import PrometheusConnect
 
@@ -13,6 +14,7 @@ from tests.e2e.platform import Platform, free_port
 GiB = 2**30
 
 
+@pytest.mark.waits
 def test_metrics_reach_prometheus_and_an_alert_reaches_the_webhook(make_platform: Any) -> None:
     webhook = Webhook()
     ports = {k: free_port() for k in ("exporter_port", "prometheus_port", "alertmanager_port", "node_exporter_port")}

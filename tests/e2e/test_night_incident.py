@@ -6,6 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+import pytest
 import requests
 import yaml
 
@@ -19,6 +20,7 @@ from tests.e2e.platform import Platform, free_port
 PORTS = ("exporter_port", "prometheus_port", "alertmanager_port", "node_exporter_port")
 
 
+@pytest.mark.waits
 def test_a_fault_at_night_becomes_an_incident_with_alertmanagers_times(make_platform: Any) -> None:
     hooks = {name: Webhook() for name in ("alice", "carol", "dave")}
     ports = {k: free_port() for k in PORTS}

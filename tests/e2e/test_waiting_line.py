@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import requests
 
 from tests.e2e.platform import Platform, admin_api
@@ -195,6 +196,7 @@ def one_card_held_by_s1(make_platform: object) -> tuple[Platform, str]:
     return platform, token
 
 
+@pytest.mark.waits
 def test_a_use_of_the_server_shortly_before_the_announced_stop_keeps_the_slice(make_platform: object) -> None:
     """s1 is warned while s3 waits and saves a file in its server 5 s before the announced stop:
     the server reports that use to the hub in time (JupyterHub's default report, every 300 s,

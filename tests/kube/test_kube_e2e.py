@@ -49,6 +49,7 @@ def test_spawn_reach_refuse_and_stop(kube_hub: KubeHub) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.waits
 def test_a_pod_the_scheduler_cannot_place_is_explained_in_the_progress(kube_hub: KubeHub) -> None:
     # Someone outside the hub's namespace holds every card: the hub's own view (its
     # namespace) says there is room, the scheduler says there is not.

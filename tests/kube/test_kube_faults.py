@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from tests.kube.conftest import KubeHub
 
 
@@ -18,6 +20,7 @@ def test_a_failing_pod_create_is_retried(kube_hub: KubeHub) -> None:
     assert _pods(kube_hub) == ["jupyter-eve"]
 
 
+@pytest.mark.waits
 def test_a_pod_create_that_keeps_failing_fails_the_spawn_and_leaves_nothing(kube_hub: KubeHub) -> None:
     fault = {"method": "POST", "path_contains": "/namespaces/gpuslice/pods", "status": 500, "times": 1000}
     assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200
@@ -67,6 +70,7 @@ def _wait_stopped(kube_hub: KubeHub, user: str, timeout_s: float = 30) -> None:
 REFLECTOR_PODS = {"method": "GET", "path_contains": "/namespaces/gpuslice/pods", "query_contains": "labelSelector"}
 
 
+@pytest.mark.waits
 def test_an_events_list_error_while_the_pods_list_is_slow_fails_clearly_and_the_hub_recovers(
     kube_hub: KubeHub,
 ) -> None:
@@ -95,6 +99,7 @@ def test_an_events_list_error_while_the_pods_list_is_slow_fails_clearly_and_the_
     assert "Insufficient aliyun.com/gpu-mem" in kube_hub.progress_until("ivy", "Waiting for a GPU")[-1]
 
 
+@pytest.mark.waits
 def test_a_pods_list_error_fails_clearly_and_the_next_start_and_stop_work(kube_hub: KubeHub) -> None:
     fault = {**REFLECTOR_PODS, "status": 500, "times": 1}
     assert kube_hub.k8s_post("/_test/faults", fault).status_code == 200

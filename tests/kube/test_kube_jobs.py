@@ -78,6 +78,7 @@ def k8s_jobs(hub: RestartableHub) -> dict[str, dict[str, Any]]:
     return {j["metadata"]["labels"]["gpuslice.io/job"]: j for j in hub.hub.k8s(JOBS)["items"]}
 
 
+@pytest.mark.waits
 def test_jobs_are_batch_jobs_made_by_the_line_and_yield_to_people(one_card_with_jobs: RestartableHub) -> None:
     hub, root = one_card_with_jobs, one_card_with_jobs.root
     assert hub.hub.api("POST", "/users", json={"usernames": ["ann", "bob", "cy"]}).status_code == 201

@@ -54,6 +54,7 @@ def two_classmates_run(hub: RestartableHub) -> None:
         kube.wait_ready(user)
 
 
+@pytest.mark.waits
 def test_the_third_student_waits_with_no_pod_and_starts_by_itself_and_a_fourth_leaves_the_line(
     one_card: RestartableHub,
 ) -> None:
@@ -92,6 +93,7 @@ def test_the_third_student_waits_with_no_pod_and_starts_by_itself_and_a_fourth_l
     assert not kube.api("GET", "/users/s4").json()["servers"]
 
 
+@pytest.mark.waits
 def test_after_a_hub_kill_9_the_line_is_intact_and_the_request_keeps_its_place(one_card: RestartableHub) -> None:
     kube = one_card.hub
     two_classmates_run(one_card)
@@ -197,6 +199,7 @@ def line_api(kube: KubeHub, token: str | None, method: str = "GET", body: object
     return requests.request(method, f"{kube.url}/hub/api/gpuslice/line", headers=headers, json=body, timeout=30)
 
 
+@pytest.mark.waits
 def test_the_line_api_shows_the_queue_to_an_admin_and_lets_only_them_change_it(one_card: RestartableHub) -> None:
     kube = one_card.hub
     two_classmates_run(one_card)
