@@ -30,11 +30,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from spawner.assets import HOOK_DIR
 from spawner.card_health import CardLedger
 from spawner.cgroups import DEFAULT_LIMITS, parse_settings_limits
 from spawner.class_store import ClassStore
 from spawner.confinement import for_machine
 from spawner.gpus import machine
+from spawner.holds import group_bytes_of, placement_rows, servers_by_user
 from spawner.inventory import Inventory, build_local
 from spawner.job_launch import Machine, placed_words, start_runner
 from spawner.job_ledger import Dispatch, JobLedger, JobRecord, Looked, Placement, Stop, needs_gpu
@@ -42,8 +44,6 @@ from spawner.job_runner import lost
 from spawner.jobs import FAILED, PREEMPT, RUNNING, STARTING, STOPPING, Outcome, job_server
 from spawner.jobs_backfill import Running, preemptions
 from spawner.ledger import Held
-from spawner.lifecycle import HOOK_DIR, placement_rows
-from spawner.line import group_bytes_of, servers_by_user
 from spawner.patrol import with_health
 from spawner.placement import Choice
 from spawner.processes import running

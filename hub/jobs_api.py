@@ -36,11 +36,12 @@ from tornado import web
 from hub.job_dispatch import signal_runner
 from hub.line_api import viewer_of
 from spawner.checked import problems
+from spawner.holds import group_bytes_of, servers_by_user
 from spawner.job_ledger import JobLedger, JobRecord, TooManyQueuedError
 from spawner.job_request import plan_job
 from spawner.jobs import CANCEL, QUEUED, STATES, JobSpec, line_entry
 from spawner.ledger import Held
-from spawner.line import LineView, LogRead, WaitingLineMixin, group_bytes_of, servers_by_user
+from spawner.line import LineView, LogRead, WaitingLineMixin
 from spawner.quotas import budgets
 from spawner.request import GpuRefused
 from spawner.scope import Scope

@@ -19,11 +19,11 @@ from hub.settings import from_environment
 from hub.top_cli import TOP_SERVICE
 from hub.wiring import Accounts, HubParts, LiveClasses, configure_hub, incident_recorder, renewals_service
 from spawner import environ, start_turns
+from spawner.assets import HOOK_DIR
 from spawner.card_health import CardLedger
 from spawner.cgroups import limits_for
 from spawner.gpus import machine
 from spawner.ledger import Ledger
-from spawner.lifecycle import HOOK_DIR
 
 env = environ.read()
 settings = from_environment(env)

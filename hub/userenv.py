@@ -22,7 +22,7 @@ import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
-from spawner.lifecycle import HOOK_DIR, LAB_DIR
+from spawner.assets import HOOK_DIR, LAB_DIR
 
 # What the single-user server needs, pinned to what the hub's environment has installed.
 PACKAGES = ("jupyterhub", "jupyterlab", "ipykernel")

@@ -21,7 +21,9 @@ import aiohttp
 from traitlets import Instance, Integer, Unicode
 
 from spawner import environ, metrics
+from spawner.assets import HOOK_DIR, LAB_DIR
 from spawner.card_health import CardLedger
+from spawner.holds import placement_rows
 from spawner.inventory import Inventory, build_local
 from spawner.ledger import Held, ServerProcess, stop_message
 from spawner.line import WAITING_PROGRESS, LogRead, WaitingLineMixin, usage_of
@@ -30,37 +32,11 @@ from spawner.placement import Choice, Demand
 from spawner.processes import Proc, identify, running
 from spawner.quotas import Usage
 from spawner.request import GpuRefused
-from spawner.shares import GpuRequest, RequestKind, format_bytes
+from spawner.shares import GpuRequest, format_bytes
 from spawner.sharing.base import ServerGpuSpec, Target
 from spawner.sharing.local import Local
 from spawner.start_turns import START_TURN_MAX_WAIT_S, START_TURN_PROGRESS, machine_turns, turn_words
 from spawner.waitline import activity_report_interval
-
-HOOK_DIR = Path(__file__).parent / "kernel_hook"
-LAB_DIR = Path(__file__).parent / "lab"  # on JUPYTER_PATH: labextensions/@gpuslice/reclaim-notice
-
-
-def placement_rows(
-    key: str, server: str, request: GpuRequest, inventory: Inventory, group: str | None, choice: Choice | None
-) -> list[Held]:
-    """The ledger rows of a local placement, one per card (none for CPU only): a server's or a job's."""
-    if choice is None:
-        return []
-    node = inventory.nodes[choice.node]
-    whole = request.kind is RequestKind.WHOLE
-    user = key.partition("/")[0]
-    return [
-        Held(
-            key,
-            node.gpus[i].index,
-            user,
-            server,
-            node.gpus[i].memory_bytes if whole else request.bytes_on(node.gpus[i].memory_bytes),
-            whole,
-            group,
-        )
-        for i in choice.gpus
-    ]
 
 
 class RestartCheck:

@@ -24,6 +24,7 @@ from traitlets import Float, Integer, Unicode
 
 from spawner import metrics
 from spawner.form import in_form_words
+from spawner.holds import group_bytes_of, servers_by_user
 from spawner.inventory import Inventory
 from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice
 from spawner.mixin import GpuShareMixin, asked_bytes
@@ -491,19 +492,3 @@ def line_view(me: Entry, present: list[Entry], holds: list[Held], budget_group: 
         return LineView(position, holds, position)
     classmates_ahead = sum(1 for e in present if e.group == budget_group and places.get(e.key, position) < position)
     return LineView(position, [h for h in holds if h.group == budget_group], classmates_ahead + 1, budget_group)
-
-
-def group_bytes_of(holds: list[Held]) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for h in holds:
-        if h.group:
-            totals[h.group] = totals.get(h.group, 0) + h.memory_bytes
-    return totals
-
-
-def servers_by_user(holds: list[Held]) -> dict[str, int]:
-    """How many servers with a GPU each user runs (the line's fair share counts them)."""
-    servers: dict[str, set[str]] = {}
-    for h in holds:
-        servers.setdefault(h.user, set()).add(h.key)
-    return {user: len(keys) for user, keys in servers.items()}

@@ -43,9 +43,11 @@ LAYERS: dict[str, int] = {
     "spawner.scope": CORE,  # whose servers and names a viewer may see (the portal and the hub's line API)
     "spawner.words": CORE,  # times and places in the words people read (instants the pages localize)
     "spawner.cgroups": CORE,  # a server's limits and device rules, and each cgroup layout's files
+    "spawner.assets": CORE,  # the kernel hook's and the JupyterLab files' folders (paths only)
     # 2. below the spawner runtime: the markets, the ledger, NVML, the spawners' metrics.
     "market": LOWER,
     "spawner.ledger": LOWER,
+    "spawner.holds": LOWER,  # the ledger's rows of a placement and totals over rows (pure, over ledger.Held)
     "spawner.class_store": LOWER,  # the classes the running hub keeps (the hub, its spawners and the CLI share it)
     "spawner.sqlite_schema": LOWER,  # versioned schemas of our SQLite stores (the ledger, incidents)
     "spawner.job_ledger": LOWER,  # batch jobs in the ledger's file, in its transactions

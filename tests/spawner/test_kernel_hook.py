@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spawner.lifecycle import HOOK_DIR
+from spawner.assets import HOOK_DIR
 
 pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 

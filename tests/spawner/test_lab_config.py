@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from spawner.lifecycle import LAB_DIR
+from spawner.assets import LAB_DIR
 
 pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 

@@ -3,8 +3,8 @@
 import importlib.util
 from types import ModuleType
 
+from spawner.assets import LAB_DIR
 from spawner.jobs import JobSpec
-from spawner.lifecycle import LAB_DIR
 
 
 def lab_jobs_module() -> ModuleType:

@@ -7,7 +7,7 @@ import asyncio
 import importlib.util
 from types import ModuleType, SimpleNamespace
 
-from spawner.lifecycle import LAB_DIR
+from spawner.assets import LAB_DIR
 
 
 def presence_module() -> ModuleType:
