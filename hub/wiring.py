@@ -159,7 +159,7 @@ def _accounts(c: Any, platform: Platform, accounts: Accounts, groups: tuple[Grou
     """Admins log in with the password gpuslice gave them, class members join once at /hub/join with
     their invite code; with open sign-up a new name, and only a new one, sets its password."""
     known = {*accounts.known_names, *roster_names((), classes(groups))}  # a class made live: its people too
-    c.JupyterHub.authenticator_class = "hub.accounts.GpusliceAuthenticator"
+    c.JupyterHub.authenticator_class = "hub.authenticator.GpusliceAuthenticator"
     c.GpusliceAuthenticator.dbm_path = str(passwords_path(accounts.data_dir))  # kept across restarts
     c.GpusliceAuthenticator.create_users = platform.open_signup
     c.GpusliceAuthenticator.data_dir = str(accounts.data_dir)  # invite codes (invites.dbm), beside the passwords

@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from hub.accounts import NO_PASSWORD_YET
+from hub.authenticator import NO_PASSWORD_YET
 from tests.e2e.platform import GPUSLICE, PASSWORD, Platform, Session
 
 

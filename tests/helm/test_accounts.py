@@ -9,7 +9,7 @@ import pytest
 import yaml
 from firstuseauthenticator import FirstUseAuthenticator
 
-from hub.accounts import GpusliceAuthenticator
+from hub.authenticator import GpusliceAuthenticator
 from tests.helm.test_chart import render
 from tests.hub.test_kube_config import load_kube_config, login_page
 

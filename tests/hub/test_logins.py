@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from hub.accounts import GpusliceAuthenticator, invite_codes, passwords_path, set_password
+from hub.accounts import invite_codes, passwords_path, set_password
+from hub.authenticator import GpusliceAuthenticator
 from hub.logins import Limit, LoginThrottle, client_address, locked_for, name_problem, normalize_name
 
 
