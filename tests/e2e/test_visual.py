@@ -50,8 +50,20 @@ def school(make_platform: Any) -> Platform:
     return platform
 
 
-def _shoot(page: Page, name: str, settle_ms: int = 1500) -> dict[str, list[str]]:
-    page.wait_for_timeout(settle_ms)  # Streamlit's last elements and fonts
+# A page is drawn once its fonts are loaded and Streamlit has no script run going (its status
+# widget), no placeholder (skeleton) and no element left from the run before (data-stale).
+DRAWN = """() => document.fonts.status === 'loaded' && !document.querySelector(
+  "[data-testid='stStatusWidget'], [data-testid*='keleton'], [data-stale='true']")"""
+
+
+def _settle(page: Page) -> None:
+    page.wait_for_function(DRAWN, polling=100, timeout=60_000)
+    page.wait_for_timeout(300)  # the last element's layout after its script run ended
+
+
+def _shoot(page: Page, name: str, settle: bool = True) -> dict[str, list[str]]:
+    if settle:
+        _settle(page)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
     found: dict[str, list[str]] = page.evaluate(CHECK)
     return found
@@ -59,11 +71,11 @@ def _shoot(page: Page, name: str, settle_ms: int = 1500) -> dict[str, list[str]]
 
 def _shoot_progress(page: Page, name: str) -> dict[str, list[str]]:
     """The spawn's progress page, shot at once: it moves on to JupyterLab by itself when the server
-    is ready (once in a full run, during the 1.5 s a portal page is given, and the check found no page).
+    is ready (once in a full run, while a portal page settles, and the check found no page).
     A spawn that is done before the shot is said so, not passed over."""
     try:
         if "spawn-pending" in page.url:
-            return _shoot(page, name, settle_ms=0)
+            return _shoot(page, name, settle=False)
     except PlaywrightError as exc:
         if "Execution context was destroyed" not in str(exc):
             raise
@@ -93,7 +105,7 @@ def test_every_page_and_the_spawn_flow_at_two_sizes_has_nothing_cut_off_or_overl
                 if who == "bob":  # a student never sees another student's name
                     page.goto(f"{school.url}/services/portal/gpus")
                     page.wait_for_selector("h1:has-text('GPUs')", timeout=120_000)
-                    page.wait_for_timeout(1500)
+                    _settle(page)
                     assert "alice" not in page.inner_text("body")
                 page.close()
         for size in ("phone", "laptop"):  # the form at both sizes; started once, at the last
