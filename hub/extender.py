@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from hub.malloc import keep_freed_memory
 from spawner import environ, extender
 from spawner.sharing import SharingBackend
 
@@ -157,4 +158,7 @@ def make_app(
 
 
 def serve(client: KubeClient, backend: SharingBackend, policy: str, address: str, port: int) -> None:
+    # Decisions free and make again arrays of a few hundred KB: keep that memory mapped rather than
+    # fault it in again at every decision (hub/malloc.py says why and what it costs).
+    keep_freed_memory()
     web.run_app(make_app(client, backend, policy), host=address, port=port, print=None)
