@@ -10,11 +10,13 @@ live (the arrivals so far, ``spawner.placement.knowledge``; ``--oracle``: the wh
 a decision's time includes working that out. ``--busy N`` keeps N other processes spinning on
 the CPU for the whole run: the machine busy with other work, the same for every policy
 (``--busy-nice 19``: work that yields to the decisions, as a scheduler given its CPU share would
-see it).
+see it). glibc's malloc is told to keep freed memory (``hub.malloc.keep_freed_memory``), as the
+extender's server is; ``--glibc-default-malloc`` measures with glibc's defaults instead.
 Printed: p50, p99 and max of a decision's wall time per policy, the ratios to ``fgd-fresh``
 (FGD scoring every candidate state afresh, as before node states were remembered) and to
 ``fgd``, the p50 and p99 of its CPU time (what the decision costs, whatever else runs), and
-how many decisions each remembering policy made as its afresh twin did.
+how many decisions each remembering policy made as its afresh twin did, and the process's minor
+page faults and peak RSS over the run (every policy's cluster copy in one process).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import resource
 import sys
 import time
 from collections import Counter
@@ -33,6 +36,7 @@ from pathlib import Path
 from bench.placement import Knowledge, arrivals, cluster, oracle_workload, read_nodes, read_tasks
 from bench.report import make
 from bench.stats import percentile
+from hub.malloc import keep_freed_memory
 from spawner.placement import (
     DefaultPolicy,
     Demand,
@@ -93,7 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--limit", type=int, help="decide only the first N arrivals")
     parser.add_argument("--variant", action="append", default=[], help="also time this bench.report variant")
+    parser.add_argument(
+        "--glibc-default-malloc",
+        action="store_true",
+        help="leave glibc's malloc thresholds as they are (default: keep freed memory, as the extender does)",
+    )
     args = parser.parse_args(argv)
+    kept = False if args.glibc_default_malloc else keep_freed_memory()
     knowledge = Knowledge.ORACLE if args.oracle else Knowledge.LIVE
     nodes = read_nodes(args.data / "openb_node_list_gpu_node.csv")
     tasks = read_tasks(args.data / f"openb_pod_list_{args.list}.csv")
@@ -109,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     same = Counter[str]()
     seen: Counter[Demand] = Counter()
     load = os.getloadavg()[0]
+    faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     with busy(args.busy, args.busy_nice):
         for i, task in enumerate(arrived):
             demand = task.demand()
@@ -128,11 +139,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             seen[demand] += 1
             for mine, twin in TWINS.items():
                 same[mine] += picks[mine] == picks[twin]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     gpus = sum(n.gpus for n in nodes)
     print(
         f"{args.list}, seed {args.seed}, {knowledge} knowledge: {len(arrived)} decisions on {gpus} GPUs;"
         f" {args.busy} other processes spinning (nice {args.busy_nice}); load average {load:.1f} at the start,"
         f" {os.getloadavg()[0]:.1f} at the end"
+    )
+    malloc = "keeping freed memory (mallopt)" if kept else "glibc's defaults"
+    print(
+        f"malloc: {malloc}; {usage.ru_minflt - faults_before} minor page faults during the decisions;"
+        f" peak RSS {usage.ru_maxrss / 1024:.0f} MiB"
     )
     for mine, twin in TWINS.items():
         print(f"{mine} decided as {twin} on {same[mine]} of {len(arrived)}")

@@ -18,15 +18,25 @@ def test_losses_account_for_every_failed_gpu(tmp_path: Path) -> None:
         assert (3.0 - unallocated) + failed_gpus == pytest.approx(arrived)
 
 
-def test_latency_compares_the_policies_on_the_same_arrivals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_latency_compares_the_policies_on_the_same_arrivals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     write(tmp_path, "openb_node_list_gpu_node.csv", NODES)
     write(tmp_path, "openb_pod_list_default.csv", PODS)
+    kept: list[bool] = []  # the test run's own malloc is left as it is
+    monkeypatch.setattr(latency, "keep_freed_memory", lambda: kept.append(True) or True)
     assert latency.main(["--data", str(tmp_path), "--seed", "1"]) == 0
     out = capsys.readouterr().out
+    # Measured as the extender runs: glibc's malloc keeping freed memory (hub/malloc.py).
+    assert kept == [True]
+    assert "malloc: keeping freed memory (mallopt);" in out
     decisions = len(arrivals(read_tasks(tmp_path / "openb_pod_list_default.csv"), 3.0, 1))
     assert f"fgd decided as fgd-fresh on {decisions} of {decisions}" in out
     for policy in ("fgd-fresh", "fgd", "default"):
         assert f"| {policy} |" in out
+    assert latency.main(["--data", str(tmp_path), "--seed", "1", "--glibc-default-malloc"]) == 0
+    assert kept == [True]
+    assert "malloc: glibc's defaults;" in capsys.readouterr().out
 
 
 def test_first_breaks_names_the_tasks_that_took_a_free_node_of_a_size(tmp_path: Path) -> None:
