@@ -2,6 +2,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,26 +153,30 @@ def test_fgd_and_default_decide_as_before_they_remembered_values_per_type(policy
     assert decided == recorded["decisions"][policy]
 
 
+LIVE_DECISIONS = json.loads((Path(__file__).parent / "fixtures" / "live-decisions.json").read_text())
+
+
 @pytest.mark.slow
-def test_fgd_and_default_decide_live_as_before_tasks_of_no_gpu_were_scored_from_the_values_now() -> None:
+@pytest.mark.parametrize("policy", ["fgd", "default"])
+@pytest.mark.parametrize("case", LIVE_DECISIONS["cases"], ids=lambda case: str(case["name"]))
+def test_fgd_and_default_decide_live_as_before_tasks_of_no_gpu_were_scored_from_the_values_now(
+    case: dict[str, Any], policy: str
+) -> None:
     """Every live decision (the arrivals so far told before each) of `fgd` and `default` on the
-    first 1,500 arrivals of the default list (seed 0, the full cluster; 188 of them ask for no
-    GPU, every node that fits one a candidate) and on mix 300 (seed 0, 834 arrivals), as the code
-    made them before the states after a task of no GPU were worked out from the candidates'
-    values now (recorded from that code, commit ae9d4bb, in fixtures/live-decisions.json)."""
-    recorded = json.loads((Path(__file__).parent / "fixtures" / "live-decisions.json").read_text())
+    first 1,500 arrivals of the default list (seed 0, the full cluster; 188 of them ask for no GPU,
+    every node that fits one a candidate) and on mix 300 (seed 0, 834 arrivals), as the code made
+    them before the states after a task of no GPU were worked out from the candidates' values now
+    (recorded from that code, commit ae9d4bb, in fixtures/live-decisions.json)."""
     data = shared_file("data/alibaba-gpu-v2023")
     nodes = read_nodes(data / "openb_node_list_gpu_node.csv")
     base = read_tasks(data / "openb_pod_list_default.csv")
-    for case in recorded["cases"]:
-        if "mix" in case:
-            mix = make_mix(case["mix"], nodes, base)
-            case_nodes, tasks = mix.nodes, mix.tasks
-        else:
-            case_nodes, tasks = nodes, base
-        for policy, decisions in case["decisions"].items():
-            arrived = arrivals(tasks, float(sum(n.gpus for n in case_nodes)), case["seed"])[: case["limit"]]
-            assert _live_decisions(case_nodes, arrived, policy) == decisions, (case["name"], policy)
+    if "mix" in case:
+        mix = make_mix(case["mix"], nodes, base)
+        nodes, tasks = mix.nodes, mix.tasks
+    else:
+        tasks = base
+    arrived = arrivals(tasks, float(sum(n.gpus for n in nodes)), case["seed"])[: case["limit"]]
+    assert _live_decisions(nodes, arrived, policy) == case["decisions"][policy]
 
 
 def _live_decisions(nodes: Sequence[TraceNode], arrived: Sequence[TraceTask], policy: str) -> list[object]:
