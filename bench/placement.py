@@ -211,9 +211,11 @@ def replay(
     make: PolicyFactory = make_policy,
     knowledge: Knowledge = Knowledge.LIVE,
     choices: list[Choice | None] | None = None,
+    limit: int | None = None,
 ) -> ReplayResult:
     """One replay; ``make`` builds the policy (the report passes variants not in POLICIES);
-    ``choices``, when given, receives every decision in order (None: no place).
+    ``choices``, when given, receives every decision in order (None: no place); ``limit``: only
+    the first that many arrivals.
 
     Live, before each decision the policy is handed ``known_workload`` of the arrivals so far
     (placed or failed: a pod that found no place stays pending, and the extender sees it) and
@@ -221,7 +223,7 @@ def replay(
     """
     state = cluster(nodes)
     capacity = float(sum(n.gpus for n in nodes))
-    arrived = arrivals(tasks, capacity, seed)
+    arrived = arrivals(tasks, capacity, seed)[:limit]
     live = knowledge is Knowledge.LIVE
     first = known_workload({}, arrived[0].demand()) if live else oracle_workload(tasks)
     policy = make(policy_name, first, seed)

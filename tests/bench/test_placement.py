@@ -1,15 +1,14 @@
 import json
-from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.decisions import as_decision
 from bench.mixes import make_mix
 from bench.placement import (
+    Knowledge,
     TraceError,
-    TraceNode,
     TraceTask,
     arrivals,
     bench,
@@ -21,7 +20,7 @@ from bench.placement import (
 )
 from bench.report import make
 from bench.stats import percentile
-from spawner.placement import Demand, Informed, known_workload
+from spawner.placement import Choice, Demand
 from tests.shared import shared_file
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,T4\nn1,32000,131072,1,V100M32\n"
@@ -175,23 +174,6 @@ def test_fgd_and_default_decide_live_as_before_tasks_of_no_gpu_were_scored_from_
         nodes, tasks = mix.nodes, mix.tasks
     else:
         tasks = base
-    arrived = arrivals(tasks, float(sum(n.gpus for n in nodes)), case["seed"])[: case["limit"]]
-    assert _live_decisions(nodes, arrived, policy) == case["decisions"][policy]
-
-
-def _live_decisions(nodes: Sequence[TraceNode], arrived: Sequence[TraceTask], policy: str) -> list[object]:
-    """The decisions of ``policy`` told the arrivals so far before each, as ``replay`` makes them."""
-    state = cluster(nodes)
-    chooser = make(policy, known_workload({}, arrived[0].demand()), 0)
-    assert isinstance(chooser, Informed)
-    seen: Counter[Demand] = Counter()
-    decided: list[object] = []
-    for task in arrived:
-        demand = task.demand()
-        chooser.know(known_workload(seen, demand))
-        choice = chooser.choose(state, demand)
-        decided.append(None if choice is None else [choice.node, list(choice.gpus)])
-        seen[demand] += 1
-        if choice is not None:
-            state.commit(choice, demand)
-    return decided
+    choices: list[Choice | None] = []
+    replay(nodes, tasks, policy, case["seed"], make, Knowledge.LIVE, choices=choices, limit=case["limit"])
+    assert [as_decision(choice) for choice in choices] == case["decisions"][policy]
