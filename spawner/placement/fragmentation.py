@@ -278,6 +278,8 @@ class FitParts:
     far fewer than the types, which differ mostly in CPU and memory), then spread to the types;
     the host side (CPU, memory) per type. Slice shapes come first (``slices`` of them): which
     cards hold a slice matters only to them, which cards are wholly free only to the others.
+    What one GPU can take of each shape is worked out once per *distinct* GPU (``DistinctGpus``)
+    and spread to the GPUs: hundreds of new node states are some tens of distinct GPUs.
     """
 
     wl: WorkloadArrays
@@ -288,8 +290,7 @@ class FitParts:
     cap: FloatArray
     frac: FloatArray  # (C, G): each usable GPU's free share of its card
     total: FloatArray  # (C,): free GPU in cards
-    fits: BoolArray  # (C, G, slices): GPUs that hold a slice of the shape
-    full: BoolArray  # (C, G, S - slices): wholly free GPUs the shape accepts
+    gpus: DistinctGpus  # the distinct GPUs of the C states, and what each takes of each shape
     host: BoolArray  # (C, T): CPU and memory fit
     gpu_fit: BoolArray  # (C, S): the slice fits a GPU, or enough cards are wholly free
     cpu: FloatArray
@@ -309,17 +310,22 @@ class FitParts:
         shapes, shape = gpu_shapes(wl)
         slices = int(shapes.is_slice.sum())
         frac = _free_share(free, cap, usable)
-        fits, full, gpu_fit = _gpu_fit_parts(shapes, slices, free, cap, model, usable)
+        gpus = DistinctGpus.of(shapes, slices, free, cap, model, usable)
+        # Whole numbers (a GPU holds a slice or not; wholly free cards): any order of summing is exact.
+        gpu_fit = np.concatenate(
+            (gpus.by_gpu(gpus.fits).any(axis=0), gpus.by_gpu(gpus.full).sum(axis=0) >= shapes.whole[None, slices:]),
+            axis=1,
+        )
         host = _host_fits(wl, cpu, mem)
-        return cls(wl, shape, shapes, slices, free, cap, frac, frac.sum(axis=1), fits, full, host, gpu_fit, cpu, mem)
+        return cls(wl, shape, shapes, slices, free, cap, frac, frac.sum(axis=1), gpus, host, gpu_fit, cpu, mem)
 
     def fragment(
         self, *, cpu_tasks_fragment: bool = True, filled: bool = False, filled_host: bool = True
     ) -> FloatArray:
         """(C, T): ``type_fragment``."""
-        wl, total = self.wl, self.total
+        wl, total, gpus = self.wl, self.total, self.gpus
         if filled:
-            slots, cards_per_slot = self._slots()
+            slots, cards_per_slot = self._slots(), self._cards_per_slot()
             frag = filled_fragment(
                 slots[:, self.shape],
                 cards_per_slot[:, self.shape],
@@ -328,8 +334,9 @@ class FitParts:
                 host_bound=filled_host,
             )
         else:
-            slice_frag = np.einsum("cg,cgs->cs", self.frac, ~self.fits)
-            whole_frag = np.einsum("cg,cgs->cs", self.frac, ~self.full)
+            # The same (C, G, S) arrays as the GPUs' own would be: einsum sums them as it always did.
+            slice_frag = np.einsum("cg,cgs->cs", self.frac, gpus.by_state(~gpus.fits))
+            whole_frag = np.einsum("cg,cgs->cs", self.frac, gpus.by_state(~gpus.full))
             frag = np.concatenate((slice_frag, whole_frag), axis=1)[:, self.shape]
         per_type = np.where(self.host & self.gpu_fit[:, self.shape], frag, total[:, None])
         if wl.is_cpu.any():  # a type that asks for no GPU: only its own columns
@@ -342,26 +349,108 @@ class FitParts:
 
     def places(self) -> FloatArray:
         """(C, T): ``type_capacity``."""
-        slots, _ = self._slots()
-        gpu = slots[:, self.shape]
+        gpu = self._slots()[:, self.shape]
         gpu[:, self.wl.is_cpu] = np.inf  # a type that asks for no GPU: its CPU and memory alone
         places = np.minimum(gpu, _host_slots(self.wl, self.cpu, self.mem))
         return np.asarray(np.maximum(places, 0.0) if (places < 0).any() else places)
 
-    def _slots(self) -> tuple[FloatArray, FloatArray]:
-        """(C, S) each: the tasks of each GPU shape the GPUs alone could take one after another
-        (slices side by side on the GPUs that hold one; free cards over the cards asked), and the
-        GPU each of those tasks takes, in cards."""
-        shapes, n = self.shapes, self.slices
-        need = shapes.frac[None, None, :n] * self.cap[:, :, None] + shapes.units[None, None, :n]  # (C, G, slices)
-        per_gpu = np.where(self.fits, np.floor((self.free[:, :, None] + EPS) / np.where(need > 0, need, 1.0)), 0.0)
-        slice_slots = per_gpu.sum(axis=1)
-        slice_cards = (per_gpu * need / np.where(self.cap > 0, self.cap, 1.0)[:, :, None]).sum(axis=1)
+    def _slots(self) -> FloatArray:
+        """(C, S): the tasks of each GPU shape the GPUs alone could take one after another (slices
+        side by side on the GPUs that hold one; free cards over the cards asked)."""
+        gpus, n = self.gpus, self.slices
+        # Whole numbers per GPU (``DistinctGpus.slots``): summed in any order, the same.
+        slice_slots = gpus.by_gpu(gpus.slots).sum(axis=0)
+        whole = np.where(self.shapes.whole[n:] > 0, self.shapes.whole[n:], 1.0)[None, :]
+        whole_slots = np.floor(gpus.by_gpu(gpus.full).sum(axis=0) / whole)
+        return np.concatenate((slice_slots, whole_slots), axis=1)
+
+    def _cards_per_slot(self) -> FloatArray:
+        """(C, S): the GPU each of ``_slots``'s tasks takes, in cards (``filled_fragment`` only)."""
+        gpus, n = self.gpus, self.slices
+        slice_slots = gpus.by_gpu(gpus.slots).sum(axis=0)
+        need = self.shapes.frac[None, :n] * gpus.cap[:, None] + self.shapes.units[None, :n]  # (D, slices)
+        cards = gpus.slots * need / np.where(gpus.cap > 0, gpus.cap, 1.0)[:, None]
+        # Not whole numbers: summed over each state's GPUs in their order, as before.
+        slice_cards = gpus.by_state(cards).sum(axis=1)
         per_slice = np.divide(slice_cards, slice_slots, out=np.zeros_like(slice_cards), where=slice_slots > 0)
-        whole = np.where(shapes.whole[n:] > 0, shapes.whole[n:], 1.0)[None, :]
-        whole_slots = np.floor(self.full.sum(axis=1) / whole)
-        cards = np.broadcast_to(whole, whole_slots.shape)
-        return np.concatenate((slice_slots, whole_slots), axis=1), np.concatenate((per_slice, cards), axis=1)
+        whole = np.where(self.shapes.whole[n:] > 0, self.shapes.whole[n:], 1.0)[None, :]
+        cards_whole = np.broadcast_to(whole, (slice_slots.shape[0], whole.shape[1]))
+        return np.concatenate((per_slice, cards_whole), axis=1)
+
+
+@dataclass(frozen=True)
+class DistinctGpus:
+    """The GPUs of C node states (G slots each) as D distinct GPUs (free, size, model, usable), and
+    per distinct GPU and GPU shape what FGD asks of it.
+
+    Each per-GPU number is the same elementwise arithmetic on the same four values whichever GPU
+    it is worked out for, so spreading a distinct GPU's numbers to its GPUs (``by_state``) gives
+    the very arrays working them out per GPU gave. Doing so on (C, G, S) arrays broadcast from
+    (C, G) cost about two thirds of scoring hundreds of new states (a decision's slowest part).
+    """
+
+    inverse: IntArray | None  # (C, G): each GPU's distinct GPU; None: each GPU its own, in order
+    states: tuple[int, int]  # (C, G)
+    free: FloatArray  # (D,)
+    cap: FloatArray
+    fits: BoolArray  # (D, slices): holds a slice of the shape
+    full: BoolArray  # (D, S - slices): wholly free, and of a model the shape accepts
+    slots: FloatArray  # (D, slices): slices of the shape it holds side by side (whole numbers)
+
+    # Finding the distinct GPUs (a sort of all of them) pays only for many GPUs and shapes (new
+    # states of every known type); for a few states, or one type's shape, each GPU on its own.
+    DEDUPE_FROM = 16_384  # GPUs times shapes
+
+    @classmethod
+    def of(
+        cls, shapes: WorkloadArrays, slices: int, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray
+    ) -> DistinctGpus:
+        dedupe = free.size * shapes.whole.size >= cls.DEDUPE_FROM
+        inverse, first = _distinct_gpus(free, cap, model, usable) if dedupe else (None, None)
+        if first is None:
+            d_free, d_cap, d_model, d_usable = free.ravel(), cap.ravel(), model.ravel(), usable.ravel()
+        else:
+            d_free, d_cap, d_model, d_usable = (
+                free.ravel()[first],
+                cap.ravel()[first],
+                model.ravel()[first],
+                usable.ravel()[first],
+            )
+        allowed = shapes.model_mask[d_model] & d_usable[:, None]  # (D, S)
+        need = shapes.frac[None, :slices] * d_cap[:, None] + shapes.units[None, :slices]
+        fits = allowed[:, :slices] & (d_free[:, None] >= need - EPS)
+        full = allowed[:, slices:] & (d_free >= d_cap - EPS)[:, None]
+        slots = np.where(fits, np.floor((d_free[:, None] + EPS) / np.where(need > 0, need, 1.0)), 0.0)
+        return cls(inverse, (free.shape[0], free.shape[1]), d_free, d_cap, fits, full, slots)
+
+    def by_state(self, table: np.ndarray) -> np.ndarray:
+        """(C, G, K): each GPU's row of ``table`` (D, K), a new C-ordered array."""
+        if self.inverse is None:
+            return table.reshape(*self.states, table.shape[1])
+        return np.take(table, self.inverse, axis=0)
+
+    def by_gpu(self, table: np.ndarray) -> np.ndarray:
+        """(G, C, K): the same rows, GPU slot first (summing over the slots adds (C, K) planes)."""
+        if self.inverse is None:
+            return table.reshape(*self.states, table.shape[1]).transpose(1, 0, 2)
+        return np.take(table, self.inverse.T, axis=0)
+
+
+def _distinct_gpus(
+    free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray
+) -> tuple[IntArray | None, IntArray | None]:
+    """(C, G) each GPU's distinct GPU, and (D,) one GPU (flat index) of each; (None, None) if two
+    distinct GPUs hashed alike (then every GPU is worked out on its own: the same numbers)."""
+    weights = row_hash_weights(4)
+    hashes = free * weights[0] + cap * weights[1] + model * weights[2] + usable * weights[3]
+    _, inverse = np.unique(hashes.ravel(), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    first = np.empty(int(inverse.max()) + 1, dtype=np.int64)
+    first[inverse] = np.arange(inverse.size)  # any GPU of each: checked equal to all of them below
+    exact = all(np.array_equal(column.ravel()[first][inverse], column.ravel()) for column in (free, cap, model, usable))
+    if not exact:
+        return None, None
+    return inverse.reshape(free.shape), first
 
 
 def gpu_shapes(wl: WorkloadArrays) -> tuple[WorkloadArrays, IntArray]:
@@ -455,20 +544,6 @@ def _host_slots(wl: WorkloadArrays, cpu: FloatArray, mem: FloatArray) -> FloatAr
             slots[:, unbounded], np.where(wl.mem[unbounded] > 0, by_mem[:, unbounded], np.inf)
         )
     return np.asarray(slots)
-
-
-def _gpu_fit_parts(
-    wl: WorkloadArrays, slices: int, free: FloatArray, cap: FloatArray, model: IntArray, usable: BoolArray
-) -> tuple[BoolArray, BoolArray, BoolArray]:
-    """Per node state and GPU shape (the first ``slices`` of them slices): (C, G, slices) GPUs that
-    hold a slice of it, (C, G, S - slices) wholly free GPUs it accepts, (C, S) GPU fit (the slice
-    fits a GPU, or enough cards are wholly free)."""
-    allowed = wl.model_mask[model] & usable[:, :, None]  # (C, G, S)
-    need = wl.frac[None, None, :slices] * cap[:, :, None] + wl.units[None, None, :slices]
-    fits = allowed[:, :, :slices] & (free[:, :, None] >= need - EPS)  # GPU holds a slice of the shape
-    full = allowed[:, :, slices:] & (free >= cap - EPS)[:, :, None]
-    gpu_fit = np.concatenate((fits.any(axis=1), full.sum(axis=1) >= wl.whole[None, slices:]), axis=1)
-    return fits, full, gpu_fit
 
 
 def gpu_cards(wl: WorkloadArrays) -> FloatArray:

@@ -35,6 +35,10 @@ Scorer = Callable[[WorkloadArrays, FloatArray, FloatArray, IntArray, BoolArray, 
 # 16,384 states of up to 192 types and two values each: at most 48 MB, written only as used.
 SLOTS = 16_384
 MAX_TYPES = 192
+# The rows ahead of those in use that are written before they are needed (``TypeValues._ready``),
+# and how many more at most each call writes.
+READY_AHEAD = 1_024
+READY_STEP = 32
 
 
 def zeros_in_small_pages(shape: tuple[int, ...]) -> FloatArray:
@@ -66,6 +70,8 @@ class Distinct:
 
     of_each: FloatArray  # (K, U, known)
     inverse: IntArray  # (C,): each state's row of ``of_each``
+    # (U,): each distinct state's row of the table (``TypeValues.at_slots``); None: not remembered.
+    slots: IntArray | None = None
 
     def plane(self, k: int) -> FloatArray:
         """(C, known): every state's ``k``-th value per type."""
@@ -96,12 +102,14 @@ class TypeValues:
         self.remember = remember
         self.max_types = max_types
         self.generation = 0  # bumped whenever the known types are numbered anew
+        self.epoch = 0  # bumped whenever the table's rows are handed out anew (a state's row no longer holds)
         self._column: dict[Demand, int] = {}
         self.types = WorkloadArrays.build(Workload((), ()), self.model_names)  # the known types
         self._since: dict[int, WorkloadArrays] = {}  # the known types from the n-th on
         self._slot: dict[bytes, int] = {}
         self._table = zeros_in_small_pages((width, slots if remember else 0, max_types))
         self._known = np.zeros(slots if remember else 0, dtype=np.int64)  # types scored, per slot
+        self._ready = 0  # the table's rows below this are in memory (written once)
 
     @property
     def known(self) -> int:
@@ -116,9 +124,11 @@ class TypeValues:
             if asked > self.max_types:  # a target wider than the table: widen it
                 self.max_types = asked
                 self._table = zeros_in_small_pages((self.width, self._known.size, asked))
+                self._ready = 0
             self._column.clear()
             self._slot.clear()
             self.generation += 1
+            self.epoch += 1
             new = list(dict.fromkeys(demands))
         if new:
             for demand in new:
@@ -155,11 +165,27 @@ class TypeValues:
         # many empty nodes), so each distinct state is looked at once.
         key, hashes = state_hashes(free, cap, model, usable, cpu, mem)
         _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        inverse, at = inverse.reshape(-1), first
         if not self.remember:
-            at = first
             return Distinct(self.score(self.types, free[at], cap[at], model[at], usable[at], cpu[at], mem[at]), inverse)
         slots = self._slots(row_bytes(key[first]))
+        return Distinct(
+            self.at_slots(slots, free[at], cap[at], model[at], usable[at], cpu[at], mem[at]), inverse, slots
+        )
+
+    def at_slots(
+        self,
+        slots: IntArray,
+        free: FloatArray,
+        cap: FloatArray,
+        model: IntArray,
+        usable: BoolArray,
+        cpu: FloatArray,
+        mem: FloatArray,
+    ) -> FloatArray:
+        """(K, U, known): the values of the states at these distinct rows of the table (the states
+        given, row by row, are those the rows hold), scoring the types each lacks. A caller that
+        kept a state's row (``Distinct.slots``, while ``epoch`` stays) need not hash it again."""
         known = self.known
         scored_types = self._known[slots]
         # States new to the table (no type scored), then states that lack the types known since.
@@ -167,13 +193,13 @@ class TypeValues:
             if behind.size == 0:
                 continue
             since = int(scored_types[behind].min())
-            at, columns = first[behind], np.arange(since, known)
+            at, columns = behind, np.arange(since, known)
             if since not in self._since:
                 self._since[since] = self.types.subset(columns)
             scored = self.score(self._since[since], free[at], cap[at], model[at], usable[at], cpu[at], mem[at])
             self._table[:, slots[behind, None], columns[None, :]] = scored
             self._known[slots[behind]] = known
-        return Distinct(self._table[:, slots, :known], inverse)
+        return np.asarray(self._table[:, slots, :known])
 
     def _slots(self, keys: list[bytes]) -> IntArray:
         """The table row of each state; states not seen get a row that knows no type."""
@@ -181,14 +207,32 @@ class TypeValues:
             self._table = zeros_in_small_pages((self.width, len(keys), self.max_types))
             self._known = np.zeros(len(keys), dtype=np.int64)
             self._slot.clear()
+            self._ready = 0
+            self.epoch += 1
         slots = list(map(self._slot.get, keys))
         new = [i for i, s in enumerate(slots) if s is None]
         if new and len(self._slot) + len(new) > self._known.size:
             self._slot.clear()
+            self.epoch += 1
             slots = [None] * len(keys)
             new = list(range(len(keys)))
         start = len(self._slot)
         for offset, i in enumerate(new):
             self._slot[keys[i]] = slots[i] = start + offset
         self._known[start : start + len(new)] = 0
+        self._get_ready(start + len(new))
         return np.array(slots, dtype=np.int64)
+
+    def _get_ready(self, used: int) -> None:
+        """Write (zeros) a few of the rows ahead of the ``used`` ones, so that they are in memory
+        when new states take them. The table's pages come from the kernel at their first write
+        (a fault each, 4 KiB: under three rows); most decisions take a few new rows, a few take
+        hundreds (a type's first arrivals: every candidate's state after is new), and those
+        then faulted some 300-1,000 times. Written ahead, a few rows at every call, the faults fall
+        on the decisions that take few."""
+        ready = max(self._ready, used)
+        upto = min(used + READY_AHEAD, ready + READY_STEP, self._known.size)
+        if upto > ready:
+            self._table[:, ready:upto, :] = 0.0  # rows no state holds yet: zeros already
+            ready = upto
+        self._ready = ready

@@ -30,7 +30,7 @@ from spawner.placement import (
     type_capacity,
     type_fragment,
 )
-from spawner.placement.fragmentation import FitParts, distinct_gpus, host_only_after
+from spawner.placement.fragmentation import DistinctGpus, FitParts, distinct_gpus, host_only_after
 from spawner.placement.remembered import TypeValues
 from spawner.shares import GiB, GpuRequest
 
@@ -649,3 +649,58 @@ def test_distinct_gpus_keeps_the_first_of_equal_candidate_gpus_on_each_node() ->
         same = (gpu[:, :, None] == gpu[:, None, :]) & cand[:, None, :]
         earlier = np.tril(np.ones((width, width), dtype=bool), k=-1)
         assert distinct_gpus(s, cand).tolist() == (cand & ~(same & earlier).any(axis=2)).tolist()
+
+
+def test_scoring_each_distinct_gpu_once_gives_the_numbers_of_scoring_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FitParts`` works out what a GPU takes of each shape once per distinct GPU (``DistinctGpus``)
+    when the states are many: bit for bit what working it out for every GPU gives (fragments of
+    every flavour and places), on random states with many equal GPUs, some unusable."""
+    types = arrival_types()
+    wl = WorkloadArrays.build(Workload(tuple(types), (1.0 / len(types),) * len(types)), ["G2", "T4"])
+    rng = np.random.default_rng(19)
+    for _ in range(10):
+        s = mixed_cluster()
+        rows = rng.integers(0, len(s.names), size=400)
+        free = np.where(
+            s.cap[rows] > 0, rng.choice([0.0, 125.0, 250.0, 333.0, 700.0, 1000.0], size=(400, s.cap.shape[1])), 0.0
+        )
+        usable = s.usable[rows] & (rng.random(free.shape) > 0.05)
+        cpu = s.cpu[rows] * rng.choice([1.0, 0.5, 0.1], size=400)
+        args = (wl, free, s.cap[rows], s.model[rows], usable, cpu, s.mem[rows])
+        numbers = []
+        for dedupe_from in (0, 10**12):  # every time, then never
+            monkeypatch.setattr(DistinctGpus, "DEDUPE_FROM", dedupe_from)
+            parts = FitParts.of(*args)
+            assert (parts.gpus.inverse is None) == (dedupe_from > 0)
+            flavours = [parts.fragment(cpu_tasks_fragment=c, filled=f) for c in (False, True) for f in (False, True)]
+            numbers.append(b"".join(a.tobytes() for a in [*flavours, parts.places()]))
+        assert numbers[0] == numbers[1]
+
+
+def test_the_values_now_from_the_kept_rows_are_those_of_hashing_every_node_again() -> None:
+    """When new types become known, the nodes that did not change are rescored from their kept rows
+    of the remembered table (``_now_slot``), not hashed again: after every decision, each node's
+    values now are bit for bit those the table gives for its state looked up afresh."""
+    types = arrival_types()
+    rng = np.random.default_rng(23)
+    cluster = mixed_cluster()
+    policy = DefaultPolicy(known_workload({}, types[0]), max_types=6)
+    arrived: Counter[Demand] = Counter()
+    from_kept = 0
+    for _ in range(120):
+        demand = types[int(rng.integers(len(types)))]
+        policy.know(known_workload(arrived, demand))
+        known_before = policy._values.known if policy._values is not None else 0
+        choice = policy.choose(cluster, demand)
+        arrived[demand] += 1
+        if choice is not None:
+            cluster.commit(choice, demand)
+        now = policy._refresh(cluster)
+        assert policy._values is not None
+        from_kept += policy._values.known > known_before and bool((policy._now_slot >= 0).all())
+        nodes = np.arange(len(cluster.names))
+        afresh = policy._values.values(
+            cluster.free, cluster.cap, cluster.model, cluster.usable, cluster.cpu, cluster.mem
+        )
+        assert now.tobytes() == np.ascontiguousarray(afresh[:, nodes]).tobytes()
+    assert from_kept > 0  # new types arrived while every node's row was kept
