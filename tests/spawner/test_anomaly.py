@@ -2,11 +2,16 @@
 
 import math
 
+import numpy as np
+import pytest
+from sklearn.linear_model import LinearRegression
+
 from spawner.anomaly import (
     correctable_errors_rising,
     hot_for_load,
     memory_growing,
     others_mean,
+    sliding_slopes,
     utilization_collapsed,
 )
 
@@ -58,6 +63,21 @@ def test_a_steady_climb_is_a_leak_and_noise_is_not() -> None:
     assert memory_growing(flat) == []
     gaps = [None if m % 50 == 0 else v for m, v in enumerate(leak)]  # no full window: no finding
     assert memory_growing(gaps, window=60) == []
+
+
+def test_the_sliding_slope_is_scikit_learns_linear_fit_of_each_full_window() -> None:
+    rng = np.random.default_rng(7)
+    values = np.cumsum(rng.normal(3 * MiB, 40 * MiB, 400)) + 8 * 1024 * MiB
+    values[[100, 250, 251]] = np.nan  # a window holding one of these has no slope
+    slopes = sliding_slopes(values, 60)
+    steps = np.arange(60, dtype=float).reshape(-1, 1)
+    for start in range(len(values) - 59):
+        window = values[start : start + 60]
+        if np.isnan(window).any():
+            assert np.isnan(slopes[start])
+        else:
+            expected = LinearRegression().fit(steps, window).coef_[0]
+            assert slopes[start] == pytest.approx(expected, rel=1e-9, abs=1e-3)
 
 
 def counter(per_sample: list[float]) -> list[float | None]:
