@@ -45,15 +45,15 @@ from spawner.checked import (
 )
 from spawner.gpus import DEFAULT_SIMULATE as DEFAULT_SIMULATE
 from spawner.gpus import parse_gpu_spec
-from spawner.quotas import GroupRules, GroupRulesError, classes, read_groups
-from spawner.shares import DEFAULT_SMALLEST_SLICE
-from spawner.waitline import (
+from spawner.line_timeouts import (
     GPU_IDLE_TIMEOUT_S,
     GPU_LEFT_TIMEOUT_S,
     GPU_NO_INPUT_TIMEOUT_S,
     GPU_RELEASE_TIMEOUT_S,
     LINE_MAX_WAIT_S,
 )
+from spawner.quotas import GroupRules, GroupRulesError, classes, read_groups
+from spawner.shares import DEFAULT_SMALLEST_SLICE
 
 CULLER_TIMEOUT_S = 3600  # the idle culler stops a server idle this long (every deployment's default)
 

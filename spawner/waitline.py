@@ -38,6 +38,13 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import KW_ONLY, dataclass, replace
 
 from spawner.inventory import Inventory
+
+# Named here too: the line's callers have always found them here.
+from spawner.line_timeouts import GPU_IDLE_TIMEOUT_S as GPU_IDLE_TIMEOUT_S
+from spawner.line_timeouts import GPU_LEFT_TIMEOUT_S as GPU_LEFT_TIMEOUT_S
+from spawner.line_timeouts import GPU_NO_INPUT_TIMEOUT_S as GPU_NO_INPUT_TIMEOUT_S
+from spawner.line_timeouts import GPU_RELEASE_TIMEOUT_S as GPU_RELEASE_TIMEOUT_S
+from spawner.line_timeouts import LINE_MAX_WAIT_S as LINE_MAX_WAIT_S
 from spawner.placement import Choice, ClusterState, Demand, arrived_counts, held_demands, known_workload, make_policy
 from spawner.shares import format_bytes
 
@@ -220,13 +227,6 @@ def put_first(entries: Iterable[Entry], key: str) -> list[Entry]:
     return [replace(e, priority=top + 1) if e.key == key else e for e in entries]
 
 
-# While anyone waits: seconds a GPU server may be idle before its slice is reclaimed (the
-# settings' gpu_idle_timeout; every deployment's default comes from here), and the longest
-# a request may wait in the line (line_max_wait).
-GPU_IDLE_TIMEOUT_S = 900
-LINE_MAX_WAIT_S = 4 * 3600
-
-
 def warning_lead(gpu_idle_timeout: float) -> float:
     """Seconds between the reclaimer's warning and the stop: 3 minutes, less for short timeouts."""
     return min(180.0, gpu_idle_timeout / 3)
@@ -275,17 +275,6 @@ def expected_end(
 
 
 # -- presence: whether a server's owner is there (docs/platform.md#presence) ------------------------
-
-# While anyone waits, a slice goes to the line once its owner has *left*, with nothing of the server
-# used (kernels, GPU, input in a page): GPU_LEFT_TIMEOUT_S after the last JupyterLab page of it closed
-# (a closed tab, a laptop asleep), or GPU_NO_INPUT_TIMEOUT_S after the last input in a page still open
-# (a screen left on, or a student away from the page); GPU_RELEASE_TIMEOUT_S after they left it is
-# released also when nobody waits (the settings' gpu_left_timeout, gpu_no_input_timeout and
-# gpu_release_timeout; every deployment's defaults come from here, chosen on the class-day
-# benchmark's design seeds: docs/load.md).
-GPU_LEFT_TIMEOUT_S = 120
-GPU_NO_INPUT_TIMEOUT_S = 480
-GPU_RELEASE_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)

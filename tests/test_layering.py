@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "spawner.extender": CORE,  # the scheduler extender's decisions (its HTTP server is hub/extender.py)
     "spawner.environ": CORE,  # the declared GPUSLICE_* variables (names, docs, a reader)
     "spawner.waitline": CORE,  # the GPU waiting line: fair order, who is placed now
+    "spawner.line_timeouts": CORE,  # the line's timeouts: the settings read them without the line's numpy
     "spawner.jobs": CORE,  # batch jobs: the spec people send, states, endings in words (and jobs_backfill)
     "spawner.patrol": CORE,  # a card's health check, as data: which cards, what passes, who is out
     "spawner.anomaly": CORE,  # per-card anomaly models (scikit-learn): series in, findings out

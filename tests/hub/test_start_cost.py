@@ -18,6 +18,7 @@ NOT_IMPORTED = [
     ("hub.job_dispatch", "spawner.mixin", "jobs are placed with the line and the ledger, not the spawner"),
     ("hub.platform", "jupyterhub", "gpuslice up starts the hub; the password stores it fills need no JupyterHub"),
     ("hub.platform", "spawner.mixin", "gpuslice up copies the kernel hook and lab files, it runs no spawner"),
+    ("hub.settings", "numpy", "every service and command reads the settings; only placing needs numpy"),
 ]
 
 
