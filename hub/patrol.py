@@ -1,6 +1,6 @@
 """`gpuslice patrol`: a short health check of each free card, on a schedule (spawner/patrol.py says what it is).
 
-    gpuslice patrol run [--once]     # every --interval (6 h), each card nobody holds, checked and recorded
+    gpuslice patrol run [--once]     # each card nobody holds, checked and recorded now, then each as it falls due
     gpuslice patrol status           # each card's last check, and which are out of placement
     gpuslice patrol clear GPU        # an admin puts a card back in placement
 
@@ -27,12 +27,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hub import settings as settings_mod
 from spawner.card_health import CardLedger
 from spawner.gpus import machine
 from spawner.inventory import Gpu
 from spawner.ledger import Held
-from spawner.patrol import DEFAULT_INTERVAL_S, REAL_CHECK, Check, free_cards, patrol_key, simulated_check
+from spawner.patrol import (
+    DEFAULT_INTERVAL_S,
+    REAL_CHECK,
+    RETRY_HELD_S,
+    Check,
+    due_cards,
+    free_cards,
+    next_patrol_in,
+    patrol_key,
+    simulated_check,
+)
 
 log = logging.getLogger("gpuslice.patrol")
 REAL_CHECK_TIMEOUT_S = 300
@@ -70,11 +79,20 @@ def faults(path: Path | None) -> list[dict[str, Any]]:
 
 
 def patrol_once(
-    ledger: CardLedger, gpus: Sequence[Gpu], check: Callable[[Gpu, float], Check], now: Callable[[], float] = time.time
+    ledger: CardLedger,
+    gpus: Sequence[Gpu],
+    check: Callable[[Gpu, float], Check],
+    now: Callable[[], float] = time.time,
+    interval_s: float | None = None,
 ) -> list[Check]:
-    """Each free card held, checked, released and its result recorded; the checks made."""
+    """Each free card held, checked, released and its result recorded; the checks made.
+
+    With ``interval_s``: only the cards due (never checked, or last checked that long ago).
+    """
+    held = [h.gpu_index for h in ledger.holdings()]
+    cards = free_cards(gpus, held) if interval_s is None else due_cards(gpus, held, ledger.health(), now(), interval_s)
     made = []
-    for index in free_cards(gpus, (h.gpu_index for h in ledger.holdings())):
+    for index in cards:
         gpu = next(g for g in gpus if g.index == index)
         if not hold(ledger, gpu):
             continue  # someone took it since the listing: it is checked next time
@@ -98,15 +116,17 @@ def add_command(commands: Any) -> None:
     patrol = commands.add_parser("patrol", help="health checks of free cards; cards taken out of placement")
     patrol.add_argument("--config", type=Path, help="settings file (default ./gpuslice.yaml where it exists)")
     sub = patrol.add_subparsers(dest="patrol_command", required=True)
-    run_ = sub.add_parser("run", help="check each free card now, then every --interval")
+    run_ = sub.add_parser("run", help="check each free card now, then each again --interval after its last check")
     run_.add_argument("--once", action="store_true", help="check once and exit")
-    run_.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between patrols (6 h)")
+    run_.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="a card's checks apart (6 h)")
     sub.add_parser("status", help="each card's last check")
     clear = sub.add_parser("clear", help="put a card a patrol took out back in placement (an admin's call)")
     clear.add_argument("gpu", type=int, help="the card's index")
 
 
 def run(args: argparse.Namespace) -> int:
+    from hub import settings as settings_mod  # the command's only: the service is given its paths
+
     settings = settings_mod.load(settings_mod.config_path(args.config))
     data_dir = settings.data_dir.absolute()
     ledger = CardLedger(data_dir / "ledger.sqlite")
@@ -125,11 +145,30 @@ def run(args: argparse.Namespace) -> int:
     gpus = machine(settings.simulate).gpus
     check = checker(gpus, data_dir / "monitoring" / "faults.json")
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
+    patrol_once(ledger, gpus, check)  # an admin's command: every free card, now
+    if args.once:
+        return 0
+    patrol_forever(ledger, gpus, check, args.interval)
+    return 0
+
+
+def patrol_forever(
+    ledger: CardLedger,
+    gpus: Sequence[Gpu],
+    check: Callable[[Gpu, float], Check],
+    interval_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Each card checked as it falls due (its last check, in the ledger, ``interval_s`` ago), until
+    interrupted: a restart keeps the schedule instead of checking every free card again."""
     while True:
-        patrol_once(ledger, gpus, check)
-        if args.once:
-            return 0
-        time.sleep(args.interval)
+        pause = min(RETRY_HELD_S, interval_s)
+        try:
+            patrol_once(ledger, gpus, check, interval_s=interval_s)
+            pause = next_patrol_in(gpus, ledger.health(), time.time(), interval_s)
+        except Exception:  # one failed patrol is not the last
+            log.exception("gpuslice patrol: a patrol failed; trying again in %.0f s", pause)
+        sleep(pause)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,12 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ledger, gpus = CardLedger(args.ledger), machine(args.simulate).gpus
     check = checker(gpus, args.faults)
     try:
-        while True:
-            try:
-                patrol_once(ledger, gpus, check)
-            except Exception:  # one failed patrol is not the last
-                log.exception("gpuslice patrol: a patrol failed; trying again at the next")
-            time.sleep(args.interval)
+        patrol_forever(ledger, gpus, check, args.interval)
     except KeyboardInterrupt:  # the hub stops its services with SIGINT
         return
 

@@ -21,6 +21,8 @@ from spawner.inventory import Gpu
 HARDWARE_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95})
 PATROL_KEY = "patrol/"  # the ledger key prefix of a card held for its check: "patrol/gpu-1"
 DEFAULT_INTERVAL_S = 6 * 3600
+# A card that was due but held by a user is tried again this often (it is checked once it is free).
+RETRY_HELD_S = 600
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,33 @@ def free_cards(gpus: Iterable[Gpu], held: Iterable[int]) -> list[int]:
     """The cards nobody holds (a patrol checks those only: it never takes a card from anyone)."""
     busy = set(held)
     return [g.index for g in gpus if g.index not in busy]
+
+
+def _due_at(gpus: Iterable[int], health: Iterable[CardHealth], now: float, interval_s: float) -> dict[int, float]:
+    """When each card falls due: ``interval_s`` after its last check; a card never checked is due ``now``."""
+    last = {h.gpu: h.checked for h in health}
+    return {g: last[g] + interval_s if g in last else now for g in gpus}
+
+
+def due_cards(
+    gpus: Iterable[Gpu], held: Iterable[int], health: Iterable[CardHealth], now: float, interval_s: float
+) -> list[int]:
+    """The free cards never checked, or last checked ``interval_s`` ago or more.
+
+    The schedule is each card's own, kept in the ledger: a hub that restarts does not hold every free
+    card for a check again (a real card's test takes seconds to minutes, and whoever pressed Start
+    meanwhile would wait in line for it).
+    """
+    due_at = _due_at(free_cards(gpus, held), health, now, interval_s)
+    return [g for g, at in due_at.items() if at <= now]
+
+
+def next_patrol_in(gpus: Iterable[Gpu], health: Iterable[CardHealth], now: float, interval_s: float) -> float:
+    """Seconds until the next card falls due; at least ``RETRY_HELD_S`` (a due card someone holds
+    is tried again then), at most ``interval_s``."""
+    due_at = _due_at((g.index for g in gpus), health, now, interval_s)
+    soonest = min(due_at.values(), default=now + interval_s) - now
+    return max(min(RETRY_HELD_S, interval_s), min(soonest, interval_s))
 
 
 def simulated_check(gpu: Gpu, faults: Sequence[Mapping[str, object]], now: float) -> Check:

@@ -108,6 +108,9 @@ class Platform:
                 self._failed_to_start(f"gpuslice up exited early:\n{self.log.read_text()[-4000:]}")
             try:
                 if requests.get(f"{self.url}/hub/health", timeout=2).status_code == 200:
+                    # The gpu-patrol service holds each card never checked for a moment as the hub
+                    # first starts: a spawn then would find a one-card machine full (a 409).
+                    self.wait_patrolled(timeout_s=max(deadline - time.monotonic(), 30))
                     return
             except requests.RequestException:
                 pass
@@ -193,21 +196,23 @@ class Platform:
             db.close()
 
     def wait_patrolled(self, timeout_s: float = 120) -> None:
-        """Until the gpu-patrol service's first round (each free card checked as the hub starts, each
-        held by a ``patrol/gpu-N`` allocation meanwhile) is over: a test that counts the ledger's
-        rows from the start does not count the patrol's."""
+        """Until the gpu-patrol service's first round (each card never checked, checked as the hub
+        starts, each held by a ``patrol/gpu-N`` allocation meanwhile) is over: a test that spawns or
+        counts the ledger's rows from the start does not meet the patrol's. start() waits for it."""
         from spawner.card_health import CardLedger
         from spawner.gpus import machine
 
         settings = yaml.safe_load(self.config.read_text())
-        cards = len(machine(str((settings.get("gpus") or {}).get("simulate", ""))).gpus)
+        cards = {g.index for g in machine(str((settings.get("gpus") or {}).get("simulate", ""))).gpus}
         deadline = time.monotonic() + timeout_s
         while True:
             checked = {c.gpu for c in CardLedger(self.data_dir / "ledger.sqlite").health()}
-            patrolling = [row for row in self.ledger() if row[0].startswith("patrol/")]
-            if len(checked) >= cards and not patrolling:
+            rows = self.ledger()
+            patrolling = [row for row in rows if row[0].startswith("patrol/")]
+            held = {gpu for key, gpu, _ in rows if not key.startswith("patrol/")}  # the patrol waits for those
+            if cards <= checked | held and not patrolling:
                 return
-            assert time.monotonic() < deadline, f"the patrol's first round: {len(checked)} of {cards} cards"
+            assert time.monotonic() < deadline, f"the patrol's first round: {len(checked)} of {len(cards)} cards"
             time.sleep(0.2)
 
     def last_event(self, key: str) -> tuple[str, str] | None:

@@ -56,7 +56,6 @@ def test_login_spawn_with_a_slice_through_the_form_reach_it_and_stop(platform: P
 
 
 def test_rest_api_spawn_and_refusals_leave_nothing_allocated(platform: Platform) -> None:
-    platform.wait_patrolled()  # the patrol holds each card a moment as the hub starts
     bob = platform.login("bob")
     bad = [
         ({"gpu_memory": "-4GiB"}, "cannot be negative"),

@@ -2,15 +2,16 @@
 
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from hub.metrics import PatrolCollector
-from hub.patrol import checker, patrol_once
+from hub.patrol import checker, patrol_forever, patrol_once
 from spawner.card_health import CardLedger
 from spawner.gpus import simulated_gpus
 from spawner.inventory import build_local
 from spawner.ledger import Held
-from spawner.patrol import Check, simulated_check, with_health
+from spawner.patrol import RETRY_HELD_S, Check, due_cards, next_patrol_in, simulated_check, with_health
 from spawner.placement import Demand
 from spawner.shares import GiB
 from spawner.waitline import Entry, admit
@@ -68,3 +69,56 @@ def test_a_simulated_card_fails_on_an_injected_patrol_fault_or_a_hardware_xid() 
     assert not simulated_check(card, [{"gpu": 1, "xid": 79}], 1.0).healthy
     assert simulated_check(card, [{"gpu": 1, "xid": 13}], 1.0).healthy  # a user's program faulting, not the card
     assert simulated_check(card, [{"gpu": 0, "patrol": "fail"}], 1.0).healthy
+
+
+class EnoughSleepsError(Exception):
+    """Ends patrol_forever after the sleeps a test wants."""
+
+
+def test_a_restarted_patrol_checks_only_the_cards_that_fell_due_and_sleeps_until_the_next(tmp_path: Path) -> None:
+    ledger = CardLedger(tmp_path / "ledger.sqlite")
+    day = 6 * 3600.0
+    patrol_once(ledger, CARDS, checker(CARDS, None), now=lambda: 1000.0)  # the first start: every free card
+    ledger.record_check(Check(1, True, "checked again later", 1000.0 + day / 2))
+
+    # Six hours after the first round the hub restarts: cards 0 and 2 are due, card 1 is not
+    # (checked three hours ago); ann holds card 2, so it is not taken from her.
+    ledger.allocate("ann/", lambda held: [Held("ann/", 2, "ann", "", 4 * GiB)])
+    made = patrol_once(ledger, CARDS, checker(CARDS, None), now=lambda: 1000.0 + day, interval_s=day)
+    assert [c.gpu for c in made] == [0]
+    assert due_cards(CARDS, [2], ledger.health(), 1000.0 + day, day) == []
+    # Card 2 is overdue but held: tried again in RETRY_HELD_S, not at once and not in six hours.
+    assert next_patrol_in(CARDS, ledger.health(), 1000.0 + day, day) == RETRY_HELD_S
+    ledger.release("ann/")
+    assert due_cards(CARDS, [], ledger.health(), 1000.0 + day, day) == [2]
+    patrol_once(ledger, CARDS, checker(CARDS, None), now=lambda: 1000.0 + day, interval_s=day)
+    # Card 1, checked half an interval after the first round, is the next due: half an interval from now.
+    assert next_patrol_in(CARDS, ledger.health(), 1000.0 + day, day) == day / 2
+    assert next_patrol_in(CARDS, [], 0.0, day) == RETRY_HELD_S  # never checked (and so held): soon
+
+
+def test_the_patrol_service_sleeps_as_the_schedule_says_and_a_failed_round_is_not_its_last(tmp_path: Path) -> None:
+    ledger = CardLedger(tmp_path / "ledger.sqlite")
+    checks: list[int] = []
+    fail_next = [True]
+
+    def check(gpu, now):  # type: ignore[no-untyped-def]
+        if fail_next[0]:
+            fail_next[0] = False
+            raise OSError("the check could not start")
+        checks.append(gpu.index)
+        return Check(gpu.index, True, "passed", now)
+
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            raise EnoughSleepsError
+
+    with pytest.raises(EnoughSleepsError):
+        patrol_forever(ledger, CARDS, check, interval_s=3600.0, sleep=sleep)
+    assert slept[0] == RETRY_HELD_S  # the failed round: tried again soon
+    assert checks == [0, 1, 2]  # the next round checked every card nobody had checked
+    assert 3500 < slept[1] <= 3600  # then nothing is due for an interval
+    assert checks == [0, 1, 2] and 0 < slept[2] <= 3600  # the third round found nothing due
