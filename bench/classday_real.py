@@ -66,6 +66,7 @@ class Lived:
     came_back: int = 0  # asked again after their server was stopped in a gap
     gave_up: bool = False  # waited ``Day.patience`` in line and left it
     stopped_while_working: int = 0
+    pages: list[Page] = field(default_factory=list)  # each placement's page
     asked_to_ready_s: float = 0.0  # over their placements: the waits in line plus the servers' starts
     failures: list[str] = field(default_factory=list)
 
@@ -98,24 +99,37 @@ def real_settings(day: Day, scale_s: float) -> dict[str, int]:
 class Page(threading.Thread):
     """A student's JupyterLab page as the lab extension is to its server: a beat every ``beat_s`` seconds
     saying whether there was input since the last one, at once at the first input after a quiet beat,
-    and a last one when it closes (spawner/lab/gpuslice_presence.py counts them)."""
+    and a last one when it closes (spawner/lab/gpuslice_presence.py counts them).
+
+    A beat that fails is not the page's end, as it is not the extension's (a loaded server, the hub slow
+    to check the token): the page beats on while its server is there, and counts what failed.
+    """
 
     def __init__(self, hub: Hub, user: str, beat_s: float) -> None:
         super().__init__(daemon=True)
         self.url = f"{hub.url.removesuffix('/hub/api')}/user/{user}/api/gpuslice/presence"
-        self.hub, self.beat_s, self.page = hub, beat_s, f"{user}-{time.monotonic_ns()}"
+        self.hub, self.user, self.beat_s, self.page = hub, user, beat_s, f"{user}-{time.monotonic_ns()}"
         self.had_input, self.quiet = True, False  # opening the page is someone at it
         self.closed = threading.Event()
         self.wake = threading.Event()
+        self.failed = 0
 
     def run(self) -> None:
         while not self.closed.is_set():
             had, self.had_input = self.had_input, False
             self.quiet = not had
             if self.hub.post(self.url, {"page": self.page, "input": had}) != 200:
-                return  # the server is gone: no page to beat
+                self.failed += 1
+                if not self._server_there():
+                    return  # the server is gone: no page to beat
             self.wake.wait(self.beat_s)
             self.wake.clear()
+
+    def _server_there(self) -> bool:
+        try:
+            return _server(self.hub, self.user) is not None
+        except (RuntimeError, OSError):  # the hub is gone too (the day is over)
+            return False
 
     def input(self) -> None:
         self.had_input = True
@@ -229,6 +243,7 @@ def live(hub: Hub, s: Student, day: Day, clock: Clock, lived: Lived, beat_s: flo
         lived.placements += 1
         lived.asked_to_ready_s += time.monotonic() - asked
         page = Page(hub, s.name, beat_s)
+        lived.pages.append(page)
         page.start()
         burst = s.rng.expovariate(1 / day.burst_mean)
         while True:
@@ -335,6 +350,8 @@ def real_day(day: Day, seed: int, scale_s: float) -> dict[str, Any]:
         ),
         "came_back": sum(v.came_back for v in lived.values()),
         "stopped_while_working": sum(v.stopped_while_working for v in lived.values()),
+        # Beats their servers did not answer 200 (the pages beat on, as the extension does).
+        "beats_failed": sum(p.failed for v in lived.values() for p in v.pages),
         "over_commits": watch.over_commits,
         "over_commit_samples": watch.samples,
         "failures": [f"{v.name}: {why}" for v in lived.values() for why in v.failures],
@@ -424,6 +441,7 @@ def report(result: dict[str, Any]) -> str:
         f"real run: {real['real_seconds']:.0f} s, servers started {real['start_s_mean']:.1f} s after their placement"
         f" ({real['start_s_mean'] / result['scale_s_per_model_minute']:.1f} model minutes) on average,"
         f" {real['came_back']} came back after a stop ({real['stopped_while_working']} while working),"
+        f" {real['beats_failed']} page beats unanswered,"
         f" {real['gave_up']} gave up (model: {model['gave_up']}), {len(real['failures'])} failures"
         + (f" ({'; '.join(real['failures'][:3])})" if real["failures"] else "")
     )

@@ -35,10 +35,9 @@ def test_a_tiny_day_on_the_real_platform_is_served_by_reclaiming_as_the_model_sa
     assert real["wait_min"]["max"] >= TINY.gpu_left_timeout and model["wait_min"]["max"] >= TINY.gpu_left_timeout
     # The same decisions: the same students stopped for the same reasons (left or idle, as each closed the
     # tab or not: the same draws on both sides).
-    decisions = result["decisions"]
+    decisions, text = result["decisions"], report(result)
     assert {why: n["model"] for why, n in decisions["by_reason"].items()} == {
         why: n["real"] for why, n in decisions["by_reason"].items()
-    }, decisions
-    assert sorted(d[0] for d in model["decisions"]) == sorted(d[0] for d in real["decisions"]), decisions
-    text = report(result)
+    }, text
+    assert sorted(d[0] for d in model["decisions"]) == sorted(d[0] for d in real["decisions"]), text
     assert "real run:" in text and "reclaim decisions, model/real by reason:" in text
