@@ -20,6 +20,7 @@ import requests
 import yaml
 from aiosmtpd.controller import Controller
 
+from bench.backfill import create_blocks
 from hub import renewals
 from hub.monitoring import write_alertmanager_config
 from hub.renewals import NOTICES_TASK, Notices, Task, TaskState, run_due
@@ -175,12 +176,7 @@ def history(end_s: int, weeks: int) -> str:
 def prometheus_with_history(tmp_path: Path, end_s: int) -> Iterator[str]:
     """A real Prometheus holding five weeks of ``history`` up to ``end_s``: its URL."""
     (tmp_path / "data.om").write_text(history(end_s, weeks=5))
-    backfill = subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "data.om"), str(tmp_path / "tsdb")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    backfill = create_blocks(tmp_path / "data.om", tmp_path / "tsdb")
     assert backfill.returncode == 0, backfill.stdout + backfill.stderr
     (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n")
     prom_port = free_port()
@@ -234,8 +230,10 @@ def test_the_weekly_notice_goes_out_once_a_week_for_three_weeks(tmp_path: Path) 
         )
         [task] = renewals.tasks_for(settings, tmp_path, query)  # no Alertmanager here: the notices alone
         assert isinstance(task.run, Notices) and task.name == NOTICES_TASK
-        # Three simulated weeks, a look every six hours from the Monday three weeks ago until now.
-        monday = (now - timedelta(days=now.weekday(), weeks=3)).replace(hour=0, minute=30, second=0, microsecond=0)
+        # Three simulated weeks, a look every six hours from the start of the Monday three weeks ago until
+        # now. The looks fall on each Monday's midnight, so the last one is never after now: a run early on
+        # a Monday (CI's at 00:28 was) still looks in this week.
+        monday = (now - timedelta(days=now.weekday(), weeks=3)).replace(hour=0, minute=0, second=0, microsecond=0)
         clock, states = monday, dict[str, TaskState]()
         while clock <= now:
             states = run_due([task], states, clock)
