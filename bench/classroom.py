@@ -263,10 +263,11 @@ def run_class(hub: Hub, users: int, options: dict[str, Any], over_commit: Callab
     }
 
 
-def run(users: int, portal_sessions: int = 0, browsers_apart: bool = False) -> dict[str, Any]:
+def run(users: int, portal_sessions: int = 0, browsers_apart: bool = False, idle_rounds: int = 2) -> dict[str, Any]:
     """With three portal sessions or more, gpuslice's students are one class: the first session is its
     teacher, the second one of its students, the others admins (each role's first paints apart).
-    ``browsers_apart``: the sessions' browsers in a cgroup of their own (bench/portal.py)."""
+    ``browsers_apart``: the sessions' browsers in a cgroup of their own; ``idle_rounds``: how often each
+    session opens every page before the class starts (bench/portal.py)."""
     students = [f"gpuslice-s{i:03d}" for i in range(users)]
     roles = {f"watcher-{i:02d}": "admin" for i in range(portal_sessions)}
     groups = None
@@ -281,7 +282,7 @@ def run(users: int, portal_sessions: int = 0, browsers_apart: bool = False) -> d
         for name in {*roles, *(students if groups else ())}:
             set_password(passwords_path(ours.data), name, PASSWORD)
         base = ours.url.removesuffix("/hub/api")
-        load = PortalLoad(base, list(roles), roles, browsers_apart=browsers_apart) if roles else None
+        load = PortalLoad(base, list(roles), roles, idle_rounds, browsers_apart) if roles else None
         with load or contextlib.nullcontext():
             result = run_class(ours, users, {"gpu_memory": SLICE}, ours.over_committed_cards)
         leaked = len(Ledger(ours.data / "ledger.sqlite").holdings())

@@ -14,7 +14,8 @@ from spawner import environ
 # most ~1/LIVE_S times a second however many pages are open.
 LIVE_S = 0.2
 # How often live parts of a page re-read: with LIVE_S, a change at the hub shows within
-# REFRESH_S + LIVE_S plus one round trip (`python -m bench.jobs_lag` measures it).
+# REFRESH_S + LIVE_S plus one round trip (tests/e2e/test_portal.py writes how far behind the pages
+# were to test-artifacts/portal/live-lag.json).
 REFRESH_S = 0.5
 
 

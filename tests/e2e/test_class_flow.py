@@ -23,7 +23,7 @@ STUDENTS = ("lena", "mo")
 
 
 def test_a_teacher_adds_a_class_and_a_student_joins_and_starts_in_chromium(make_platform: Any, tmp_path: Path) -> None:
-    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs the Debian package chromium"
+    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs Debian's chromium-headless-shell"
     defaults = {"isolation": None} if os.geteuid() == 0 else {}
     platform: Platform = make_platform(open_signup=False, **defaults)
     roster = tmp_path / "roster.csv"
@@ -173,7 +173,7 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
     from tests.e2e.browser import login
     from tests.e2e.platform import PASSWORD
 
-    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs the Debian package chromium"
+    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs Debian's chromium-headless-shell"
     groups = {"ml101": {"members": list(CLASS), "teachers": ["tina"], "max_slice": "4GiB", "budget": "2 slices"}}
     platform: Platform = make_platform(
         open_signup=False, groups=groups, portal_port=free_port(), streamlit_port=free_port()
@@ -280,6 +280,7 @@ def test_a_class_flows_four_students_start_together_and_the_teacher_changes_the_
         classes = admin_api(platform, token, "GET", "/groups").json()
         members = {g["name"]: sorted(g["users"]) for g in classes}
         assert members["ml101"] == sorted([*CLASS, "s5"]) and members["cv202"] == ["t1", "t2"]
+        admin.goto("about:blank")  # off its live page (reruns twice a second) until the tour below
 
         # The Queue, live: a placed student leaves it within a second of being placed.
         _portal_page(teacher, platform, "servers", "Servers")

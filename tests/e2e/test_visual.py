@@ -41,7 +41,7 @@ CHECK = (Path(__file__).parent / "visual_check.js").read_text()
 
 @pytest.fixture
 def school(make_platform: Any) -> Platform:
-    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs the Debian package chromium"
+    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs Debian's chromium-headless-shell"
     groups = {
         "ml101": {"members": ["alice", "bob", "cara"], "teachers": ["tina"], "max_slice": "4GiB", "budget": "8GiB"}
     }
@@ -146,9 +146,9 @@ def test_every_page_and_the_spawn_flow_at_two_sizes_has_nothing_cut_off_or_overl
 
 def test_the_check_finds_cut_off_and_overlapping_text() -> None:
     """The check against a page made to fail it: a metric cut off as the old Classes card was."""
-    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs the Debian package chromium"
+    assert Path(CHROMIUM).exists(), "Chromium is missing: scripts/setup installs Debian's chromium-headless-shell"
     html = """
-      <div data-testid="stMetricValue" style="width:120px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap">
+      <div data-testid="stMetricValue" style="width:100px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap">
         8 GiB of 80 GiB</div>
       <p style="position:absolute;top:100px;left:0">Servers running</p>
       <p style="position:absolute;top:104px;left:10px">Idle for 30 min</p>
