@@ -299,9 +299,24 @@ def test_in_the_browser_the_waiting_page_says_so_an_admin_cancels_from_the_queue
         assert not mine.query_selector("button:has-text('Cancel the request')")
 
         assert sorted(key for key, _, _ in platform.ledger()) == ["s1/", "s2/"]  # nothing freed meanwhile
-        student.click("#stop-server-btn")
-        student.wait_for_selector("text=You left the line. No GPU was held for you.", timeout=60_000)
-        student.screenshot(path=str(shots / "waiting-page-left-laptop.png"), full_page=True)
+        # s3 leaves from a second page whose progress stream has only said JupyterHub's first word so far
+        # ("Server requested", before the line's own): a busy hub left that gap open for seconds, and
+        # Leave the line was then JupyterHub's Stop, whose page followed a "ready" to a server never started.
+        early = browser.new_context(**laptop).new_page()  # type: ignore[arg-type]
+        login(early, platform, "s3")
+        first_word = 'data: {"progress": 0, "message": "Server requested"}\n\n'
+        early.route(
+            "**/api/users/s3/server/progress*",
+            lambda route: route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=first_word),
+        )
+        early.goto(f"{platform.url}/hub/spawn-pending/s3")
+        early.wait_for_function(
+            "() => document.getElementById('progress-message').textContent === 'Server requested'", timeout=60_000
+        )
+        assert early.inner_text("#stop-server-btn") == "Leave the line"
+        early.click("#stop-server-btn")
+        early.wait_for_selector("text=You left the line. No GPU was held for you.", timeout=60_000)
+        early.screenshot(path=str(shots / "waiting-page-left-laptop.png"), full_page=True)
         browser.close()
     assert line(platform) == []
     assert sorted(key for key, _, _ in platform.ledger()) == ["s1/", "s2/"]
