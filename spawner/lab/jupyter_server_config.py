@@ -16,7 +16,8 @@ A user can run their own server without this file; they gain nothing they could 
 by running a cell now and then, which any user may do.
 
 It also turns on the server's presence reports (gpuslice_presence.py, beside it) and JupyterLab's
-"Run as job" (gpuslice_lab_jobs.py beside it: the notebook submitted to the hub's jobs API as a batch job).
+"Run as job" (gpuslice_lab_jobs.py beside it: the notebook submitted to the hub's jobs API as a batch job),
+and keeps jupyter-lsp's search for language servers to the server's own folders (search_language_servers_nearby).
 
 Only jupyter_server is imported: this runs in the users' environment, not the platform's.
 """
@@ -75,5 +76,21 @@ def load_extensions(config: object, here: str) -> None:
     config.ServerApp.jpserver_extensions.update(extensions)  # type: ignore[attr-defined]
 
 
+def search_language_servers_nearby(config: object) -> None:
+    """Let jupyter-lsp look for language servers only in the server's own folders.
+
+    JupyterLab 4 installs jupyter-lsp, whose server looks for about twenty node-based language servers
+    at every start, in places that include npm's global folder, which it learns by running
+    ``npm prefix -g`` (a Node.js start, where npm is installed, as it is beside the hub's proxy) and
+    JupyterLab's build folder: 0.3 s of CPU of each notebook server's start (docs/load.md), paid by
+    every student of a class who presses Start, on the same cores. It still looks where a user's or an
+    image's language servers are: the server's working folder and its Python environment. A language
+    server installed elsewhere is named in ``c.LanguageServerManager.extra_node_roots`` (a user's
+    ~/.jupyter/jupyter_server_config.py may set it: this file leaves it alone).
+    """
+    config.LanguageServerManager.node_roots = [os.getcwd(), os.path.join(sys.prefix, "lib"), sys.prefix]  # type: ignore[attr-defined]
+
+
 if "c" in globals():  # run by jupyter_server as a config file (c: its config); a test imports it plainly
     load_extensions(c, os.path.dirname(os.path.abspath(__file__)))  # type: ignore[name-defined]
+    search_language_servers_nearby(c)  # type: ignore[name-defined]

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.process  # starts processes: not in the fast tier
 
 TOKEN = "test-token-for-a-local-server"
 # What an open, visible JupyterLab asks its server for every few seconds.
+NPM_RAN = "npm-ran"
 POLLS = ("/api/kernels", "/api/sessions", "/api/terminals", "/api/kernelspecs", "/api/contents?content=1")
 
 
@@ -34,18 +35,30 @@ def free_port() -> int:
 @contextmanager
 def jupyter_server(tmp_path: Path, config_path: str | None, hub: dict[str, str] | None = None) -> Iterator[str]:
     """A real jupyter_server on loopback, with JUPYTER_CONFIG_PATH as the spawner sets it (or none), and
-    JupyterHub's variables in ``hub`` (where it reports, where Run as job submits)."""
+    JupyterHub's variables in ``hub`` (where it reports, where Run as job submits).
+
+    An ``npm`` first on its PATH leaves tmp_path/NPM_RAN behind if run (jupyter-lsp's own search runs it)."""
     port = free_port()
     home = tmp_path / f"home-{port}"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "run"))
     env.update(hub or {})
+    # A language server in the server's working folder, which jupyter-lsp's search finds (its
+    # /lsp/status names it), and an npm that says whether the search ran it.
+    fake_server = home / "node_modules" / "bash-language-server" / "out" / "cli.js"
+    fake_server.parent.mkdir(parents=True)
+    fake_server.write_text("// never run: only its path is looked for\n")
+    npm = home / "bin" / "npm"
+    npm.parent.mkdir()
+    npm.write_text(f"#!/bin/sh\ntouch {tmp_path / NPM_RAN}\necho /nonexistent\n")
+    npm.chmod(0o755)
+    env["PATH"] = f"{npm.parent}:{env.get('PATH', '/usr/bin:/bin')}"
     if config_path is not None:
         env["JUPYTER_CONFIG_PATH"] = config_path
     command = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--ip=127.0.0.1", "--no-browser"]
     command += [f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={home}", "--allow-root"]
-    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(command, cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -72,6 +85,12 @@ def last_activity(url: str) -> str:
     return str(requests.get(f"{url}/api/status", headers=auth(), timeout=10).json()["last_activity"])
 
 
+def language_servers_found(url: str) -> set[str]:
+    answer = requests.get(f"{url}/lsp/status", headers=auth(), timeout=10)
+    assert answer.ok, answer.text
+    return set(answer.json()["specs"])
+
+
 def poll_like_an_open_page(url: str) -> None:
     for path in POLLS:
         assert requests.get(f"{url}{path}", headers=auth(), timeout=10).ok, path
@@ -83,6 +102,8 @@ def poll_like_an_open_page(url: str) -> None:
 
 def test_with_the_platforms_config_an_open_pages_polls_are_not_use_and_a_save_is(tmp_path: Path) -> None:
     with jupyter_server(tmp_path, str(LAB_DIR)) as url:
+        assert "bash-language-server" in language_servers_found(url)  # searched, nearby:
+        assert not (tmp_path / NPM_RAN).exists()  # without running npm (the control below does)
         before = last_activity(url)
         time.sleep(1.1)  # timestamps differ by more than their resolution
         poll_like_an_open_page(url)
@@ -100,6 +121,8 @@ def test_with_the_platforms_config_an_open_pages_polls_are_not_use_and_a_save_is
 def test_without_it_jupyter_server_counts_every_poll_as_use(tmp_path: Path) -> None:
     """The control: what made a server left open on a screen look busy forever."""
     with jupyter_server(tmp_path, None) as url:
+        assert "bash-language-server" in language_servers_found(url)
+        assert (tmp_path / NPM_RAN).exists()  # jupyter-lsp's own search asks npm for its global folder
         before = last_activity(url)
         time.sleep(1.1)
         poll_like_an_open_page(url)
