@@ -178,7 +178,9 @@ def test_a_server_cgroup_no_hub_claims_is_emptied_and_removed(tmp_path: Path) ->
     lost = subprocess.Popen(confinement.command(Server(lost_name, Limits(), set()), [], sleep), start_new_session=True)
     said: list[str] = []
     try:
-        _wait_for(lambda: confinement.pids(kept_name) and confinement.pids(lost_name))
+        # Until each has become the sleep: while confined_start.py mounts its private /tmp, a `mount`
+        # child is in the cgroup too, and the count said would be 2.
+        _wait_for(lambda: _runs_alone(confinement, kept_name, kept) and _runs_alone(confinement, lost_name, lost))
         found = identify(kept.pid)
         assert found is not None
         ledger.add_process(ServerProcess("kept/", kept.pid, found.started, "http://127.0.0.1:1", kept_name))
@@ -194,6 +196,15 @@ def test_a_server_cgroup_no_hub_claims_is_emptied_and_removed(tmp_path: Path) ->
             proc.wait()
         for name in confinement.names():
             confinement.remove(name)
+
+
+def _runs_alone(confinement: CgroupFiles, name: str, process: subprocess.Popen[bytes]) -> bool:
+    """The cgroup holds the one process, and it has become its command (the sleep)."""
+    try:
+        command = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return confinement.pids(name) == {process.pid} and b"time.sleep" in command
 
 
 def _wait_for(check: object, timeout_s: float = 30) -> None:
