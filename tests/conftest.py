@@ -49,13 +49,16 @@ def _drives_a_browser(path: Path) -> bool:
 
 # The modules whose tests take minutes (`scripts/test --durations=40` lists them), run first: spread
 # over the workers from the start, they no longer leave one worker busy at the end while the
-# others wait (the suite's wall time is the busiest worker's).
+# others wait (the suite's wall time is the busiest worker's). The two that run the built images
+# come after some ten minutes of the others: the whole suite builds the images beside the tests from
+# its start (tests/kube/prepare.py, about ten minutes on two busy cores), and first in line the chart's
+# test held a worker for six of them waiting on the builds.
 _LONGEST_FIRST = (
-    "kube/test_chart_containers.py",
-    "kube/test_kubespawner_suite.py",
     "bench/test_classroom.py",
     "e2e/test_local_platform.py",
     "e2e/test_attacker.py",
+    "kube/test_chart_containers.py",
+    "kube/test_kubespawner_suite.py",
     "bench/test_classday_real.py",
     "e2e/test_monitoring_faults.py",
     "hub/test_cli.py",
@@ -80,6 +83,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("browser")
         if "benchmark" in item.name:
             item.add_marker("bench")
+
+
+# A failed test that ran the platform shows the end of its logs (the hub's traceback behind a 500 is
+# in its log, not in the test's assertion): in CI's output there is no other copy of them.
+_LOGS_SHOWN = ("platform.log", "hub.log", "apiserver.log")
+_LOG_LINES = 60
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.when == "call" and report.failed and isinstance(tmp, Path):
+        for log in sorted(f for name in _LOGS_SHOWN for f in tmp.rglob(name))[:3]:
+            tail = log.read_text(errors="replace").splitlines()[-_LOG_LINES:]
+            report.sections.append((f"last {len(tail)} lines of {log.relative_to(tmp)}", "\n".join(tail)))
+    return report
 
 
 def pytest_configure(config: pytest.Config) -> None:

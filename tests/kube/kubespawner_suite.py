@@ -20,6 +20,7 @@ Run ``python -m tests.kube.kubespawner_suite`` for the figures (passed, failed, 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -105,11 +106,15 @@ def suite_python() -> Path:
     wanted = hashlib.sha256(REQUIREMENTS.read_bytes() + CONSTRAINTS.read_bytes()).hexdigest()
     stamp = VENV / ".installed"
     python = VENV / "bin" / "python"
-    if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, timeout=300)
-        install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*install, "-c", str(CONSTRAINTS), "-r", str(REQUIREMENTS)], check=True, timeout=900)
-        stamp.write_text(wanted)
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    # Held while it is made: the suite's preparation (tests/kube/prepare.py) may be making it meanwhile.
+    with (VENV.parent / "kubespawner-suite.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, timeout=300)
+            install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            subprocess.run([*install, "-c", str(CONSTRAINTS), "-r", str(REQUIREMENTS)], check=True, timeout=900)
+            stamp.write_text(wanted)
     return python
 
 
