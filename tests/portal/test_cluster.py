@@ -157,11 +157,13 @@ def test_a_least_served_class_is_queued_by_what_each_member_held_today(tmp_path:
     import time as clock
 
     from spawner.placement import Demand
-    from spawner.waitline import Entry
+    from spawner.waitline import Entry, day_start
 
     path = tmp_path / "ledger.sqlite"
     ledger = Ledger(path)
-    now = clock.time()
+    # Yesterday's noon (UTC, the line's day): an hour held before now that is all "today" at any time the
+    # test runs (at the clock's now, the first 100 s after midnight would put the hour in yesterday).
+    now = day_start(clock.time()) - 12 * 3600
     ledger.end_hold("ann/", "ann", "ml101", now - 3700, now - 100)
     slice_ = Demand(slice_units=float(4 * 2**30))
     for key, arrived in (("ann/", now - 60), ("bo/", now - 30)):
