@@ -135,7 +135,7 @@ def _copy_lab(prefix: Path) -> None:
     target = lab_dir(prefix)
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(LAB_DIR, target)
+    shutil.copytree(LAB_DIR, target, ignore=shutil.ignore_patterns("__pycache__"))  # sources only
     for path in [target, *target.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
