@@ -52,12 +52,10 @@ from typing import Any
 from bench.stats import percentile
 from spawner.gpus import simulated_gpus
 from spawner.inventory import Allocation, build_local
+from spawner.line_timeouts import GPU_LEFT_TIMEOUT_S, GPU_NO_INPUT_TIMEOUT_S, GPU_RELEASE_TIMEOUT_S
 from spawner.placement import Demand
 from spawner.shares import GiB
 from spawner.waitline import (
-    GPU_LEFT_TIMEOUT_S,
-    GPU_NO_INPUT_TIMEOUT_S,
-    GPU_RELEASE_TIMEOUT_S,
     Entry,
     Holder,
     Presence,

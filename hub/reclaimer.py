@@ -62,13 +62,10 @@ from spawner import environ
 from spawner.gpus import GpuSample
 from spawner.inventory import GROUP_ANNOTATION, SERVERNAME, USERNAME, holds_resources
 from spawner.ledger import Ledger, server_key
+from spawner.line_timeouts import GPU_IDLE_TIMEOUT_S, GPU_LEFT_TIMEOUT_S, GPU_NO_INPUT_TIMEOUT_S, GPU_RELEASE_TIMEOUT_S
 from spawner.quotas import GroupRules
 from spawner.sharing.base import ANNOTATION_BACKEND
 from spawner.waitline import (
-    GPU_IDLE_TIMEOUT_S,
-    GPU_LEFT_TIMEOUT_S,
-    GPU_NO_INPUT_TIMEOUT_S,
-    GPU_RELEASE_TIMEOUT_S,
     HELD,
     HELD_TOO_LONG,
     IDLE,

@@ -27,14 +27,13 @@ from spawner.form import in_form_words
 from spawner.holds import group_bytes_of, servers_by_user
 from spawner.inventory import Inventory
 from spawner.ledger import Held, Ledger, LedgerError, reclaim_notice
+from spawner.line_timeouts import GPU_IDLE_TIMEOUT_S, LINE_MAX_WAIT_S
 from spawner.mixin import GpuShareMixin, asked_bytes
 from spawner.placement import Choice, Demand
 from spawner.quotas import Usage, budgets, check, largest_slice, least_served_groups
 from spawner.request import OPTION_KEYS, GpuRefused
 from spawner.shares import GpuRequest, RequestKind, format_bytes, quantity_text
 from spawner.waitline import (
-    GPU_IDLE_TIMEOUT_S,
-    LINE_MAX_WAIT_S,
     Entry,
     Reservation,
     activity_report_interval,

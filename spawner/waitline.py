@@ -38,13 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import KW_ONLY, dataclass, replace
 
 from spawner.inventory import Inventory
-
-# Named here too: the line's callers have always found them here.
-from spawner.line_timeouts import GPU_IDLE_TIMEOUT_S as GPU_IDLE_TIMEOUT_S
-from spawner.line_timeouts import GPU_LEFT_TIMEOUT_S as GPU_LEFT_TIMEOUT_S
-from spawner.line_timeouts import GPU_NO_INPUT_TIMEOUT_S as GPU_NO_INPUT_TIMEOUT_S
-from spawner.line_timeouts import GPU_RELEASE_TIMEOUT_S as GPU_RELEASE_TIMEOUT_S
-from spawner.line_timeouts import LINE_MAX_WAIT_S as LINE_MAX_WAIT_S
+from spawner.line_timeouts import GPU_IDLE_TIMEOUT_S, GPU_LEFT_TIMEOUT_S, GPU_NO_INPUT_TIMEOUT_S, GPU_RELEASE_TIMEOUT_S
 from spawner.placement import Choice, ClusterState, Demand, arrived_counts, held_demands, known_workload, make_policy
 from spawner.shares import format_bytes
 

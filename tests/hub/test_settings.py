@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from hub.settings import DEFAULT_SIMULATE, Settings, SettingsError, from_mapping, load
+from spawner.line_timeouts import GPU_LEFT_TIMEOUT_S, GPU_NO_INPUT_TIMEOUT_S, GPU_RELEASE_TIMEOUT_S
 from spawner.quotas import GroupRules
-from spawner.waitline import GPU_LEFT_TIMEOUT_S, GPU_NO_INPUT_TIMEOUT_S, GPU_RELEASE_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,10 +5,8 @@ Times are seconds; the rule's timeouts are the platform's defaults unless a test
 
 import pytest
 
+from spawner.line_timeouts import GPU_LEFT_TIMEOUT_S, GPU_NO_INPUT_TIMEOUT_S, GPU_RELEASE_TIMEOUT_S
 from spawner.waitline import (
-    GPU_LEFT_TIMEOUT_S,
-    GPU_NO_INPUT_TIMEOUT_S,
-    GPU_RELEASE_TIMEOUT_S,
     HELD,
     IDLE,
     LEFT,
