@@ -305,9 +305,7 @@ class FragmentationGradientDescent:
         values = self._values
         if not values.remember:
             return self._values_of(state, rows, state.free[rows], state.cpu[rows], state.mem[rows])
-        if self._now_epoch != values.epoch:
-            self._now_slot[:] = -1
-            self._now_epoch = values.epoch
+        self._forget_rows_of_an_old_table(values)
         kept = self._now_slot[rows]
         if kept.size and kept.min() >= 0:
             slots, first, inverse = np.unique(kept, return_index=True, return_inverse=True)
@@ -317,12 +315,16 @@ class FragmentationGradientDescent:
             )
             return Distinct(of_each, inverse.reshape(-1), slots)
         distinct = self._values_of(state, rows, state.free[rows], state.cpu[rows], state.mem[rows])
-        if self._now_epoch != values.epoch:  # the table started again while scoring these: no other row holds
-            self._now_slot[:] = -1
-            self._now_epoch = values.epoch
+        self._forget_rows_of_an_old_table(values)  # the table may have started again while scoring these
         if distinct.slots is not None:
             self._now_slot[rows] = distinct.slots[distinct.inverse]
         return distinct
+
+    def _forget_rows_of_an_old_table(self, values: TypeValues) -> None:
+        """Drop the nodes' kept rows once the table hands its rows out anew (its ``epoch``)."""
+        if self._now_epoch != values.epoch:
+            self._now_slot[:] = -1
+            self._now_epoch = values.epoch
 
     def _whole_planes(self) -> tuple[int, ...]:
         """The planes of the remembered values that are whole numbers, summed over the nodes
